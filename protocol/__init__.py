@@ -1,0 +1,51 @@
+"""Wire types of nanopipe: every message between its processes, and their encoding."""
+
+from protocol.client_messages import (
+    AbortRequest,
+    ChatMessage,
+    ClientHello,
+    ClientWelcome,
+    EngineDead,
+    GenerateRequest,
+    ResultDelta,
+)
+from protocol.codec import MAX_FRAME_BYTES, Decoder, ProtocolError, encode
+from protocol.control import Ready, Shutdown, StartupFailed
+from protocol.endpoints import Endpoints
+from protocol.engine_messages import AbortRequests, AddRequest, DetokRequestInfo
+from protocol.sampling_params import SamplingParams, SamplingParamsError
+from protocol.step_messages import (
+    CachedSequences,
+    NewSequence,
+    StepPlan,
+    StepResult,
+    TokenDeltas,
+)
+
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "AbortRequest",
+    "AbortRequests",
+    "AddRequest",
+    "CachedSequences",
+    "ChatMessage",
+    "ClientHello",
+    "ClientWelcome",
+    "Decoder",
+    "DetokRequestInfo",
+    "Endpoints",
+    "EngineDead",
+    "GenerateRequest",
+    "NewSequence",
+    "ProtocolError",
+    "Ready",
+    "ResultDelta",
+    "SamplingParams",
+    "SamplingParamsError",
+    "Shutdown",
+    "StartupFailed",
+    "StepPlan",
+    "StepResult",
+    "TokenDeltas",
+    "encode",
+]

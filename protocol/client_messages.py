@@ -1,0 +1,76 @@
+"""Messages between a client and the frontend (tokenizer in, detokenizer out)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.codec import message, struct
+from protocol.sampling_params import SamplingParams
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@message(0x01)
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """Exactly one of prompt, prompt_token_ids and messages is set."""
+
+    client_request_id: str
+    """Chosen by the client, unique among its own requests; results carry it back."""
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    messages: list[ChatMessage] | None
+    params: SamplingParams
+    stream: bool
+
+
+@message(0x02)
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    client_request_id: str
+
+
+@message(0x03)
+@dataclass(frozen=True, slots=True)
+class ClientHello:
+    """First frame on each client socket: lets a ROUTER learn the route before results flow."""
+
+    client_id: str
+
+
+@message(0x04)
+@dataclass(frozen=True, slots=True)
+class ClientWelcome:
+    results_address: str
+    """Where the client connects to receive its results (the detokenizer)."""
+    model: str
+    max_model_len: int
+
+
+@message(0x05)
+@dataclass(frozen=True, slots=True)
+class ResultDelta:
+    """What a request produced since its last delta (or everything, when not streaming)."""
+
+    client_request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[float] | None
+    error: str | None
+    """Set when the request was rejected or failed; finish_reason is then "error"."""
+
+
+@message(0x06)
+@dataclass(frozen=True, slots=True)
+class EngineDead:
+    """The pipeline lost a process: every in-flight and later request fails with this reason."""
+
+    reason: str

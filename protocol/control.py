@@ -1,0 +1,38 @@
+"""Control messages: start-up handshake and shutdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.codec import message
+
+
+@message(0x30)
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Sent once by every process when it is ready to serve.
+
+    It carries what the process learned at start-up (a worker: how many KV blocks fit),
+    so nobody mutates a shared config.
+    """
+
+    role: str
+    rank: int
+    num_kv_blocks: int
+    info: str
+
+
+@message(0x31)
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    reason: str
+
+
+@message(0x32)
+@dataclass(frozen=True, slots=True)
+class StartupFailed:
+    """A process could not start; the launcher reports the message and stops everything."""
+
+    role: str
+    rank: int
+    error: str

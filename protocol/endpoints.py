@@ -1,0 +1,85 @@
+"""Where each actor of one pipeline listens.
+
+Every socket of a pipeline lives in a private run directory (`ipc://`), or on loopback
+TCP ports chosen free at start-up, so any number of pipelines can run side by side and
+nothing listens beyond this machine unless the user asks for another host.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+
+# The receiving side of each link binds; senders connect.
+_NAMES = (
+    "tokenizer",  # ROUTER: clients submit requests here (the pipeline's public address)
+    "tokenizer_ctl",  # PULL: launcher -> tokenizer (engine dead)
+    "results",  # ROUTER: clients receive their results here (the detokenizer)
+    "scheduler_in",  # PULL: AddRequest / AbortRequests / EngineDead
+    "step_results",  # PULL: rank 0 -> scheduler StepResults
+    "detok_in",  # PULL: DetokRequestInfo from the tokenizer, TokenDeltas from the scheduler
+    "deltas_pub",  # PUB: TokenDeltas for attached detokenizers (best effort)
+    "control",  # PULL: Ready / StartupFailed from every process to the launcher
+)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    tokenizer: str
+    tokenizer_ctl: str
+    results: str
+    scheduler_in: str
+    step_results: str
+    detok_in: str
+    deltas_pub: str
+    control: str
+    worker_steps: tuple[str, ...]
+    """PULL per tensor-parallel rank: scheduler -> worker StepPlans."""
+    dist_init_method: str
+    """torch.distributed rendezvous for the worker group."""
+    run_dir: str | None = None
+
+    @classmethod
+    def ipc(cls, world_size: int, run_dir: str | None = None) -> Endpoints:
+        """Unix-socket endpoints in a fresh private directory (removed by `cleanup`)."""
+        run_dir = run_dir or tempfile.mkdtemp(prefix="nanopipe-", dir="/tmp")
+        os.chmod(run_dir, 0o700)
+        addr = {name: f"ipc://{run_dir}/{name}" for name in _NAMES}
+        steps = tuple(f"ipc://{run_dir}/step_r{rank}" for rank in range(world_size))
+        return cls(**addr, worker_steps=steps,
+                   dist_init_method=f"file://{run_dir}/dist_init", run_dir=run_dir)
+
+    @classmethod
+    def tcp(cls, world_size: int, host: str = "127.0.0.1", port: int | None = None,
+            internal_host: str = "127.0.0.1") -> Endpoints:
+        """TCP endpoints: the public one on host:port (a free port if None), the rest on
+        loopback ports found free now."""
+        ports = _free_ports(len(_NAMES) + world_size + 1, internal_host)
+        addr = {name: f"tcp://{internal_host}:{ports[i]}" for i, name in enumerate(_NAMES)}
+        addr["tokenizer"] = f"tcp://{host}:{port or ports[0]}"
+        steps = tuple(
+            f"tcp://{internal_host}:{ports[len(_NAMES) + r]}" for r in range(world_size)
+        )
+        return cls(**addr, worker_steps=steps,
+                   dist_init_method=f"tcp://{internal_host}:{ports[-1]}")
+
+    def cleanup(self) -> None:
+        """Remove the run directory and every socket file in it."""
+        if self.run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _free_ports(count: int, host: str) -> list[int]:
+    held = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            held.append(s)
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()

@@ -1,0 +1,94 @@
+"""Per-request sampling and stopping parameters, validated where they are made."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from protocol.codec import struct
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter outside its allowed range; the message names the field."""
+
+
+def _finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise SamplingParamsError(f"{name} must be a finite number, got {value}")
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 1.0
+    """0 means greedy decoding."""
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 (or 0) turns top-k off."""
+    min_p: float = 0.0
+    seed: int | None = None
+    """Seeds this request's sampling; a seeded request is reproducible, also after preemption."""
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: bool = False
+    """Return the log-probability of each sampled token."""
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise SamplingParamsError(f"{name} must be a number, got {value!r}")
+            _finite(name, float(value))
+        for name in ("top_k", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SamplingParamsError(f"{name} must be an integer, got {value!r}")
+        if self.temperature < 0:
+            raise SamplingParamsError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise SamplingParamsError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.max_tokens < 1:
+            raise SamplingParamsError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
+            or self.seed >= 2**63
+        ):
+            raise SamplingParamsError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        self._check_stops()
+
+    def _check_stops(self) -> None:
+        if not isinstance(self.stop, list | tuple):
+            raise SamplingParamsError("stop must be a list of strings")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise SamplingParamsError(f"stop accepts at most {MAX_STOP_STRINGS} strings")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise SamplingParamsError(f"stop strings must be non-empty strings, got {s!r}")
+            if len(s) > MAX_STOP_STRING_CHARS:
+                raise SamplingParamsError(
+                    f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters"
+                )
+        if not isinstance(self.stop_token_ids, list | tuple):
+            raise SamplingParamsError("stop_token_ids must be a list of integers")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise SamplingParamsError(f"stop_token_ids accepts at most {MAX_STOP_TOKEN_IDS} ids")
+        for t in self.stop_token_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise SamplingParamsError(
+                    f"stop_token_ids must be non-negative integers, got {t!r}"
+                )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,92 @@
+"""Small typed wrappers over ZeroMQ sockets with the codec built in.
+
+Each wrapper is made for one link and decodes only the message kinds that link may
+carry. One `zmq.Context` per process is passed in. Sockets never linger on close and
+internal links never drop messages (no high-water mark).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+
+from protocol.codec import Decoder, ProtocolError, encode
+
+
+class MessageSocket:
+    """A PUSH, PULL, PUB, SUB or DEALER socket that sends and receives messages."""
+
+    def __init__(self, ctx: zmq.Context, kind: int, address: str, *, bind: bool,
+                 accepts: tuple[type, ...] = (), identity: bytes | None = None) -> None:
+        self.socket = ctx.socket(kind)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        if identity is not None:
+            self.socket.setsockopt(zmq.IDENTITY, identity)
+        if kind == zmq.SUB:
+            self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        if bind:
+            self.socket.bind(address)
+        else:
+            self.socket.connect(address)
+        self.decoder = Decoder(*accepts) if accepts else None
+
+    def send(self, msg: Any, flags: int = 0) -> None:
+        self.socket.send(encode(msg), flags, copy=False)
+
+    def send_bytes(self, frame: bytes, flags: int = 0) -> None:
+        """Forward an already-encoded frame without decoding it."""
+        self.socket.send(frame, flags, copy=False)
+
+    def recv(self, flags: int = 0) -> Any:
+        """Receive and decode one message; raises ProtocolError for a bad frame."""
+        return self.decode(self.socket.recv(flags, copy=False).buffer)
+
+    def recv_bytes(self, flags: int = 0) -> bytes:
+        return self.socket.recv(flags)
+
+    def decode(self, frame: bytes | memoryview) -> Any:
+        if self.decoder is None:
+            raise ProtocolError("this socket accepts no messages")
+        return self.decoder.decode(frame)
+
+    def poll(self, timeout_ms: int) -> bool:
+        return bool(self.socket.poll(timeout_ms, zmq.POLLIN))
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+class RouterSocket(MessageSocket):
+    """A ROUTER that talks to many peers, each known by its routing identity."""
+
+    def __init__(self, ctx: zmq.Context, address: str, *, accepts: tuple[type, ...]) -> None:
+        super().__init__(ctx, zmq.ROUTER, address, bind=True, accepts=accepts)
+        # Raise instead of silently dropping a frame for a peer that has gone away.
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+
+    def send_to(self, peer: bytes, msg: Any) -> bool:
+        """Send to one peer; False when the peer is gone (its frames are then dropped)."""
+        try:
+            self.socket.send_multipart([peer, encode(msg)], zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                return False
+            raise
+
+    def recv_from(self, flags: int = 0) -> tuple[bytes, Any]:
+        """Receive (peer, message); raises ProtocolError (with .peer set) for a bad frame."""
+        frames = self.socket.recv_multipart(flags, copy=False)
+        peer = frames[0].bytes
+        if len(frames) != 2:
+            err = ProtocolError("expected one message frame")
+            err.peer = peer  # type: ignore[attr-defined]
+            raise err
+        try:
+            return peer, self.decode(frames[1].buffer)
+        except ProtocolError as exc:
+            exc.peer = peer  # type: ignore[attr-defined]
+            raise

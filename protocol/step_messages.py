@@ -1,0 +1,84 @@
+"""Messages of one engine step: scheduler -> workers -> scheduler -> detokenizers.
+
+Sequences are delta-encoded: a worker gets a sequence in full once (NewSequence) and
+afterwards only what it cannot know (CachedSequences), so a continuing decode sequence
+costs a few bytes per step whatever its length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.codec import message, struct
+from protocol.sampling_params import SamplingParams
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class NewSequence:
+    """A sequence the workers do not mirror yet, or one resumed after preemption."""
+
+    seq_id: int
+    token_ids: list[int]
+    """Every known token: the prompt plus, after preemption, all tokens generated so far."""
+    num_prompt_tokens: int
+    num_computed: int
+    """Tokens whose KV is already in the cache (a prefix-cache hit)."""
+    num_new: int
+    """Tokens to compute this step, starting at num_computed."""
+    block_table: list[int]
+    params: SamplingParams
+
+
+@struct
+@dataclass(frozen=True, slots=True)
+class CachedSequences:
+    """Column-oriented deltas for sequences the workers already mirror.
+
+    A worker advances its own computed count by num_new each step and appends each token
+    it samples, so neither the context nor the last token is ever re-sent.
+    """
+
+    seq_ids: list[int]
+    num_new: list[int]
+    new_block_ids: list[list[int]]
+    """Blocks appended to each sequence's block table this step (mostly empty)."""
+
+
+@message(0x20)
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One step for every rank. Workers apply drop_seq_ids, then new_seqs, then cached.
+
+    An entry samples a token iff it reaches the end of the sequence's known tokens.
+    """
+
+    step_id: int
+    drop_seq_ids: list[int]
+    """Finished, aborted or preempted sequences: workers forget their mirrors."""
+    new_seqs: list[NewSequence]
+    cached: CachedSequences
+
+
+@message(0x21)
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """Rank 0's answer to a plan: the token sampled for each entry that sampled."""
+
+    step_id: int
+    seq_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float] | None
+
+
+@message(0x22)
+@dataclass(frozen=True, slots=True)
+class TokenDeltas:
+    """What one step added to each request; finish_reasons[i] is None while it runs."""
+
+    step_id: int
+    request_ids: list[int]
+    token_ids: list[list[int]]
+    finish_reasons: list[str | None]
+    errors: list[str | None]
+    logprobs: list[list[float]] | None
