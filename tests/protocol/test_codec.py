@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import pickle
+
+import msgpack
+import pytest
+
+import protocol as p
+from protocol.codec import kind_of
+
+PARAMS = p.SamplingParams(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=7,
+                          max_tokens=33, ignore_eos=True, stop=["\n\n", "END"],
+                          stop_token_ids=[2, 3], logprobs=True, skip_special_tokens=False)
+
+EXAMPLES = [
+    p.GenerateRequest("r1", "hello", None, None, PARAMS, True),
+    p.GenerateRequest("r2", None, [1, 2, 3], None, p.SamplingParams(), False),
+    p.GenerateRequest("r3", None, None, [p.ChatMessage("user", "hi")], PARAMS, True),
+    p.AbortRequest("r1"),
+    p.ClientHello("client-1"),
+    p.ClientWelcome("ipc:///tmp/x/results", "tiny", 2048),
+    p.ResultDelta("r1", "text ✓", [5, 6], "stop", 3, 2, [-0.5, -1.0], None),
+    p.ResultDelta("r1", "", [], "error", 0, 0, None, "prompt must not be empty"),
+    p.EngineDead("worker rank 1 exited with code -9"),
+    p.AddRequest(4, [1, 2, 3], PARAMS, [0]),
+    p.AbortRequests([4, 5], "stop"),
+    p.DetokRequestInfo(4, "client-1", "r1", [7, 8], 120, ["END"], True, True, False),
+    p.StepPlan(
+        9, [1, 2],
+        [p.NewSequence(4, [1, 2, 3], 3, 0, 3, [10], PARAMS)],
+        p.CachedSequences([5, 6], [1, 1], [[], [11]]),
+    ),
+    p.StepResult(9, [4, 5], [100, 101], None),
+    p.StepResult(9, [4], [100], [-0.25]),
+    p.TokenDeltas(9, [4, 5], [[100], []], [None, "length"], [None, None], None),
+    p.Ready("worker", 0, 1234, "cuda:0"),
+    p.Shutdown("SIGTERM"),
+    p.StartupFailed("worker", 1, "KV cache too small"),
+]
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg):
+    decoded = p.Decoder(type(msg)).decode(p.encode(msg))
+    assert decoded == msg
+    assert type(decoded) is type(msg)
+
+
+def test_every_registered_message_has_an_example():
+    from protocol.codec import _registered_kinds
+
+    assert set(_registered_kinds.values()) == {type(m) for m in EXAMPLES}
+
+
+def test_kinds_are_single_bytes_and_unique():
+    kinds = [kind_of(type(m)) for m in {type(m): m for m in EXAMPLES}.values()]
+    assert len(kinds) == len(set(kinds))
+    assert all(0 <= k <= 0x7F for k in kinds)
+
+
+def test_pickle_is_refused():
+    decoder = p.Decoder(p.StepPlan, p.AddRequest)
+    for msg in (EXAMPLES[9], EXAMPLES[12]):
+        for proto in range(pickle.HIGHEST_PROTOCOL + 1):
+            with pytest.raises(p.ProtocolError):
+                decoder.decode(pickle.dumps(msg, protocol=proto))
+
+
+def test_kind_not_accepted_on_this_socket():
+    frame = p.encode(p.AbortRequests([1], "abort"))
+    with pytest.raises(p.ProtocolError, match="not accepted"):
+        p.Decoder(p.StepResult).decode(frame)
+
+
+def test_truncated_frames_are_refused():
+    frame = p.encode(EXAMPLES[12])
+    decoder = p.Decoder(p.StepPlan)
+    for cut in range(len(frame)):
+        with pytest.raises(p.ProtocolError):
+            decoder.decode(frame[:cut])
+
+
+def test_oversized_frame_is_refused_before_parsing():
+    decoder = p.Decoder(p.AddRequest, max_bytes=1024)
+    big = p.encode(p.AddRequest(1, list(range(1000)), p.SamplingParams(), [0]))
+    with pytest.raises(p.ProtocolError, match="exceeds"):
+        decoder.decode(big)
+
+
+@pytest.mark.parametrize(
+    "payload, match",
+    [
+        ([0x21, 1, [1], [2]], "expected 4 fields"),
+        ([0x21, 1, [1], [2], None, "extra"], "expected 4 fields"),
+        ([0x21, "1", [1], [2], None], "StepResult.step_id"),
+        ([0x21, True, [1], [2], None], "StepResult.step_id"),
+        ([0x21, 1, [1.5], [2], None], "StepResult.seq_ids"),
+        ([0x21, 1, [1], [2], [1]], None),  # ints are accepted where floats are expected
+        ({"kind": 0x21}, "array"),
+        ([], "array"),
+        (["StepResult", 1], "array"),
+    ],
+)
+def test_malformed_fields(payload, match):
+    frame = msgpack.packb(payload)
+    decoder = p.Decoder(p.StepResult)
+    if match is None:
+        assert decoder.decode(frame).logprobs == [1.0]
+        return
+    with pytest.raises(p.ProtocolError, match=match):
+        decoder.decode(frame)
+
+
+def test_nested_struct_is_type_checked():
+    good = msgpack.unpackb(p.encode(EXAMPLES[9]))
+    good[3][0] = -1.0  # temperature
+    with pytest.raises(p.ProtocolError, match="temperature"):
+        p.Decoder(p.AddRequest).decode(msgpack.packb(good))
+    good[3] = [1, 2]
+    with pytest.raises(p.ProtocolError, match="SamplingParams"):
+        p.Decoder(p.AddRequest).decode(msgpack.packb(good))
+
+
+def test_extension_types_are_refused():
+    frame = msgpack.packb([0x11, msgpack.ExtType(1, b"x"), "abort"])
+    with pytest.raises(p.ProtocolError, match="extension"):
+        p.Decoder(p.AbortRequests).decode(frame)
+
+
+def test_unregistered_object_cannot_be_encoded():
+    with pytest.raises(TypeError):
+        p.encode(PARAMS)  # a nested struct, not a message
