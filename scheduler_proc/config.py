@@ -1,0 +1,51 @@
+"""Scheduler process configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits the scheduler plans within.
+
+    `num_kv_blocks` is what the workers found room for at start-up (it comes back in their
+    READY message), so this config is built after the handshake rather than mutated.
+    """
+
+    num_kv_blocks: int
+    block_size: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 16384
+    max_model_len: int = field(kw_only=True)  # required; keyword-only as it follows defaults
+    enable_prefix_caching: bool = True
+    overlap: bool = True
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_kv_blocks",
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be a positive int, got {value!r}")
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    def check_pool_fits_model_len(self) -> None:
+        """Refuse to serve when one max_model_len sequence cannot fit in the whole KV pool.
+
+        Such a pool would leave long requests waiting forever; saying so at start-up tells the
+        operator what to change instead.
+        """
+        if self.kv_capacity_tokens < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {self.kv_capacity_tokens} tokens "
+                f"({self.num_kv_blocks} blocks x {self.block_size}) but max_model_len is "
+                f"{self.max_model_len}: lower max_model_len or give the KV cache more memory"
+            )

@@ -1,0 +1,99 @@
+"""A request as the scheduler tracks it (request id == sequence id)."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from protocol import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+
+
+class Sequence:
+    """Scheduler-side truth about one sequence.
+
+    Token accounting, with overlap in mind:
+      token_ids      every token the scheduler knows (prompt + generated).
+      num_pending    tokens the workers have sampled (or will sample in a plan already sent)
+                     that the scheduler has not seen yet. Workers hold them in their mirror.
+      num_computed   tokens whose KV is written by plans already sent; advanced at schedule time.
+    The worker-side length of a sequence is `len(token_ids) + num_pending`; a step samples for a
+    sequence iff it brings num_computed up to that length.
+    """
+
+    __slots__ = (
+        "seq_id",
+        "token_ids",
+        "num_prompt_tokens",
+        "num_computed",
+        "num_pending",
+        "block_table",
+        "status",
+        "finish_reason",
+        "params",
+        "eos_ids",
+        "stop_ids",
+        "max_tokens",
+        "on_worker",
+        "num_hashed_blocks",
+        "last_hash",
+    )
+
+    def __init__(
+        self,
+        seq_id: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        eos_token_ids: list[int] | tuple[int, ...] = (),
+    ) -> None:
+        self.seq_id = seq_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.num_computed = 0
+        self.num_pending = 0
+        self.block_table: list[int] = []
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.params = params
+        # EOS is ignored on request; explicit stop token ids never are.
+        self.eos_ids: frozenset[int] = (
+            frozenset() if params.ignore_eos else frozenset(eos_token_ids)
+        )
+        self.stop_ids: frozenset[int] = frozenset(params.stop_token_ids)
+        self.max_tokens: int = params.max_tokens
+        # True while the workers hold a mirror of this sequence: later plans then send deltas,
+        # and dropping it must be announced in drop_seq_ids.
+        self.on_worker = False
+        # Prefix-cache bookkeeping owned by the BlockManager: how many leading blocks of the
+        # block table are hashed, and the chained hash of the last of them.
+        self.num_hashed_blocks = 0
+        self.last_hash = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def generated_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, status={self.status.name}, tokens={len(self.token_ids)}, "
+            f"computed={self.num_computed}, pending={self.num_pending}, "
+            f"blocks={self.block_table})"
+        )
