@@ -1,0 +1,93 @@
+"""Tokens through the whole pipeline equal transformers' greedy tokens."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import pytest
+from transformers import AutoTokenizer
+
+from frontend import LLM, Client
+from protocol import SamplingParams
+
+from .conftest import tiny_engine
+from .hf_reference import hf_greedy
+
+PROMPTS = [
+    "The quick brown fox",
+    "Once upon a time there was a little model that",
+    "a",
+    "Numbers: one two three four five six seven eight nine ten eleven twelve thirteen",
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def _expected(model_dir: str) -> list[list[int]]:
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return [hf_greedy(model_dir, tok(p)["input_ids"], GREEDY.max_tokens) for p in PROMPTS]
+
+
+def test_streaming_and_final_results_match_transformers(qwen3_pipeline, tiny_qwen3_dir):
+    expected = _expected(tiny_qwen3_dir)
+    with Client(qwen3_pipeline.address) as client:
+        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            streamed = list(pool.map(
+                lambda p: [t for d in client.stream(p, params=GREEDY) for t in d.token_ids],
+                PROMPTS,
+            ))
+        finals = [client.generate(p, params=GREEDY) for p in PROMPTS]
+    assert streamed == expected
+    assert [f.token_ids for f in finals] == expected
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    for final in finals:
+        assert final.finish_reason == "length"
+        assert final.completion_tokens == GREEDY.max_tokens
+        assert final.text == tok.decode(final.token_ids, skip_special_tokens=True)
+
+
+def test_prefix_cache_hits_give_the_same_tokens(qwen3_pipeline, tiny_qwen3_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    shared = tok(" ".join(["the system prompt is long and shared"] * 12))["input_ids"]
+    prompts = [shared + tok(f" question {i}")["input_ids"] for i in range(3)]
+    with Client(qwen3_pipeline.address) as client:
+        first = client.generate(prompt_token_ids=prompts[0], params=GREEDY)
+        rest = [client.generate(prompt_token_ids=p, params=GREEDY) for p in prompts]
+    assert first.token_ids == rest[0].token_ids
+    for p, out in zip(prompts, rest):
+        assert out.token_ids == hf_greedy(tiny_qwen3_dir, p, GREEDY.max_tokens)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_offline_llm_overlap_on_and_off_match_transformers(arch, request):
+    model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
+    expected = _expected(model_dir)
+    outputs = {}
+    for overlap in (True, False):
+        # Small token budget and KV pool: chunked prefill and preemption are exercised too.
+        cfg = tiny_engine(model_dir, overlap=overlap, max_num_batched_tokens=32)
+        with LLM(**cfg) as llm:
+            outputs[overlap] = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert outputs[True] == outputs[False]
+    assert [o["token_ids"] for o in outputs[True]] == expected
+
+
+def test_tensor_parallel_2_matches_transformers(tiny_qwen3_dir):
+    expected = _expected(tiny_qwen3_dir)
+    cfg = tiny_engine(tiny_qwen3_dir, tensor_parallel_size=2)
+    with LLM(**cfg) as llm:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o["token_ids"] for o in outputs] == expected
+
+
+def test_64_concurrent_streams(qwen3_pipeline):
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=16, ignore_eos=True)
+    prompts = [f"request number {i} says" for i in range(64)]
+    with Client(qwen3_pipeline.address) as client:
+        with cf.ThreadPoolExecutor(64) as pool:
+            results = list(pool.map(lambda p: list(client.stream(p, params=params)), prompts))
+        again = client.generate(prompts[5], params=params)
+    for deltas in results:
+        assert sum(len(d.token_ids) for d in deltas) == 16
+        assert deltas[-1].finish_reason == "length"
+    # A seeded request is reproducible whatever else is in the batch.
+    assert [t for d in results[5] for t in d.token_ids] == again.token_ids

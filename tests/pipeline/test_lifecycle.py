@@ -1,0 +1,151 @@
+"""Start, serve and stop as a user does: launch.sh, signals, dead processes, attached printers."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from frontend import Client, EngineDeadError
+from frontend.config import EngineConfig
+from frontend.launcher import Pipeline
+from protocol import SamplingParams
+
+from .conftest import tiny_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+OK = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _launch(model_dir: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(ROOT / "scripts" / "launch.sh"), "--model", model_dir, "--device", "cpu",
+         "--dtype", "float32", "--max-model-len", "256", "--max-num-batched-tokens", "512",
+         *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _read_until(proc: subprocess.Popen, pattern: str, timeout: float = 120) -> re.Match:
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return match
+    proc.kill()
+    raise AssertionError(f"{pattern!r} not printed; output:\n{''.join(seen)}")
+
+
+def test_launch_serves_and_sigterm_leaves_nothing_behind(tiny_qwen3_dir):
+    proc = _launch(tiny_qwen3_dir, "--tp", "2")
+    address = _read_until(proc, r"clients connect to: (\S+)").group(1)
+    run_dir = Path(address.removeprefix("ipc://")).parent
+    children = _descendants(proc.pid)
+    assert len(children) >= 5  # two workers, scheduler, tokenizer, detokenizer
+    with Client(address) as client:
+        assert len(client.generate("hello", params=OK).token_ids) == 8
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if _alive(pid)]
+    assert not run_dir.exists()
+
+
+def test_sigterm_during_startup_stops_everything(tiny_qwen3_dir):
+    proc = _launch(tiny_qwen3_dir)
+    time.sleep(1.5)  # workers are starting
+    children = _descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if _alive(pid)]
+
+
+def test_children_exit_when_the_launcher_is_killed(tiny_qwen3_dir):
+    proc = _launch(tiny_qwen3_dir)
+    _read_until(proc, r"clients connect to: (\S+)")
+    children = _descendants(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)  # launch.sh execs python: this is the launcher itself
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if _alive(pid)]
+
+
+def test_dead_worker_fails_in_flight_and_new_requests(tiny_qwen3_dir):
+    with Pipeline(EngineConfig(**tiny_engine(tiny_qwen3_dir))) as pipeline:
+        client = Client(pipeline.address)
+        stream = client.stream("keep going", params=SamplingParams(max_tokens=200,
+                                                                   ignore_eos=True))
+        next(iter(stream))
+        worker = next(p for s, p in pipeline._children if s.role == "worker")
+        os.kill(worker.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError):
+            for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError):
+            client.generate("after death", params=OK)
+        client.close()
+        assert pipeline.dead_reason and "worker" in pipeline.dead_reason
+
+
+def test_stdout_detokenizer_prints_generated_text(tiny_qwen3_dir):
+    with Pipeline(EngineConfig(**tiny_engine(tiny_qwen3_dir))) as pipeline:
+        printer = subprocess.Popen(
+            [sys.executable, "-m", "frontend.stdout_detokenizer", "--model", tiny_qwen3_dir,
+             pipeline.endpoints.deltas_pub],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )
+        try:
+            time.sleep(3)  # let it subscribe: attached detokenizers see what comes after
+            with Client(pipeline.address) as client:
+                out = client.generate("print me", params=SamplingParams(
+                    temperature=0, max_tokens=12, ignore_eos=True))
+            time.sleep(1)
+        finally:
+            printer.send_signal(signal.SIGINT)
+            printed, _ = printer.communicate(timeout=20)
+    assert out.text.strip()
+    assert out.text.strip()[:20] in printed
