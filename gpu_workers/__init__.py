@@ -1,0 +1,7 @@
+"""The model runtime: one GPU (or CPU) worker per tensor-parallel rank."""
+
+from gpu_workers.config import ModelConfig, WorkerConfig
+from gpu_workers.kv_cache import KVCacheTooSmall
+from gpu_workers.model_runner import ModelRunner
+
+__all__ = ["KVCacheTooSmall", "ModelConfig", "ModelRunner", "WorkerConfig"]

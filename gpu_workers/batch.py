@@ -1,0 +1,110 @@
+"""Turn one step's entries into device inputs for a unified extend batch.
+
+Every entry computes tokens [num_computed, num_computed + num_new) of its sequence, so prefill,
+chunked prefill, prefix-cache hits and decode share one layout. Everything is gathered with
+numpy from the mirror's columns, packed into a single int32 buffer and copied to the device
+with one non-blocking copy from pinned memory (the caching host allocator keeps that memory
+alive until the copy has finished, so the next step cannot overwrite it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gpu_workers.layers.attention import AttentionBatch
+from gpu_workers.mirror import SequenceTable
+from gpu_workers.sampler import SamplingBatch, row_seed
+
+
+@dataclass(slots=True)
+class StepBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn: AttentionBatch
+    logits_indices: torch.Tensor
+    """[R] rows of the hidden states whose logits are needed (entries that sample)."""
+    sample_entries: np.ndarray
+    """Indices (into this step's entries) of the entries that sample, in logits order."""
+    sample_rows: np.ndarray
+    """Their mirror rows."""
+    sampling: SamplingBatch | None
+    num_entries: int
+    """Real entries; the batch may be padded beyond this to a CUDA-graph size."""
+
+
+def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, block_size: int,
+                device: torch.device, pad_to: int | None = None,
+                block_width: int | None = None) -> StepBatch:
+    n = len(rows)
+    start = table.num_computed[rows]
+    end = start + num_new
+    cu_q = np.zeros(n + 1, np.int64)
+    np.cumsum(num_new, out=cu_q[1:])
+    total = int(cu_q[-1])
+    positions = np.arange(total, dtype=np.int64) - np.repeat(cu_q[:-1] - start, num_new)
+    row_rep = np.repeat(rows, num_new)
+    ids = table.tokens[row_rep, positions]
+    slots = table.block_tables[row_rep, positions // block_size] * block_size + (
+        positions % block_size)
+    width = block_width or max(1, int((end.max() + block_size - 1) // block_size))
+    tables = table.block_tables[rows, :width]
+    seq_lens = end
+    decode = bool(np.all(num_new == 1))
+    max_q, max_k = int(num_new.max()), int(end.max())
+    if pad_to is not None and pad_to > n:
+        assert decode
+        extra = pad_to - n
+        ids = np.concatenate([ids, np.zeros(extra, ids.dtype)])
+        positions = np.concatenate([positions, np.zeros(extra, np.int64)])
+        slots = np.concatenate([slots, np.full(extra, -1, slots.dtype)])
+        cu_q = np.arange(pad_to + 1, dtype=np.int64)
+        seq_lens = np.concatenate([seq_lens, np.ones(extra, np.int64)])
+        tables = np.concatenate([tables, np.zeros((extra, width), np.int32)])
+    cu_k = np.zeros(len(seq_lens) + 1, np.int64)
+    np.cumsum(seq_lens, out=cu_k[1:])
+
+    samples = end == table.num_tokens[rows]
+    sample_entries = np.flatnonzero(samples)
+    logits_idx = cu_q[1:n + 1][samples] - 1
+    sample_rows = rows[samples]
+    temp = table.temperature[sample_rows]
+    top_k = table.top_k[sample_rows]
+    top_p = table.top_p[sample_rows]
+    min_p = table.min_p[sample_rows]
+
+    parts = [ids, positions, slots, cu_q, seq_lens, cu_k, tables.reshape(-1), logits_idx,
+             top_k, temp.view(np.int32), top_p.view(np.int32), min_p.view(np.int32)]
+    host = torch.from_numpy(np.concatenate([p.astype(np.int32, copy=False) for p in parts]))
+    if device.type == "cuda":
+        host = host.pin_memory()
+    dev = host.to(device, non_blocking=True)
+    views = list(dev.split([len(p) for p in parts]))
+    (d_ids, d_pos, d_slots, d_cu_q, d_lens, d_cu_k, d_tables, d_logits,
+     d_top_k, d_temp, d_top_p, d_min_p) = views
+    attn = AttentionBatch(
+        slot_mapping=d_slots, block_tables=d_tables.view(len(seq_lens), width),
+        cu_seqlens_q=d_cu_q, seq_lens_k=d_lens, cu_seqlens_k=d_cu_k,
+        max_seqlen_q=max_q, max_seqlen_k=max_k, decode=decode,
+    )
+    sampling = None
+    if len(sample_rows):
+        greedy = temp == 0
+        random_rows = ~greedy
+        seeded = []
+        for i in np.flatnonzero(random_rows & (table.seed[sample_rows] >= 0)):
+            r = sample_rows[i]
+            generated = int(table.num_tokens[r] - table.num_prompt[r])
+            seeded.append((int(i), row_seed(int(table.seed[r]), generated)))
+        sampling = SamplingBatch(
+            temperature=d_temp.view(torch.float32), top_k=d_top_k,
+            top_p=d_top_p.view(torch.float32), min_p=d_min_p.view(torch.float32),
+            all_greedy=bool(greedy.all()), any_greedy=bool(greedy.any()),
+            max_top_k=int(top_k[random_rows].max(initial=0)),
+            use_top_p=bool(np.any(top_p[random_rows] < 1.0)),
+            use_min_p=bool(np.any(min_p[random_rows] > 0.0)),
+            seeded=seeded, logprobs=bool(table.logprobs[sample_rows].any()),
+        )
+    return StepBatch(d_ids, d_pos, attn, d_logits, sample_entries, sample_rows, sampling, n)

@@ -1,0 +1,142 @@
+"""Worker configuration and the model shape read from a Hugging Face config.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name.removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    model: str
+    """A Hugging Face model directory (config.json + safetensors)."""
+    device: str = "cpu"
+    dtype: str | None = None
+    """None keeps the checkpoint's dtype."""
+    max_model_len: int = 4096
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    kv_cache_bytes: int | None = None
+    """KV budget on CPU; None = DEFAULT_CPU_KV_BYTES."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs for decode batches."""
+    attention_backend: str = "auto"
+    dist_init_method: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.dtype is not None:
+            parse_dtype(self.dtype)
+        for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError("kv_cache_bytes must be positive")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}")
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        # One spare block: with overlap scheduling a finished sequence may compute one more token.
+        return -(-self.max_model_len // self.block_size) + 1
+
+
+DEFAULT_CPU_KV_BYTES = 512 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    tie_word_embeddings: bool
+    dtype: torch.dtype
+    max_position_embeddings: int
+    eos_token_ids: tuple[int, ...]
+    qkv_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, dtype: str | None = None) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json in model directory {model_dir}")
+        return cls.from_dict(json.loads(path.read_text()), dtype)
+
+    @classmethod
+    def from_dict(cls, cfg: dict, dtype: str | None = None) -> ModelConfig:
+        model_type = cfg.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})"
+            )
+        heads = cfg["num_attention_heads"]
+        hidden = cfg["hidden_size"]
+        rope = cfg.get("rope_parameters") or {}
+        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        scaling = cfg.get("rope_scaling") or (rope if rope else None)
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type", "default"))
+            scaling = None if kind == "default" else {**scaling, "rope_type": kind}
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        dtype_name = dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+        return cls(
+            model_type=model_type,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            dtype=parse_dtype(dtype_name),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            eos_token_ids=eos_ids,
+            qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+        )
+
+    def kv_bytes_per_token(self, world_size: int = 1) -> int:
+        """Bytes of K and V per token on one rank."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * (self.num_kv_heads // world_size) * self.head_dim * elem

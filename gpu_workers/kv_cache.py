@@ -1,0 +1,70 @@
+"""The paged KV pool: per layer, K and V of shape [num_blocks, block_size, Hkv_local, D].
+
+Sizing: on CUDA, whatever memory the profiling forward left under gpu_memory_utilization; on
+CPU, the kv_cache_bytes budget. Either way one max_model_len sequence must fit, or start-up
+fails with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpu_workers.config import DEFAULT_CPU_KV_BYTES, ModelConfig, WorkerConfig
+
+
+class KVCacheTooSmall(RuntimeError):
+    """The KV pool cannot hold one sequence of max_model_len tokens."""
+
+
+def bytes_per_block(model: ModelConfig, block_size: int, world_size: int) -> int:
+    return model.kv_bytes_per_token(world_size) * block_size
+
+
+def cpu_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int) -> int:
+    budget = config.kv_cache_bytes or DEFAULT_CPU_KV_BYTES
+    return budget // bytes_per_block(model, config.block_size, world_size)
+
+
+def cuda_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int) -> int:
+    """Blocks that fit in the memory left after the profiling forward (call right after it)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    stats = torch.cuda.memory_stats()
+    transient = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
+    budget = total * config.gpu_memory_utilization - (total - free) - transient
+    return max(0, int(budget) // bytes_per_block(model, config.block_size, world_size))
+
+
+def check_fits(num_blocks: int, config: WorkerConfig, model: ModelConfig, world_size: int) -> None:
+    need = -(-config.max_model_len // config.block_size)
+    if num_blocks >= need:
+        return
+    per_seq = need * bytes_per_block(model, config.block_size, world_size)
+    budget = (
+        f"gpu_memory_utilization={config.gpu_memory_utilization}"
+        if config.device == "cuda"
+        else f"kv_cache_bytes={config.kv_cache_bytes or DEFAULT_CPU_KV_BYTES}"
+    )
+    raise KVCacheTooSmall(
+        f"the KV cache holds {num_blocks} blocks of {config.block_size} tokens "
+        f"({num_blocks * config.block_size} tokens) but one sequence of max_model_len="
+        f"{config.max_model_len} needs {need} blocks ({per_seq / 2**20:.1f} MiB per rank); "
+        f"lower max_model_len, raise {budget}, or use more tensor-parallel ranks"
+    )
+
+
+class KVCache:
+    def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, world_size: int,
+                 device: torch.device | str) -> None:
+        hkv = model.num_kv_heads // world_size
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # One allocation; zeros so a never-written slot cannot inject NaNs through masked lanes.
+        self.storage = torch.zeros(2, model.num_layers, num_blocks, block_size, hkv,
+                                   model.head_dim, dtype=model.dtype, device=device)
+
+    def bind(self, attention_layers) -> None:
+        for i, layer in enumerate(attention_layers):
+            layer.k_cache = self.storage[0, i]
+            layer.v_cache = self.storage[1, i]

@@ -1,0 +1,120 @@
+"""Paged attention over the KV cache, with one switch choosing the implementation.
+
+Backends: "flash_attn" (flash-attn's paged varlen / kvcache kernels, CUDA, bf16/fp16),
+"triton" (kernels/ Triton kernels; their torch references on CPU) and "torch" (the pure-torch
+references everywhere, for debugging).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpu_workers.ops import (
+    paged_attention,
+    paged_attention_ref,
+    paged_decode_attention,
+    store_kv,
+    store_kv_ref,
+)
+
+FLASH_BLOCK_MULTIPLE = 256
+FLASH_HEAD_DIMS = (64, 128, 256)
+
+
+@dataclass(slots=True)
+class AttentionBatch:
+    """Per-step attention inputs shared by every layer (device tensors + host-side maxima)."""
+
+    slot_mapping: torch.Tensor
+    """[T] cache slot of each new token (block * block_size + offset); -1 = padding."""
+    block_tables: torch.Tensor
+    """[B, max_blocks] int32."""
+    cu_seqlens_q: torch.Tensor
+    """[B + 1] int32 offsets of each entry's new tokens."""
+    seq_lens_k: torch.Tensor
+    """[B] int32 context length after this step (cached + new)."""
+    cu_seqlens_k: torch.Tensor | None
+    """[B + 1] int32, only for flash-attn's varlen kernel."""
+    max_seqlen_q: int
+    max_seqlen_k: int
+    decode: bool
+    """Every entry computes exactly one token."""
+
+
+def flash_attn_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def resolve_backend(requested: str, device: str, dtype: torch.dtype, head_dim: int,
+                    block_size: int) -> str:
+    """Pick the attention backend; an explicit request that cannot work is an error."""
+    flash_ok = (
+        device == "cuda"
+        and dtype in (torch.float16, torch.bfloat16)
+        and head_dim in FLASH_HEAD_DIMS
+        and block_size % FLASH_BLOCK_MULTIPLE == 0
+        and flash_attn_available()
+    )
+    if requested == "auto":
+        if flash_ok:
+            return "flash_attn"
+        return "triton" if device == "cuda" else "torch"
+    if requested == "flash_attn" and not flash_ok:
+        raise ValueError(
+            "attention_backend='flash_attn' needs flash-attn installed, device 'cuda', a bf16/fp16 "
+            f"dtype, head_dim in {FLASH_HEAD_DIMS} and block_size a multiple of "
+            f"{FLASH_BLOCK_MULTIPLE} (got dtype={dtype}, head_dim={head_dim}, "
+            f"block_size={block_size}); use attention_backend='auto' or 'triton'"
+        )
+    return requested
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 backend: str) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.backend = backend
+        # Views into the runner's KV pool, assigned once it is allocated.
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                batch: AttentionBatch) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; stores k/v first so queries see them."""
+        kc, vc = self.k_cache, self.v_cache
+        if self.backend == "torch":
+            store_kv_ref(k, v, kc, vc, batch.slot_mapping)
+            return paged_attention_ref(q, kc, vc, batch.block_tables, batch.cu_seqlens_q,
+                                       batch.seq_lens_k, self.scale)
+        store_kv(k, v, kc, vc, batch.slot_mapping)
+        if self.backend == "flash_attn":
+            return self._flash(q, batch)
+        if batch.decode:
+            return paged_decode_attention(q, kc, vc, batch.block_tables, batch.seq_lens_k,
+                                          self.scale)
+        return paged_attention(q, kc, vc, batch.block_tables, batch.cu_seqlens_q,
+                               batch.seq_lens_k, self.scale)
+
+    def _flash(self, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+
+        if batch.decode:
+            out = flash_attn_with_kvcache(
+                q.unsqueeze(1), self.k_cache, self.v_cache, cache_seqlens=batch.seq_lens_k,
+                block_table=batch.block_tables, softmax_scale=self.scale, causal=True,
+            )
+            return out.squeeze(1)
+        return flash_attn_varlen_func(
+            q, self.k_cache, self.v_cache,
+            cu_seqlens_q=batch.cu_seqlens_q, cu_seqlens_k=batch.cu_seqlens_k,
+            max_seqlen_q=batch.max_seqlen_q, max_seqlen_k=batch.max_seqlen_k,
+            softmax_scale=self.scale, causal=True, block_table=batch.block_tables,
+        )

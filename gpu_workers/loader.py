@@ -1,0 +1,84 @@
+"""Load Hugging Face safetensors checkpoints (single file or sharded) into a CausalLM.
+
+Each parameter's owning layer slices out its tensor-parallel shard; the packed qkv_proj and
+gate_up_proj take their parts from the separate HF tensors by shard id.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+# HF tensor name piece -> (our packed module name, shard id)
+PACKED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+_IGNORED = ("rotary_emb.inv_freq",)
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    root = Path(model_dir)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [root / n for n in names]
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors checkpoint in {model_dir}")
+    return files
+
+
+def _target(name: str) -> tuple[str, object]:
+    for piece, (packed, shard) in PACKED.items():
+        if f".{piece}." in name:
+            return name.replace(f".{piece}.", f".{packed}."), shard
+    return name, None
+
+
+def load_weights(model: nn.Module, model_dir: str | Path) -> None:
+    params = dict(model.named_parameters())  # a tied lm_head appears once, as the embedding
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for path in checkpoint_files(model_dir):
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    if name.endswith(_IGNORED) or (tied and name == "lm_head.weight"):
+                        continue
+                    target, shard = _target(name)
+                    param = params.get(target)
+                    if param is None:
+                        raise KeyError(f"checkpoint tensor {name!r} matches no model parameter")
+                    owner = model.get_submodule(target.rsplit(".", 1)[0])
+                    tensor = f.get_tensor(name)
+                    if hasattr(owner, "load"):
+                        owner.load(param, tensor, shard)
+                    else:
+                        if tuple(tensor.shape) != tuple(param.shape):
+                            raise ValueError(f"{name}: shape {tuple(tensor.shape)} != "
+                                             f"{tuple(param.shape)}")
+                        param.data.copy_(tensor)
+                    loaded.add(target if shard is None else f"{target}:{shard}")
+    _check_complete(params, loaded)
+
+
+def _expected(name: str) -> list[str]:
+    if ".qkv_proj." in name:
+        return [f"{name}:{s}" for s in "qkv"]
+    if ".gate_up_proj." in name:
+        return [f"{name}:0", f"{name}:1"]
+    return [name]
+
+
+def _check_complete(params: dict[str, nn.Parameter], loaded: set[str]) -> None:
+    missing = [key for name in params for key in _expected(name) if key not in loaded]
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")

@@ -1,0 +1,171 @@
+"""ModelRunner: one rank's model shard, KV pool, mirror and sampler; executes StepPlans.
+
+A step: apply the plan to the mirror, build one unified extend batch, run the model (a CUDA
+graph for pure-decode batches), compute logits only for entries that reach the end of their
+known tokens, sample on rank 0 and broadcast the ids so every rank's mirror appends them.
+The only host sync per step is the copy of the sampled ids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gpu_workers.batch import StepBatch, build_batch
+from gpu_workers.config import ModelConfig, WorkerConfig
+from gpu_workers.cuda_graphs import DecodeGraphs
+from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks, cuda_num_blocks
+from gpu_workers.layers.attention import resolve_backend
+from gpu_workers.layers.parallel import TPInfo
+from gpu_workers.loader import load_weights
+from gpu_workers.mirror import SequenceTable
+from gpu_workers.models import CausalLM
+from gpu_workers.sampler import Sampler
+from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
+
+# With overlap scheduling a finished sequence may run one step more than it needs.
+_SPARE_TOKENS = 2
+
+
+class ModelRunner:
+    def __init__(self, config: WorkerConfig, rank: int = 0, world_size: int = 1) -> None:
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        if config.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("device 'cuda' requested but CUDA is not available")
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        self.model_config = mc = ModelConfig.from_dir(config.model, config.dtype)
+        if config.max_model_len > mc.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the model's "
+                f"max_position_embeddings={mc.max_position_embeddings}; lower max_model_len"
+            )
+        torch.manual_seed(config.seed)
+        self.backend = resolve_backend(config.attention_backend, config.device, mc.dtype,
+                                       mc.head_dim, config.block_size)
+        self.tp = TPInfo(rank, world_size)
+        with torch.inference_mode():
+            self.model = CausalLM(mc, self.tp, self.backend, self.device,
+                                  config.max_model_len + _SPARE_TOKENS)
+            load_weights(self.model, config.model)
+        self.sampler = Sampler(self.device, config.seed)
+        self.num_kv_blocks = self._size_kv_cache()
+        self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size,
+                                self.device)
+        self.kv_cache.bind(self.model.attention_layers())
+        self.table = self._new_table()
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq,
+                                       config.max_model_len, self.device)
+            with torch.inference_mode():
+                self.graphs.capture()
+
+    def _new_table(self) -> SequenceTable:
+        c = self.config
+        return SequenceTable(2 * c.max_num_seqs + 8, c.max_model_len + _SPARE_TOKENS,
+                             c.max_blocks_per_seq)
+
+    # ----------------------------------------------------------------- start-up
+
+    def _size_kv_cache(self) -> int:
+        c, mc = self.config, self.model_config
+        if self.device.type == "cuda":
+            self._profile_run()
+            blocks = cuda_num_blocks(c, mc, self.world_size)
+        else:
+            blocks = cpu_num_blocks(c, mc, self.world_size)
+        if self.world_size > 1:  # every rank must agree on the pool the scheduler manages
+            t = torch.tensor([blocks], dtype=torch.int64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            blocks = int(t.item())
+        check_fits(blocks, c, mc, self.world_size)
+        return blocks
+
+    @torch.inference_mode()
+    def _profile_run(self) -> None:
+        """Run the largest batch the scheduler may send, so the peak activation memory is known."""
+        c = self.config
+        total = c.max_num_batched_tokens
+        n = max(1, min(c.max_num_seqs, total))  # the widest sampling batch too
+        lens = [total // n + (i < total % n) for i in range(n)]
+        lens = [min(max(1, x), c.max_model_len) for x in lens]
+        blocks_needed = [-(-x // c.block_size) for x in lens]
+        kv = KVCache(self.model_config, sum(blocks_needed), c.block_size, self.world_size,
+                     self.device)
+        kv.bind(self.model.attention_layers())
+        table = self._new_table()
+        seqs, next_block = [], 0
+        params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50)
+        for i, (length, nb) in enumerate(zip(lens, blocks_needed, strict=True)):
+            block_table = list(range(next_block, next_block + nb))
+            next_block += nb
+            seqs.append(NewSequence(i, [0] * length, length, 0, length, block_table, params))
+        plan = StepPlan(0, [], seqs, CachedSequences([], [], []))
+        self._run(plan, table)
+        torch.cuda.synchronize()
+        del kv
+
+    # ----------------------------------------------------------------- stepping
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult | None:
+        return self._run(plan, self.table)
+
+    def _run(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
+        seq_ids, rows, num_new = table.apply(plan)
+        if len(rows) == 0:
+            return self._result(plan.step_id, [], [], None)
+        bs = None
+        if (self.graphs is not None and len(rows) <= self.graphs.max_bs
+                and bool(np.all(num_new == 1)) and table is self.table):
+            bs = self.graphs.bucket(len(rows))
+        batch = build_batch(table, rows, num_new, self.config.block_size, self.device,
+                            pad_to=bs, block_width=self.graphs.block_width if bs else None)
+        table.num_computed[rows] += num_new
+        if bs is not None:
+            hidden = self.graphs.run(batch, bs)
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, batch.attn)
+        if len(batch.sample_rows) == 0:
+            return self._result(plan.step_id, [], [], None)
+        tokens, logprobs = self._sample(hidden, batch)
+        table.append_tokens(batch.sample_rows, tokens)
+        ids = [seq_ids[i] for i in batch.sample_entries]
+        return self._result(plan.step_id, ids, tokens.tolist(), logprobs)
+
+    def _sample(self, hidden: torch.Tensor,
+                batch: StepBatch) -> tuple[np.ndarray, list[float] | None]:
+        logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        n = len(batch.sample_rows)
+        logprobs = None
+        if self.rank == 0:
+            tokens, lp = self.sampler(logits, batch.sampling)
+        else:
+            tokens, lp = torch.empty(n, dtype=torch.int64, device=self.device), None
+        if self.world_size > 1:
+            dist.broadcast(tokens, src=0)
+        if self.device.type == "cuda":
+            host = torch.empty(n, dtype=torch.int64, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            host_lp = None
+            if lp is not None:
+                host_lp = torch.empty(n, dtype=torch.float32, pin_memory=True)
+                host_lp.copy_(lp, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+        else:
+            host, host_lp = tokens, lp
+        if host_lp is not None:
+            logprobs = host_lp.tolist()
+        return host.numpy(), logprobs
+
+    def _result(self, step_id: int, ids: list[int], tokens: list[int],
+                logprobs: list[float] | None) -> StepResult | None:
+        if self.rank != 0:
+            return None
+        return StepResult(step_id, ids, tokens, logprobs)

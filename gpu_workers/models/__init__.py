@@ -1,0 +1,5 @@
+"""Model definitions."""
+
+from gpu_workers.models.decoder import CausalLM
+
+__all__ = ["CausalLM"]

@@ -1,0 +1,130 @@
+"""One decoder-only transformer for Llama, Qwen2 and Qwen3.
+
+They differ by two flags: Qwen2 has biases on q/k/v, Qwen3 RMS-normalises each head of q and k
+before rotary. Module names follow the Hugging Face checkpoints so the loader maps names 1:1
+(apart from the packed qkv_proj and gate_up_proj).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gpu_workers.config import ModelConfig
+from gpu_workers.layers.attention import AttentionBatch, PagedAttention
+from gpu_workers.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from gpu_workers.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from gpu_workers.layers.norm import RMSNorm
+from gpu_workers.layers.parallel import TPInfo
+from gpu_workers.ops import apply_rotary, build_rope_cache, silu_and_mul
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device) -> None:
+        super().__init__()
+        d, dt = cfg.head_dim, cfg.dtype
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, d, cfg.num_heads, cfg.num_kv_heads,
+                                          cfg.qkv_bias, tp, dt, device)
+        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, False, tp, dt, device)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = d
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dt, device) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dt, device) if cfg.qk_norm else None
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5, backend)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                batch: AttentionBatch) -> torch.Tensor:
+        t, d = x.shape[0], self.head_dim
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
+        if self.q_norm is not None:
+            q = self.q_norm(q.reshape(-1, d))
+            k = self.k_norm(k.reshape(-1, d))
+        q = q.reshape(t, self.num_heads, d)
+        k = k.reshape(t, self.num_kv_heads, d)
+        v = v.reshape(t, self.num_kv_heads, d)
+        q, k = apply_rotary(q, k, positions, cos_sin)
+        out = self.attn(q, k, v, batch)
+        return self.o_proj(out.reshape(t, self.num_heads * d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, device) -> None:
+        super().__init__()
+        i = cfg.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [i, i], False, tp,
+                                                       cfg.dtype, device)
+        self.down_proj = RowParallelLinear(i, cfg.hidden_size, False, tp, cfg.dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(cfg, tp, backend, device)
+        self.mlp = MLP(cfg, tp, device)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype,
+                                                device)
+
+    def forward(self, x, residual, positions, cos_sin, batch):
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, cos_sin, batch)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class DecoderStack(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device,
+                 max_positions: int) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, cfg.dtype,
+                                                   device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, tp, backend, device) for _ in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
+        cos_sin = build_rope_cache(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling,
+                                   device)
+        self.register_buffer("cos_sin", cos_sin, persistent=False)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor,
+                batch: AttentionBatch) -> torch.Tensor:
+        x, residual = self.embed_tokens(ids), None
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, self.cos_sin, batch)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device,
+                 max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderStack(cfg, tp, backend, device, max_positions)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp, cfg.dtype, device)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor,
+                batch: AttentionBatch) -> torch.Tensor:
+        """Hidden states [T, hidden] of every new token."""
+        return self.model(ids, positions, batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """fp32 logits [R, vocab] on rank 0, None on the other ranks."""
+        logits = self.lm_head.logits(hidden)
+        return None if logits is None else logits.float()
+
+    def attention_layers(self) -> list[PagedAttention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
