@@ -1,0 +1,394 @@
+"""Blocking client of a running pipeline.
+
+A background I/O thread owns the two DEALER sockets (requests to the tokenizer, results
+from the detokenizer) and routes each ResultDelta into its request's queue; caller
+threads only enqueue commands and read their queues, so one Client serves many threads
+and many concurrent requests. A dead pipeline is noticed three ways: an EngineDead
+message, a dropped connection (socket monitor; ZMTP heartbeats turn a hung or
+unreachable peer into a dropped connection), or an optional per-request timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from frontend.outputs import (
+    ClientClosedError,
+    EngineDeadError,
+    OutputCollector,
+    RequestDelta,
+    RequestOutput,
+    RequestRejected,
+)
+from protocol import (
+    AbortRequest,
+    ChatMessage,
+    ClientHello,
+    ClientWelcome,
+    Decoder,
+    EngineDead,
+    GenerateRequest,
+    ProtocolError,
+    ResultDelta,
+    SamplingParams,
+    encode,
+)
+
+CONNECT_TIMEOUT_S = 60.0
+"""How long the handshake may take before the pipeline is declared unreachable."""
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 10_000
+CLOSE_LINGER_MS = 1000
+"""How long close() waits for its abort messages to leave."""
+
+
+# ------------------------------------------------------------ shared with AsyncClient
+
+
+def configure_context(ctx: zmq.Context) -> None:
+    """Defaults for every client socket: heartbeats so a silent peer counts as gone."""
+    ctx.setsockopt(zmq.LINGER, 0)
+    ctx.setsockopt(zmq.SNDHWM, 0)
+    ctx.setsockopt(zmq.RCVHWM, 0)
+    ctx.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    ctx.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+
+
+def make_decoder() -> Decoder:
+    return Decoder(ClientWelcome, ResultDelta, EngineDead)
+
+
+def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, messages: Any,
+                 params: SamplingParams | None, stream: bool) -> bytes:
+    if prompt_token_ids is not None:
+        prompt_token_ids = [int(t) for t in prompt_token_ids]
+    if messages is not None:
+        messages = [m if isinstance(m, ChatMessage) else ChatMessage(m["role"], m["content"])
+                    for m in messages]
+    return encode(GenerateRequest(
+        client_request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
+        messages=messages, params=params or SamplingParams(), stream=stream))
+
+
+def to_delta(msg: ResultDelta) -> RequestDelta:
+    return RequestDelta(request_id=msg.client_request_id, text=msg.text,
+                        token_ids=msg.token_ids, finish_reason=msg.finish_reason,
+                        prompt_tokens=msg.prompt_tokens,
+                        completion_tokens=msg.completion_tokens, logprobs=msg.logprobs)
+
+
+def is_disconnect(monitor_frames: list[bytes]) -> bool:
+    return parse_monitor_message(monitor_frames)["event"] == zmq.EVENT_DISCONNECTED
+
+
+# ------------------------------------------------------------ Client
+
+
+class Client:
+    """Talks to the pipeline whose tokenizer listens at `address`.
+
+    timeout: seconds to wait for each result delta before the request is aborted with
+    TimeoutError (None: wait as long as the pipeline is alive).
+    """
+
+    def __init__(self, address: str, timeout: float | None = None, *,
+                 connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.client_id = uuid.uuid4().hex
+        self.welcome: ClientWelcome | None = None
+        self._lock = threading.Lock()
+        self._queues: dict[str, queue.SimpleQueue] = {}
+        self._dead: str | None = None
+        self._closed = False
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._ctx = zmq.Context()
+        configure_context(self._ctx)
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._io_main, name="nanopipe-client-io",
+                                        daemon=True)
+        self._thread.start()
+        if not self._ready.wait(connect_timeout) or self.welcome is None:
+            reason = self._dead or f"no pipeline answered at {address} within {connect_timeout}s"
+            self.close()
+            raise EngineDeadError(reason)
+
+    # ---------------------------------------------------------- public API
+
+    @property
+    def model(self) -> str:
+        assert self.welcome is not None
+        return self.welcome.model
+
+    @property
+    def max_model_len(self) -> int:
+        assert self.welcome is not None
+        return self.welcome.max_model_len
+
+    def generate(self, prompt: str | None = None, *, prompt_token_ids: Any = None,
+                 messages: Any = None, params: SamplingParams | None = None) -> RequestOutput:
+        request_id, q = self._submit(prompt, prompt_token_ids, messages, params, stream=False)
+        collector = OutputCollector(request_id)
+        done = False
+        try:
+            while not done:
+                delta = self._next(request_id, q)
+                collector.add(delta)
+                done = delta.finish_reason is not None
+        except BaseException:
+            self._forget(request_id)
+            self.abort(request_id)
+            raise
+        return collector.output()
+
+    def stream(self, prompt: str | None = None, *, prompt_token_ids: Any = None,
+               messages: Any = None, params: SamplingParams | None = None) -> ResultStream:
+        """Submit now; iterate for deltas. Closing or dropping the iterator aborts."""
+        request_id, q = self._submit(prompt, prompt_token_ids, messages, params, stream=True)
+        return ResultStream(self, request_id, q)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine to stop a request; it then finishes with finish_reason "abort"."""
+        if not self._closed:
+            self._command(encode(AbortRequest(request_id)))
+
+    def close(self) -> None:
+        """Abort whatever is in flight and release the sockets."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = list(self._queues.items())
+            self._queues.clear()
+        for request_id, q in pending:
+            self._command(encode(AbortRequest(request_id)))
+            q.put(ClientClosedError(f"request {request_id}: the client was closed"))
+        self._command(None)
+        self._thread.join()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self._ctx.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------- caller side
+
+    def _submit(self, prompt: str | None, prompt_token_ids: Any, messages: Any,
+                params: SamplingParams | None, stream: bool) -> tuple[str, queue.SimpleQueue]:
+        request_id = uuid.uuid4().hex
+        frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream)
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError("the client is closed")
+            if self._dead is not None:
+                raise EngineDeadError(self._dead)
+            self._queues[request_id] = q
+        self._command(frame)
+        return request_id, q
+
+    def _next(self, request_id: str, q: queue.SimpleQueue) -> RequestDelta:
+        try:
+            item = q.get(timeout=self.timeout)
+        except queue.Empty:
+            self._forget(request_id)
+            self.abort(request_id)
+            raise TimeoutError(f"request {request_id}: no result within {self.timeout}s") \
+                from None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def _forget(self, request_id: str) -> None:
+        with self._lock:
+            self._queues.pop(request_id, None)
+
+    def _command(self, frame: bytes | None) -> None:
+        self._commands.put(frame)
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (the I/O thread will drain it) or already closed
+
+    # ---------------------------------------------------------- I/O thread
+
+    def _io_main(self) -> None:
+        try:
+            _ClientIO(self).run()
+        except Exception as exc:  # never leave callers waiting on a thread that died
+            self._fail_all(f"client I/O failed: {exc!r}")
+        finally:
+            self._ready.set()
+
+    def _route(self, msg: Any) -> None:
+        if isinstance(msg, EngineDead):
+            self._fail_all(msg.reason)
+            return
+        with self._lock:
+            q = self._queues.get(msg.client_request_id)
+            if q is not None and msg.finish_reason is not None:
+                del self._queues[msg.client_request_id]
+        if q is None:
+            return  # aborted or timed out already
+        if msg.error is not None:
+            q.put(RequestRejected(msg.error))
+        else:
+            q.put(to_delta(msg))
+
+    def _fail_all(self, reason: str) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = reason
+            pending = list(self._queues.values())
+            self._queues.clear()
+        for q in pending:
+            q.put(EngineDeadError(reason))
+
+
+class _ClientIO:
+    """The I/O thread's state: sockets are made, used and closed on this thread only."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.decoder = make_decoder()
+        self.poller = zmq.Poller()
+        self.monitors: list[zmq.Socket] = []
+        self.sockets: list[zmq.Socket] = []
+        self.requests = self._dealer(client.address)
+        self.results: zmq.Socket | None = None
+        self.poller.register(client._wake_r, zmq.POLLIN)
+
+    def _dealer(self, address: str) -> zmq.Socket:
+        sock = self.client._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.client.client_id.encode())
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sock.connect(address)
+        sock.send(encode(ClientHello(self.client.client_id)))
+        self.poller.register(sock, zmq.POLLIN)
+        self.poller.register(monitor, zmq.POLLIN)
+        self.sockets.append(sock)
+        self.monitors.append(monitor)
+        return sock
+
+    def run(self) -> None:
+        try:
+            while self._step():
+                pass
+        finally:
+            self._close()
+
+    def _step(self) -> bool:
+        for sock, _ in self.poller.poll():
+            if sock == self.client._wake_r:
+                if not self._drain_commands():
+                    return False
+            elif sock in self.monitors:
+                if is_disconnect(sock.recv_multipart()):
+                    self.client._fail_all(f"lost the connection to the pipeline at "
+                                          f"{self.client.address}")
+            else:
+                self._on_frame(sock)
+        return True
+
+    def _drain_commands(self) -> bool:
+        os.read(self.client._wake_r, 4096)
+        while True:
+            try:
+                frame = self.client._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if frame is None:
+                return False
+            try:
+                self.requests.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
+    def _on_frame(self, sock: zmq.Socket) -> None:
+        frames = sock.recv_multipart()
+        try:
+            msg = self.decoder.decode(frames[-1])
+        except ProtocolError:
+            return  # not ours to crash on; the engine never sends these
+        if isinstance(msg, ClientWelcome):
+            self._on_welcome(sock, msg)
+        elif isinstance(msg, EngineDead) and not self.client._ready.is_set():
+            self.client._fail_all(msg.reason)
+            self.client._ready.set()
+        else:
+            self.client._route(msg)
+
+    def _on_welcome(self, sock: zmq.Socket, msg: ClientWelcome) -> None:
+        if sock is self.requests and self.results is None:
+            self.results = self._dealer(msg.results_address)
+            self.welcome = msg
+        elif sock is self.results and not self.client._ready.is_set():
+            self.client.welcome = self.welcome
+            self.client._ready.set()
+
+    def _close(self) -> None:
+        for sock in self.sockets:
+            sock.disable_monitor()
+        for monitor in self.monitors:
+            monitor.close(linger=0)
+        # The tokenizer socket lingers briefly so close()'s abort messages get out.
+        self.requests.close(linger=CLOSE_LINGER_MS)
+        if self.results is not None:
+            self.results.close(linger=0)
+
+
+class ResultStream(Iterator[RequestDelta]):
+    """Deltas of one streaming request; closing (or dropping) it early aborts the request."""
+
+    def __init__(self, client: Client, request_id: str, q: queue.SimpleQueue) -> None:
+        self.client = client
+        self.request_id = request_id
+        self._q = q
+        self._done = False
+
+    def __iter__(self) -> ResultStream:
+        return self
+
+    def __next__(self) -> RequestDelta:
+        if self._done:
+            raise StopIteration
+        try:
+            delta = self.client._next(self.request_id, self._q)
+        except BaseException:
+            self.close()  # also on KeyboardInterrupt: the engine must not keep generating
+            raise
+        if delta.finish_reason is not None:
+            self._done = True
+        return delta
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self.client._forget(self.request_id)
+            self.client.abort(self.request_id)
+
+    def __enter__(self) -> ResultStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,220 @@
+"""The detokenizer actor: turns each step's TokenDeltas into text and routes it to clients.
+
+It owns the decoding state of every running request. Requests are announced by the
+tokenizer (DetokRequestInfo) before the scheduler sees them, but the two arrive on
+different pipes of one PULL socket, so deltas that overtake their announcement are
+buffered until it arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from frontend.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
+from frontend.proc_util import POLL_MS, ProcessRuntime
+from frontend.tokenizer_proc import error_delta, load_tokenizer
+from protocol import (
+    AbortRequests,
+    ClientHello,
+    ClientWelcome,
+    DetokRequestInfo,
+    Endpoints,
+    EngineDead,
+    ProtocolError,
+    ResultDelta,
+    Shutdown,
+    TokenDeltas,
+)
+from protocol.sockets import RouterSocket
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DetokenizerConfig:
+    model: str
+    """Model directory (its tokenizer decodes the tokens)."""
+    max_model_len: int
+    model_name: str | None = None
+
+    @property
+    def served_name(self) -> str:
+        return self.model_name or Path(self.model).name
+
+
+@dataclass(slots=True)
+class _Request:
+    info: DetokRequestInfo
+    detok: IncrementalDetokenizer
+    completion_tokens: int = 0
+    # Accumulated only when not streaming: the single final delta carries everything.
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+
+
+class DetokenizerActor:
+    def __init__(self, config: DetokenizerConfig, endpoints: Endpoints, rt: ProcessRuntime,
+                 decode: DecodeFn) -> None:
+        self.config = config
+        self.endpoints = endpoints
+        self.rt = rt
+        self.decode = decode
+        self.inbox = rt.socket(zmq.PULL, endpoints.detok_in, bind=True,
+                               accepts=(DetokRequestInfo, TokenDeltas, EngineDead, Shutdown))
+        self.router = rt.adopt(RouterSocket(rt.ctx, endpoints.results, accepts=(ClientHello,)))
+        self.to_scheduler = rt.socket(zmq.PUSH, endpoints.scheduler_in, bind=False)
+        self.peers: dict[str, bytes] = {}  # client_id -> routing id on the results socket
+        self.requests: dict[int, _Request] = {}
+        self.early: dict[int, list[tuple]] = {}  # deltas that overtook their DetokRequestInfo
+        self.max_announced = -1  # request ids are a counter: at or below this, a missing
+        # request has finished (late deltas are dropped), above it it is still to come
+        self.dead_reason: str | None = None
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.inbox.socket, zmq.POLLIN)
+        poller.register(self.router.socket, zmq.POLLIN)
+        while self.rt.stop_reason is None:
+            ready = dict(poller.poll(POLL_MS))
+            if self.router.socket in ready:
+                while self.router.poll(0):
+                    self._on_client_frame()
+            if self.inbox.socket in ready:
+                for _ in range(256):
+                    if not self.inbox.poll(0):
+                        break
+                    if not self._on_inbox():
+                        return
+
+    def _on_client_frame(self) -> None:
+        try:
+            peer, hello = self.router.recv_from()
+        except ProtocolError as exc:
+            peer = getattr(exc, "peer", None)
+            if peer is not None:
+                self.router.send_to(peer, error_delta("", f"malformed message: {exc}"))
+            return
+        if self.dead_reason is not None:
+            self.router.send_to(peer, EngineDead(self.dead_reason))
+            return
+        self.peers[hello.client_id] = peer
+        self.router.send_to(peer, ClientWelcome(
+            results_address=self.endpoints.results, model=self.config.served_name,
+            max_model_len=self.config.max_model_len))
+
+    def _on_inbox(self) -> bool:
+        try:
+            msg = self.inbox.recv()
+        except ProtocolError as exc:
+            log.warning("detokenizer: dropped a bad frame: %s", exc)
+            return True
+        if isinstance(msg, TokenDeltas):
+            self._on_deltas(msg)
+        elif isinstance(msg, DetokRequestInfo):
+            self._on_info(msg)
+        elif isinstance(msg, EngineDead):
+            self._on_engine_dead(msg.reason)
+        else:
+            return False
+        return True
+
+    def _on_info(self, info: DetokRequestInfo) -> None:
+        self.max_announced = max(self.max_announced, info.request_id)
+        if self.dead_reason is not None:
+            self._send(info, error_delta(info.client_request_id,
+                                         f"engine dead: {self.dead_reason}"))
+            return
+        detok = IncrementalDetokenizer(
+            self.decode, info.prompt_tail_token_ids,
+            skip_special_tokens=info.skip_special_tokens, stop=info.stop)
+        self.requests[info.request_id] = _Request(info=info, detok=detok)
+        for args in self.early.pop(info.request_id, ()):
+            self._on_delta(*args)
+
+    def _on_deltas(self, msg: TokenDeltas) -> None:
+        logprobs = msg.logprobs
+        for i, request_id in enumerate(msg.request_ids):
+            self._on_delta(request_id, msg.token_ids[i], msg.finish_reasons[i], msg.errors[i],
+                           logprobs[i] if logprobs is not None else None)
+
+    def _on_delta(self, request_id: int, token_ids: list[int], finish: str | None,
+                  error: str | None, logprobs: list[float] | None) -> None:
+        req = self.requests.get(request_id)
+        if req is None:
+            if request_id > self.max_announced:
+                self.early.setdefault(request_id, []).append(
+                    (request_id, token_ids, finish, error, logprobs))
+            return
+        info = req.info
+        if error is not None:
+            del self.requests[request_id]
+            self._send(info, error_delta(info.client_request_id, error))
+            return
+        req.completion_tokens += len(token_ids)
+        # A request stopped by EOS or a stop token id keeps that token but not its text.
+        text_ids = token_ids[:-1] if finish == "stop" and token_ids else token_ids
+        text = req.detok.add(text_ids)
+        if req.detok.finished:
+            if finish is None:  # a stop string: the scheduler cannot know, tell it
+                self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason="stop"))
+            finish = "stop"
+        if finish is not None:
+            text += req.detok.flush()
+            del self.requests[request_id]
+        if not info.logprobs:
+            logprobs = None
+        if not info.stream:
+            req.token_ids.extend(token_ids)
+            if logprobs is not None:
+                req.logprobs = (req.logprobs or []) + logprobs
+            if finish is None:
+                return
+            text, token_ids, logprobs = req.detok.text, req.token_ids, req.logprobs
+        delta = ResultDelta(
+            client_request_id=info.client_request_id, text=text, token_ids=token_ids,
+            finish_reason=finish, prompt_tokens=info.num_prompt_tokens,
+            completion_tokens=req.completion_tokens, logprobs=logprobs, error=None)
+        if not self._send(info, delta) and finish is None:
+            # The client is gone: free the request's KV blocks now, not at max_tokens.
+            del self.requests[request_id]
+            self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason="abort"))
+
+    def _send(self, info: DetokRequestInfo, delta: Any) -> bool:
+        peer = self.peers.get(info.client_id)
+        return peer is not None and self.router.send_to(peer, delta)
+
+    def _on_engine_dead(self, reason: str) -> None:
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        # EngineDead first: a client then fails its requests with EngineDeadError rather
+        # than taking the error deltas below for rejections.
+        for peer in self.peers.values():
+            self.router.send_to(peer, EngineDead(reason))
+        for req in self.requests.values():
+            self._send(req.info, error_delta(req.info.client_request_id,
+                                             f"engine dead: {reason}"))
+        self.requests.clear()
+        self.early.clear()
+
+
+def run_detokenizer(config: DetokenizerConfig, endpoints: Endpoints) -> None:
+    """Process entry point: serve until Shutdown, SIGTERM/SIGINT or the parent's death."""
+    rt = ProcessRuntime("detokenizer")
+    try:
+        try:
+            decode = make_decode_fn(load_tokenizer(config.model))
+            actor = DetokenizerActor(config, endpoints, rt, decode)
+            rt.report_ready(endpoints.control, f"model={config.served_name}")
+        except Exception as exc:
+            log.exception("detokenizer: start-up failed")
+            rt.report_failure(endpoints.control, exc)
+            raise SystemExit(1) from exc
+        actor.serve()
+    finally:
+        rt.close()

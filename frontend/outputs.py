@@ -1,0 +1,78 @@
+"""What the client library hands back to its callers, and the errors it raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class RequestRejected(ValueError):
+    """The engine refused the request (bad input); the message names the field."""
+
+
+class EngineDeadError(RuntimeError):
+    """The pipeline is gone or broken: in-flight and later requests fail with this."""
+
+
+class ClientClosedError(RuntimeError):
+    """The client was closed while the request was still running."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDelta:
+    """What one request produced since its previous delta (text and token_ids are new only)."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    """Cumulative count of generated tokens so far."""
+    logprobs: list[float] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """A finished request: the whole generated text and tokens."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[float] | None
+
+
+class OutputCollector:
+    """Folds a request's deltas into its RequestOutput."""
+
+    __slots__ = ("request_id", "_text", "_token_ids", "_logprobs", "_last")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._text: list[str] = []
+        self._token_ids: list[int] = []
+        self._logprobs: list[float] | None = None
+        self._last: RequestDelta | None = None
+
+    def add(self, delta: RequestDelta) -> None:
+        self._text.append(delta.text)
+        self._token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            if self._logprobs is None:
+                self._logprobs = []
+            self._logprobs.extend(delta.logprobs)
+        self._last = delta
+
+    def output(self) -> RequestOutput:
+        last = self._last
+        return RequestOutput(
+            request_id=self.request_id,
+            text="".join(self._text),
+            token_ids=self._token_ids,
+            finish_reason=last.finish_reason if last else None,
+            prompt_tokens=last.prompt_tokens if last else 0,
+            completion_tokens=last.completion_tokens if last else 0,
+            logprobs=self._logprobs,
+        )

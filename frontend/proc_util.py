@@ -1,0 +1,93 @@
+"""What every frontend actor process needs: one zmq.Context, stop signals, parent watch.
+
+A process stops when it gets SIGTERM or SIGINT, or when its parent dies (the kernel sends
+SIGTERM through PR_SET_PDEATHSIG; polling getppid covers the race where the parent died
+before the call). Signals only set a flag that the loop checks between polls, so a signal
+that arrives during start-up is not lost: the loop exits as soon as it starts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+import zmq
+
+from protocol import Ready, StartupFailed, encode
+from protocol.sockets import MessageSocket
+
+_PR_SET_PDEATHSIG = 1
+POLL_MS = 100
+"""How often a loop wakes up to notice a stop request when no message arrives."""
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class ProcessRuntime:
+    """Owns the process-wide zmq.Context and knows when the process must stop."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self._ppid = os.getppid()
+        self._stop_reason: str | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        set_parent_death_signal()
+        self.ctx = zmq.Context()
+        self._sockets: list[MessageSocket] = []
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._stop_reason = signal.Signals(signum).name
+
+    def request_stop(self, reason: str) -> None:
+        self._stop_reason = self._stop_reason or reason
+
+    @property
+    def stop_reason(self) -> str | None:
+        if self._stop_reason is None and os.getppid() != self._ppid:
+            self._stop_reason = "parent process died"
+        return self._stop_reason
+
+    def socket(self, kind: int, address: str, *, bind: bool, accepts: tuple[type, ...] = (),
+               ) -> MessageSocket:
+        sock = MessageSocket(self.ctx, kind, address, bind=bind, accepts=accepts)
+        self._sockets.append(sock)
+        return sock
+
+    def adopt(self, sock: MessageSocket) -> MessageSocket:
+        """Track a socket made elsewhere so `close` closes it."""
+        self._sockets.append(sock)
+        return sock
+
+    def report_ready(self, control_address: str, info: str = "") -> None:
+        """Tell the launcher this process serves now."""
+        sock = self.socket(zmq.PUSH, control_address, bind=False)
+        sock.send(Ready(role=self.role, rank=0, num_kv_blocks=0, info=info))
+
+    def report_failure(self, control_address: str, exc: BaseException) -> None:
+        """Tell the launcher why start-up failed; waits briefly so the message leaves."""
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        sock = self.ctx.socket(zmq.PUSH)
+        try:
+            sock.connect(control_address)
+            sock.send(encode(StartupFailed(role=self.role, rank=0, error=error)))
+        finally:
+            sock.close(linger=2000)
+
+    def close(self) -> None:
+        for sock in reversed(self._sockets):
+            sock.close()
+        self._sockets.clear()
+        self.ctx.term()
