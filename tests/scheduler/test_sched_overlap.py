@@ -1,0 +1,116 @@
+"""Overlap scheduling: plan N+1 goes out before result N is processed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from fake_worker import Collector, FakeWorker, drive, make_request, reference_generate
+
+from scheduler_proc import Scheduler, SchedulerConfig
+
+
+def workload(seed: int, n: int = 24):
+    rng = random.Random(seed)
+    shared = [rng.randrange(64) for _ in range(12)]
+    reqs = []
+    for rid in range(n):
+        head = shared[: rng.choice([0, 4, 9, 12])]
+        prompt = head + [rng.randrange(64) for _ in range(rng.randint(1, 14))]
+        reqs.append(make_request(rid, prompt, max_tokens=rng.randint(1, min(16, 32 - len(prompt))),
+                                 eos=[1, 2, 3]))
+    return reqs
+
+
+def run(reqs, overlap, num_blocks, caching=True, batched=24):
+    cfg = SchedulerConfig(num_blocks, 4, max_num_seqs=8, max_num_batched_tokens=batched,
+                          max_model_len=32, enable_prefix_caching=caching, overlap=overlap)
+    sched, worker = Scheduler(cfg), FakeWorker(num_blocks, 4)
+    for r in reqs:
+        sched.add_request(r)
+    out = drive(sched, worker).outputs
+    assert sched.block_manager.num_free == num_blocks
+    return {rid: (o.token_ids, o.finish_reason) for rid, o in out.items()}, worker
+
+
+@pytest.mark.parametrize("num_blocks", [8, 12, 40])
+@pytest.mark.parametrize("caching", [True, False])
+def test_overlap_on_and_off_give_identical_outputs(num_blocks, caching):
+    reqs = workload(num_blocks)
+    on, worker = run(reqs, True, num_blocks, caching)
+    off, _ = run(reqs, False, num_blocks, caching)
+    assert on == off
+    if num_blocks == 8:  # this pool forces preemptions and resumptions
+        sent = [ns.seq_id for p in worker.plans for ns in p.new_seqs]
+        assert len(sent) > len(set(sent))
+    for r in reqs:
+        assert on[r.request_id] == reference_generate(
+            r.prompt_token_ids, r.params, r.eos_token_ids, 32
+        )
+
+
+def test_finish_revealed_while_next_step_in_flight():
+    """EOS found in result N while plan N+1 (holding a decode for it) is in flight: one
+    finish, blocks freed once, the extra token dropped, the mirror dropped next plan."""
+    prompt = [5, 6, 7]
+    probe = make_request(1, prompt, max_tokens=30)
+    ref, _ = reference_generate(prompt, probe.params, [], 64)
+    eos = ref[2]
+    k = ref.index(eos)
+    sched = Scheduler(SchedulerConfig(16, 4, max_model_len=64, overlap=True))
+    worker = FakeWorker(16, 4)
+    sched.add_request(make_request(1, prompt, max_tokens=30, eos=[eos]))
+    sched.add_request(make_request(2, [9, 9], max_tokens=30, ignore_eos=True))
+    c = Collector()
+    results = [worker.execute(sched.schedule())]
+    finished_at = None
+    for n in range(k + 1):
+        plan = sched.schedule()  # plan n+1 goes out first
+        results.append(worker.execute(plan))
+        assert 1 in plan.cached.seq_ids  # planned as if it survives step n
+        c.add(sched.process_result(results[n]))
+        sched.check_integrity()
+        if c.outputs[1].finish_reason is not None:
+            finished_at = n
+            break
+    assert finished_at == k and c.outputs[1].token_ids == ref[: k + 1]
+    assert 1 not in sched.seqs and all(s.seq_id != 1 for s in sched.running)
+    # Result n+1 carries an extra token for seq 1: ignored, no delta, no second finish.
+    plan = sched.schedule()
+    assert plan.drop_seq_ids == [1]
+    results.append(worker.execute(plan))
+    deltas = sched.process_result(results[finished_at + 1])
+    assert 1 not in deltas.request_ids
+    c.add(deltas)
+    sched.check_integrity()
+    c.add(sched.process_result(results[-1]))
+    drive(sched, worker, c)
+    assert c.outputs[1].token_ids == ref[: k + 1]
+
+
+def test_length_finish_is_not_overscheduled():
+    """A token in flight that reaches max_tokens is not fed back in another step."""
+    sched = Scheduler(SchedulerConfig(16, 4, max_model_len=64, overlap=True))
+    worker = FakeWorker(16, 4)
+    sched.add_request(make_request(1, 5, max_tokens=4, ignore_eos=True))
+    out = drive(sched, worker).outputs[1]
+    assert len(out.token_ids) == 4
+    steps_with_seq = [p for p in worker.plans if 1 in p.cached.seq_ids or p.new_seqs]
+    assert len(steps_with_seq) == 4  # prefill + 3 decodes, one per generated token
+
+
+def test_abort_between_schedule_and_result():
+    """Abort arrives while two plans are unanswered: nothing is freed twice or leaked."""
+    sched = Scheduler(SchedulerConfig(16, 4, max_model_len=64, overlap=True))
+    worker = FakeWorker(16, 4)
+    sched.add_request(make_request(1, 6, max_tokens=10, ignore_eos=True))
+    sched.add_request(make_request(2, 6, max_tokens=10, ignore_eos=True))
+
+    def hook(s, step):
+        if step == 3:
+            s.abort([1], "abort")
+            assert s.block_manager.num_free == 16 - len(s.seqs[2].block_table)
+
+    out = drive(sched, worker, hook=hook).outputs
+    assert out[1].finish_reason == "abort" and len(out[1].token_ids) < 10
+    assert out[2].finish_reason == "length" and len(out[2].token_ids) == 10
