@@ -23,6 +23,8 @@ RUNNING = SequenceStatus.RUNNING
 WAITING = SequenceStatus.WAITING
 FINISHED = SequenceStatus.FINISHED
 
+_NO_LOGPROBS: list[float] = []  # shared placeholder; dropped when the step has no logprobs
+
 OUT_OF_BAND_STEP = -1
 """step_id of TokenDeltas that no step produced (admission errors, aborts)."""
 
@@ -272,6 +274,10 @@ class Scheduler:
         tokens = result.token_ids
         logprobs = result.logprobs
         deltas = self._deltas
+        # Hot loop (one pass per decoding sequence per step): bound methods, no helpers.
+        add_id, add_tokens = deltas.ids.append, deltas.tokens.append
+        add_reason, add_error = deltas.reasons.append, deltas.errors.append
+        add_logprobs = deltas.logprobs.append
         bs = self.config.block_size
         max_model_len = self.config.max_model_len
         bm = self.block_manager
@@ -292,7 +298,11 @@ class Scheduler:
                 reason = "stop"
             elif length - seq.num_prompt_tokens >= seq.max_tokens or length >= max_model_len:
                 reason = "length"
-            deltas.add(seq.seq_id, [tok], reason, None, None if logprobs is None else logprobs[k])
+            add_id(seq.seq_id)
+            add_tokens([tok])
+            add_reason(reason)
+            add_error(None)
+            add_logprobs(_NO_LOGPROBS if logprobs is None else [logprobs[k]])
             if reason is not None:
                 if seq.status is RUNNING:
                     finished_running = True
