@@ -1,0 +1,281 @@
+"""OpenAI-compatible HTTP server: FastAPI routes over one AsyncClient of a running pipeline.
+
+`python -m frontend.http_server --address PIPELINE_ADDRESS --port 8000` serves /v1/completions,
+/v1/chat/completions (streaming over SSE or not), /v1/models and /health on 127.0.0.1.
+A client that goes away aborts its request, so the engine stops spending KV blocks on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from frontend.openai_schema import (
+    ApiError,
+    ChatCompletionRequest,
+    ChatFormat,
+    CompletionFormat,
+    CompletionRequest,
+    dumps,
+    error_body,
+    params_error,
+    validation_error,
+)
+from frontend.outputs import ClientClosedError, EngineDeadError, RequestRejected
+from protocol import SamplingParams, SamplingParamsError
+
+if TYPE_CHECKING:
+    from frontend.async_client import AsyncClient
+
+T = TypeVar("T")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_FITS = re.compile(r"max_tokens to at most (\d+)")
+
+
+def _api_error(exc: BaseException) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, EngineDeadError | ClientClosedError):
+        return ApiError(503, f"engine is dead: {exc}", type="engine_dead", code="engine_dead")
+    if isinstance(exc, SamplingParamsError):
+        return params_error(exc)
+    if isinstance(exc, RequestRejected):
+        return ApiError(400, str(exc), param=getattr(exc, "param", None))
+    return ApiError(500, f"internal error: {exc}", type="server_error")
+
+
+def _error_response(exc: BaseException) -> JSONResponse:
+    err = _api_error(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (which aborts its request) if the HTTP client goes away."""
+    work_task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({work_task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work_task.done():
+            work_task.cancel()
+            with contextlib.suppress(BaseException):
+                await work_task
+    if work_task.cancelled():
+        raise asyncio.CancelledError("client disconnected")
+    return work_task.result()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    # The body is already read, so the next ASGI message can only be the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
+               max_model_len: int | None = None) -> FastAPI:
+    """The app serving `client`'s pipeline as `model_name`; `api_key` turns on Bearer auth."""
+    if max_model_len is None:
+        max_model_len = getattr(client, "max_model_len", None) or 4096
+    app = FastAPI(title="nanopipe", docs_url=None, redoc_url=None, openapi_url=None)
+
+    for exc_type in (ApiError, EngineDeadError, ClientClosedError, RequestRejected,
+                     SamplingParamsError):
+        app.add_exception_handler(exc_type, lambda _req, exc: _error_response(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(validation_error(list(exc.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+    async def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), api_key.encode()
+        ):
+            raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
+                           code="invalid_api_key")
+
+    def check_model(requested: str | None) -> None:
+        if requested is not None and requested != model_name:
+            raise ApiError(404, f"model {requested!r} does not exist; this server serves "
+                           f"{model_name!r}", param="model", type="not_found_error",
+                           code="model_not_found")
+
+    @app.get("/health")
+    async def health() -> Response:
+        if _is_dead(client):
+            return JSONResponse(error_body("engine is dead", "engine_dead", code="engine_dead"),
+                                status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    async def models() -> dict[str, Any]:
+        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "nanopipe",
+                "max_model_len": max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        params = body.sampling_params()
+        fmt = CompletionFormat(model_name, body.include_usage)
+        return await _respond(request, client, body.prompt_kwargs(), params, body.stream, fmt)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        # Without a max_tokens, fill the context: the engine's refusal says how far that is.
+        params = body.sampling_params(default_max_tokens=max(1, max_model_len - 1))
+        fmt = ChatFormat(model_name, body.include_usage)
+        kwargs = {"messages": body.wire_messages()}
+        return await _respond(request, client, kwargs, params, body.stream, fmt,
+                              fit_context=body.max_tokens_unset)
+
+    return app
+
+
+def _is_dead(client: AsyncClient) -> bool:
+    """The client records why the pipeline died (EngineDead, a dropped connection)."""
+    return bool(getattr(client, "dead", None) or getattr(client, "_dead", None))
+
+
+async def _respond(request: Request, client: AsyncClient, kwargs: dict[str, Any],
+                   params: SamplingParams, stream: bool, fmt: CompletionFormat | ChatFormat,
+                   fit_context: bool = False) -> Response:
+    """Run one request; with `fit_context`, max_tokens was not given and may be shrunk."""
+    if _is_dead(client):
+        raise EngineDeadError("the pipeline is not running")
+    try:
+        return await _attempt(request, client, kwargs, params, stream, fmt)
+    except RequestRejected as exc:
+        fitted = _fit_max_tokens(exc, params) if fit_context else None
+        if fitted is None:
+            raise
+        return await _attempt(request, client, kwargs, fitted, stream, fmt)
+
+
+def _fit_max_tokens(exc: RequestRejected, params: SamplingParams) -> SamplingParams | None:
+    """OpenAI's chat default is "until the context is full", but the engine wants a number and
+    only the tokenizer knows the prompt's length; its refusal of a too-large max_tokens says
+    what fits."""
+    match = _FITS.search(str(exc))
+    if match is None or not 1 <= int(match.group(1)) < params.max_tokens:
+        return None
+    return dataclasses.replace(params, max_tokens=int(match.group(1)))
+
+
+async def _attempt(request: Request, client: AsyncClient, kwargs: dict[str, Any],
+                   params: SamplingParams, stream: bool,
+                   fmt: CompletionFormat | ChatFormat) -> Response:
+    if not stream:
+        out = await _until_disconnected(request, client.generate(**kwargs, params=params))
+        return JSONResponse(fmt.response(out))
+    deltas = client.stream(**kwargs, params=params)
+    try:
+        # Wait for the first delta before answering 200, so a rejection is a plain 400.
+        first = await _until_disconnected(request, anext(deltas, None))
+    except BaseException:
+        await _close(deltas)
+        raise
+    events = _sse(fmt, first, deltas)
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS,
+                             background=BackgroundTask(_close_all, events, deltas))
+
+
+async def _sse(fmt: CompletionFormat | ChatFormat, first: Any,
+               deltas: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    try:
+        for chunk in fmt.start_chunks():
+            yield _event(chunk)
+        delta = first
+        while delta is not None:
+            for chunk in fmt.delta_chunks(delta):
+                yield _event(chunk)
+            delta = await anext(deltas, None)
+        for chunk in fmt.end_chunks():
+            yield _event(chunk)
+    except (EngineDeadError, ClientClosedError, RequestRejected, ApiError) as exc:
+        # Headers are gone already: the error travels as an event, as OpenAI's server does.
+        yield _event(_api_error(exc).body())
+    finally:
+        await _close(deltas)
+    yield b"data: [DONE]\n\n"
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+async def _close(it: Any) -> None:
+    aclose: Callable[[], Awaitable[None]] | None = getattr(it, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+
+
+async def _close_all(*its: Any) -> None:
+    """Runs after the response, also after a disconnect cancelled it mid-stream."""
+    for it in its:
+        await _close(it)
+
+
+def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          model_name: str | None = None, log_level: str = "info") -> None:
+    """Connect to the pipeline at `address` and serve it over HTTP until interrupted."""
+    import uvicorn
+
+    from frontend.async_client import AsyncClient
+
+    async def run() -> None:
+        async with AsyncClient(address) as client:
+            name = model_name or getattr(client, "model", None) or "nanopipe"
+            app = create_app(client, name, api_key)
+            config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                    lifespan="off")
+            await uvicorn.Server(config).serve()
+
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(run())
+    else:
+        uvloop.run(run())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="OpenAI-compatible HTTP server for nanopipe")
+    parser.add_argument("--address", required=True,
+                        help="the pipeline's client address (printed by the launcher)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model id clients use (default: the pipeline's model)")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    serve(args.address, args.host, args.port, args.api_key, args.served_model_name,
+          args.log_level)
+
+
+if __name__ == "__main__":
+    main()

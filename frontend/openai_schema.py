@@ -1,0 +1,363 @@
+"""OpenAI request bodies for the HTTP server, and how they map onto our SamplingParams.
+
+Fields we do not implement are still declared when a client might set them, so that a
+non-default value is refused with a 400 naming the field instead of being silently ignored.
+Unknown fields (user, metadata, ...) are ignored, as OpenAI's own server does.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol import ChatMessage, SamplingParams, SamplingParamsError
+
+try:
+    import orjson
+
+    def dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj)
+
+except ImportError:  # pragma: no cover - orjson is optional
+    import json
+
+    def dumps(obj: Any) -> bytes:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class ApiError(Exception):
+    """An error that reaches the HTTP client as OpenAI's `{"error": {...}}` body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def invalid(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+_PARAM_FIELDS = {f.name for f in SamplingParams.__dataclass_fields__.values()}
+# pydantic puts union-member tags ("str", "list[int]", "TextPart") into error locations.
+_LOC_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|[A-Z]\w*|function-.*)$")
+
+
+def params_error(exc: SamplingParamsError) -> ApiError:
+    """SamplingParams names the field first in its message; report it as the param."""
+    first = str(exc).split(" ", 1)[0]
+    return invalid(str(exc), first if first in _PARAM_FIELDS else None)
+
+
+def validation_error(errors: list[dict[str, Any]]) -> ApiError:
+    """The first field's pydantic error, with its location written as `messages[0].content`.
+
+    A union (`str | list[TextPart]`) reports one error per member; the one that got deepest
+    into the value says most about what is wrong.
+    """
+    if not errors:
+        return invalid("invalid request body")
+
+    def loc_of(e: dict[str, Any]) -> list[Any]:
+        return [p for p in e.get("loc", ()) if not (isinstance(p, str) and _LOC_TAG.match(p))]
+
+    field = loc_of(errors[0])[:2]
+    err = max((e for e in errors if loc_of(e)[:2] == field), key=lambda e: len(loc_of(e)))
+    loc = loc_of(err)
+    if loc and loc[0] == "body":
+        loc = loc[1:]
+    if err.get("type") == "json_invalid":
+        return invalid(f"request body is not valid JSON: {err.get('msg', '')}")
+    param = ""
+    for part in loc:
+        param += f"[{part}]" if isinstance(part, int) else (f".{part}" if param else str(part))
+    msg = err.get("msg", "invalid value")
+    return invalid(f"{param}: {msg}" if param else msg, param or None)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    include_usage: bool = False
+
+
+class _SamplingRequest(BaseModel):
+    """What completions and chat completions share."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def _check_unsupported(self) -> None:
+        if self.n not in (None, 1):
+            raise invalid("n must be 1: one choice per request is supported", "n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise invalid(f"{name} is not supported (must be 0 or absent)", name)
+        if self.repetition_penalty not in (None, 1, 1.0):
+            raise invalid("repetition_penalty is not supported (must be 1 or absent)",
+                          "repetition_penalty")
+        if self.logit_bias:
+            raise invalid("logit_bias is not supported", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise invalid("stream_options is only allowed with stream=true", "stream_options")
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def _params(self, max_tokens: int | None, logprobs: bool) -> SamplingParams:
+        self._check_unsupported()
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        kwargs: dict[str, Any] = {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "min_p": self.min_p, "seed": self.seed, "max_tokens": max_tokens,
+        }
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        if kwargs.get("top_k") == 0:
+            kwargs["top_k"] = -1
+        try:
+            return SamplingParams(
+                **kwargs, ignore_eos=self.ignore_eos, stop=stop,
+                stop_token_ids=list(self.stop_token_ids or []), logprobs=logprobs,
+                skip_special_tokens=self.skip_special_tokens,
+            )
+        except SamplingParamsError as exc:
+            raise params_error(exc) from None
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: bool | int | None = None
+    """OpenAI's top-logprob count; only the sampled token's logprob (0 or true) is offered."""
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def prompt_kwargs(self) -> dict[str, Any]:
+        """The client's `prompt=` or `prompt_token_ids=` for this request's single prompt."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise invalid("prompt: one prompt per request is supported", "prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return {"prompt": prompt}
+        if not prompt:
+            raise invalid("prompt must not be empty", "prompt")
+        return {"prompt_token_ids": list(prompt)}
+
+    def sampling_params(self) -> SamplingParams:
+        if self.echo:
+            raise invalid("echo is not supported", "echo")
+        if self.best_of not in (None, 1):
+            raise invalid("best_of must be 1 or absent", "best_of")
+        if self.suffix:
+            raise invalid("suffix is not supported", "suffix")
+        lp = self.logprobs
+        if not isinstance(lp, bool) and lp not in (None, 0):
+            raise invalid("logprobs: only the sampled token's logprob is returned; "
+                          "pass logprobs=0 or true", "logprobs")
+        enabled = lp is not None and lp is not False
+        return self._params(self.max_tokens if self.max_tokens is not None else 16, enabled)
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def to_wire(self) -> ChatMessage:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        role = "system" if self.role == "developer" else self.role
+        return ChatMessage(role=role, content=content or "")
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @property
+    def max_tokens_unset(self) -> bool:
+        return self.max_tokens is None and self.max_completion_tokens is None
+
+    def wire_messages(self) -> list[ChatMessage]:
+        return [m.to_wire() for m in self.messages]
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        if self.tools or self.functions:
+            raise invalid("tools and function calling are not supported", "tools")
+        if self.tool_choice not in (None, "none"):
+            raise invalid("tool_choice is not supported", "tool_choice")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise invalid("only the text response_format is supported", "response_format")
+        if self.top_logprobs:
+            raise invalid("top_logprobs is not supported; logprobs=true returns the "
+                          "sampled token's logprob", "top_logprobs")
+        max_tokens = self.max_completion_tokens
+        if max_tokens is None:
+            max_tokens = self.max_tokens
+        return self._params(max_tokens if max_tokens is not None else default_max_tokens,
+                            self.logprobs)
+
+
+# ------------------------------------------------------------------ responses
+# Outputs and deltas are the client library's RequestOutput / RequestDelta. The server holds no
+# tokenizer, so a logprob's token is named by its id ("token_id:42"), as vLLM does on request.
+
+
+def _token_name(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
+class _Format:
+    """One response's id, timestamp and usage, shared by its chunks."""
+
+    prefix = "cmpl"
+    object = "text_completion"
+    chunk_object = "text_completion"
+
+    def __init__(self, model: str, include_usage: bool = False) -> None:
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.include_usage = include_usage
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def _usage(self, out: Any) -> dict[str, int]:
+        # completion_tokens is cumulative in every delta, so the last one seen is the total.
+        self.prompt_tokens = out.prompt_tokens or self.prompt_tokens
+        self.completion_tokens = out.completion_tokens or self.completion_tokens
+        return self._usage_totals()
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        chunk = self._head(self.chunk_object)
+        chunk["choices"] = [choice]
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def start_chunks(self) -> list[dict[str, Any]]:
+        return []
+
+    def end_chunks(self) -> list[dict[str, Any]]:
+        if not self.include_usage:
+            return []
+        chunk = self._head(self.chunk_object)
+        chunk["choices"] = []
+        chunk["usage"] = self._usage_totals()
+        return [chunk]
+
+    def _usage_totals(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+class CompletionFormat(_Format):
+    @staticmethod
+    def _logprobs(out: Any) -> dict[str, Any] | None:
+        if out.logprobs is None:
+            return None
+        return {"tokens": [_token_name(t) for t in out.token_ids],
+                "token_logprobs": list(out.logprobs), "top_logprobs": None, "text_offset": None}
+
+    def response(self, out: Any) -> dict[str, Any]:
+        body = self._head(self.object)
+        body["choices"] = [{"index": 0, "text": out.text, "logprobs": self._logprobs(out),
+                            "finish_reason": out.finish_reason}]
+        body["usage"] = self._usage(out)
+        return body
+
+    def delta_chunks(self, delta: Any) -> list[dict[str, Any]]:
+        self._usage(delta)
+        if not (delta.text or delta.token_ids or delta.finish_reason):
+            return []
+        return [self._chunk({"index": 0, "text": delta.text, "logprobs": self._logprobs(delta),
+                             "finish_reason": delta.finish_reason})]
+
+
+class ChatFormat(_Format):
+    prefix = "chatcmpl"
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    @staticmethod
+    def _logprobs(out: Any) -> dict[str, Any] | None:
+        if out.logprobs is None:
+            return None
+        return {"content": [{"token": _token_name(t), "logprob": lp, "bytes": None,
+                             "top_logprobs": []} for t, lp in zip(out.token_ids, out.logprobs)]}
+
+    def response(self, out: Any) -> dict[str, Any]:
+        body = self._head(self.object)
+        body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": out.text},
+                            "logprobs": self._logprobs(out), "finish_reason": out.finish_reason}]
+        body["usage"] = self._usage(out)
+        return body
+
+    def start_chunks(self) -> list[dict[str, Any]]:
+        return [self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None})]
+
+    def delta_chunks(self, delta: Any) -> list[dict[str, Any]]:
+        self._usage(delta)
+        chunks = []
+        if delta.text or delta.token_ids:
+            chunks.append(self._chunk({"index": 0, "delta": {"content": delta.text},
+                                       "logprobs": self._logprobs(delta),
+                                       "finish_reason": None}))
+        if delta.finish_reason:
+            chunks.append(self._chunk({"index": 0, "delta": {}, "logprobs": None,
+                                       "finish_reason": delta.finish_reason}))
+        return chunks

@@ -1,0 +1,100 @@
+"""A stand-in for AsyncClient: scripted deltas, and a record of what the server asked for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from frontend.outputs import (
+    EngineDeadError,
+    OutputCollector,
+    RequestDelta,
+    RequestRejected,
+)
+from protocol import SamplingParams
+
+REJECT = "please reject me"
+DIE_MIDWAY = "die after two tokens"
+
+
+@dataclass
+class Call:
+    request_id: str
+    kwargs: dict[str, Any]
+    params: SamplingParams
+    stream: bool
+    finished: bool = False
+    aborted: bool = False
+
+
+@dataclass
+class FakeClient:
+    """Each request makes max_tokens tokens, ids 100, 101, ..., text "t0 t1 ..."."""
+
+    model: str = "fake-model"
+    max_model_len: int = 512
+    dead: bool = False
+    token_delay_s: float = 0.0
+    calls: list[Call] = field(default_factory=list)
+
+    def _deltas(self, call: Call) -> AsyncIterator[RequestDelta]:
+        async def gen() -> AsyncIterator[RequestDelta]:
+            if self.dead:
+                raise EngineDeadError("worker 0 exited with code 1")
+            if call.kwargs.get("prompt") == REJECT:
+                raise RequestRejected("prompt: this prompt is refused")
+            params = call.params
+            n_prompt = len(call.kwargs.get("prompt_token_ids") or []) or 7
+            if n_prompt + params.max_tokens > self.max_model_len:
+                # Worded as the tokenizer words it.
+                raise RequestRejected(
+                    f"the prompt has {n_prompt} tokens and params.max_tokens is "
+                    f"{params.max_tokens}: together they exceed max_model_len "
+                    f"{self.max_model_len}; lower max_tokens to at most "
+                    f"{self.max_model_len - n_prompt}")
+            try:
+                for i in range(params.max_tokens):
+                    if self.token_delay_s:
+                        await asyncio.sleep(self.token_delay_s)
+                    if call.kwargs.get("prompt") == DIE_MIDWAY and i == 2:
+                        raise EngineDeadError("scheduler exited with code 1")
+                    last = i == params.max_tokens - 1
+                    yield RequestDelta(
+                        request_id=call.request_id, text=f"t{i} ", token_ids=[100 + i],
+                        finish_reason="length" if last else None, prompt_tokens=n_prompt,
+                        completion_tokens=i + 1,
+                        logprobs=[-0.5 - i] if params.logprobs else None,
+                    )
+                call.finished = True
+            finally:
+                if not call.finished:
+                    call.aborted = True
+
+        return gen()
+
+    def _call(self, kwargs: dict[str, Any], params: SamplingParams | None, stream: bool) -> Call:
+        call = Call(f"req-{len(self.calls)}", kwargs, params or SamplingParams(), stream)
+        self.calls.append(call)
+        return call
+
+    def stream(self, prompt: str | None = None, *, params: SamplingParams | None = None,
+               **kwargs: Any) -> AsyncIterator[RequestDelta]:
+        if prompt is not None:
+            kwargs["prompt"] = prompt
+        return self._deltas(self._call(kwargs, params, True))
+
+    async def generate(self, prompt: str | None = None, *, params: SamplingParams | None = None,
+                       **kwargs: Any):
+        if prompt is not None:
+            kwargs["prompt"] = prompt
+        call = self._call(kwargs, params, False)
+        collector = OutputCollector(call.request_id)
+        deltas = self._deltas(call)
+        try:
+            async for delta in deltas:
+                collector.add(delta)
+        finally:
+            await deltas.aclose()
+        return collector.output()

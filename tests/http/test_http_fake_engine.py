@@ -1,0 +1,267 @@
+"""The HTTP layer over a scripted stand-in client: shapes, SSE framing, errors, auth, aborts."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from http_fakes import DIE_MIDWAY, REJECT, FakeClient
+from http_serving import running_server, static_app
+
+from frontend.http_server import create_app
+from protocol import SamplingParams
+
+KEY = "sk-test-123"
+
+
+@pytest.fixture(scope="module")
+def fake() -> FakeClient:
+    return FakeClient()
+
+
+@pytest.fixture(scope="module")
+def base_url(fake):
+    with running_server(lambda: static_app(create_app(fake, "fake-model"))) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def http(base_url):
+    with httpx.Client(base_url=base_url, timeout=10) as client:
+        yield client
+
+
+@pytest.fixture(autouse=True)
+def _reset(fake):
+    fake.dead = False
+    fake.token_delay_s = 0.0
+    yield
+
+
+def sse_events(lines) -> list[str]:
+    """The data payloads of an SSE body, checking the `data: ...` + blank line framing."""
+    events, expect_blank = [], False
+    for line in lines:
+        if expect_blank:
+            assert line == "", f"event not followed by a blank line: {line!r}"
+            expect_blank = False
+            continue
+        assert line.startswith("data: "), line
+        events.append(line[len("data: "):])
+        expect_blank = True
+    assert events and events[-1] == "[DONE]"
+    return events[:-1]
+
+
+def assert_error(resp: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+def test_completion_response_and_params(http, fake):
+    resp = http.post("/v1/completions", json={
+        "model": "fake-model", "prompt": "hello", "max_tokens": 3, "temperature": 0,
+        "top_p": 0.9, "top_k": 5, "min_p": 0.05, "seed": 7, "stop": ["x"],
+        "stop_token_ids": [9], "ignore_eos": True, "logprobs": 0, "user": "ignored"})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["model"] == "fake-model"
+    choice = body["choices"][0]
+    assert choice["text"] == "t0 t1 t2 " and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["tokens"] == ["token_id:100", "token_id:101", "token_id:102"]
+    assert choice["logprobs"]["token_logprobs"] == [-0.5, -1.5, -2.5]
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    call = fake.calls[-1]
+    assert call.kwargs == {"prompt": "hello"} and not call.stream
+    assert call.params == SamplingParams(temperature=0.0, top_p=0.9, top_k=5, min_p=0.05, seed=7,
+                                         max_tokens=3, ignore_eos=True, stop=["x"],
+                                         stop_token_ids=[9], logprobs=True)
+
+
+def test_completion_token_id_prompt(http, fake):
+    resp = http.post("/v1/completions", json={"model": "fake-model", "prompt": [5, 6, 7, 8]})
+    assert resp.status_code == 200, resp.text
+    assert fake.calls[-1].kwargs == {"prompt_token_ids": [5, 6, 7, 8]}
+    assert resp.json()["usage"]["prompt_tokens"] == 4
+    assert resp.json()["choices"][0]["logprobs"] is None
+
+
+def test_chat_response(http, fake):
+    resp = http.post("/v1/chat/completions", json={
+        "model": "fake-model", "max_completion_tokens": 2, "logprobs": True,
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "t0 t1 "}
+    assert choice["finish_reason"] == "length"
+    assert [e["token"] for e in choice["logprobs"]["content"]] == ["token_id:100", "token_id:101"]
+    assert [m.role for m in fake.calls[-1].kwargs["messages"]] == ["system", "user"]
+    assert fake.calls[-1].params.max_tokens == 2
+
+
+def test_chat_without_max_tokens_fills_the_context(http, fake):
+    for stream in (False, True):
+        before = len(fake.calls)
+        resp = http.post("/v1/chat/completions", json={
+            "model": "fake-model", "messages": [{"role": "user", "content": "u"}],
+            "stream": stream})
+        assert resp.status_code == 200, resp.text
+        first, second = fake.calls[before:]
+        assert first.params.max_tokens == fake.max_model_len - 1
+        assert second.params.max_tokens == fake.max_model_len - 7
+        assert second.finished
+
+
+def test_explicit_max_tokens_beyond_the_context_is_400(http):
+    for path, body in (("/v1/completions", {"prompt": "p"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "u"}]})):
+        resp = http.post(path, json={"model": "fake-model", "max_tokens": 1000, **body})
+        assert "max_model_len" in assert_error(resp, 400)["message"]
+
+
+def test_completion_stream_framing_and_usage(http):
+    with http.stream("POST", "/v1/completions", json={
+            "model": "fake-model", "prompt": "p", "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}}) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(e) for e in sse_events(resp.iter_lines())]
+    *chunks, usage = events
+    assert [c["choices"][0]["text"] for c in chunks] == ["t0 ", "t1 ", "t2 "]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "length"]
+    assert all(c["usage"] is None and c["object"] == "text_completion" for c in chunks)
+    assert len({c["id"] for c in events}) == 1
+    assert usage["choices"] == []
+    assert usage["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+
+
+def test_chat_stream_framing(http):
+    with http.stream("POST", "/v1/chat/completions", json={
+            "model": "fake-model", "messages": [{"role": "user", "content": "u"}],
+            "max_tokens": 2, "stream": True}) as resp:
+        assert resp.status_code == 200
+        events = [json.loads(e) for e in sse_events(resp.iter_lines())]
+    assert all(e["object"] == "chat.completion.chunk" and "usage" not in e for e in events)
+    deltas = [e["choices"][0]["delta"] for e in events]
+    assert deltas == [{"role": "assistant", "content": ""}, {"content": "t0 "},
+                      {"content": "t1 "}, {}]
+    assert [e["choices"][0]["finish_reason"] for e in events] == [None, None, None, "length"]
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": "p", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "p", "temperature": -1}, "temperature"),
+    ("/v1/completions", {"prompt": "p", "temperature": "hot"}, "temperature"),
+    ("/v1/completions", {"prompt": "p", "top_p": 0}, "top_p"),
+    ("/v1/completions", {"prompt": "p", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "p", "stop": [""]}, "stop"),
+    ("/v1/completions", {}, "prompt"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}], "n": 4}, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role"),
+])
+def test_invalid_requests_are_400_naming_the_field(http, fake, path, body, param):
+    before = len(fake.calls)
+    for stream in (False, True):
+        resp = http.post(path, json={"model": "fake-model", "stream": stream, **body})
+        err = assert_error(resp, 400, param)
+        assert err["type"] == "invalid_request_error"
+    assert len(fake.calls) == before  # refused before reaching the engine
+
+
+def test_malformed_json_is_400(http):
+    resp = http.post("/v1/completions", content=b"{not json",
+                     headers={"content-type": "application/json"})
+    assert_error(resp, 400)
+
+
+def test_engine_rejection_is_400(http):
+    for stream in (False, True):
+        resp = http.post("/v1/completions",
+                         json={"model": "fake-model", "prompt": REJECT, "stream": stream})
+        assert "refused" in assert_error(resp, 400)["message"]
+
+
+def test_unknown_model_and_route(http):
+    err = assert_error(http.post("/v1/completions", json={"model": "gpt-9", "prompt": "p"}),
+                       404, "model")
+    assert err["code"] == "model_not_found"
+    assert_error(http.get("/v1/nothing"), 404)
+
+
+def test_models_and_health(http):
+    models = http.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["fake-model"]
+    assert models["data"][0]["object"] == "model"
+    assert http.get("/health").status_code == 200
+
+
+def test_dead_engine_is_503(http, fake):
+    fake.dead = True
+    assert http.get("/health").status_code == 503
+    for stream in (False, True):
+        resp = http.post("/v1/completions",
+                         json={"model": "fake-model", "prompt": "p", "stream": stream})
+        assert assert_error(resp, 503)["type"] == "engine_dead"
+
+
+def test_engine_death_mid_stream_is_an_error_event(http):
+    with http.stream("POST", "/v1/completions", json={
+            "model": "fake-model", "prompt": DIE_MIDWAY, "max_tokens": 5,
+            "stream": True}) as resp:
+        assert resp.status_code == 200
+        events = [json.loads(e) for e in sse_events(resp.iter_lines())]
+    assert [e["choices"][0]["text"] for e in events[:-1]] == ["t0 ", "t1 "]
+    assert events[-1]["error"]["type"] == "engine_dead"
+
+
+def test_disconnect_mid_stream_aborts_the_request(http, fake):
+    fake.token_delay_s = 0.01
+    with http.stream("POST", "/v1/completions", json={
+            "model": "fake-model", "prompt": "long", "max_tokens": 500,
+            "stream": True}) as resp:
+        lines = resp.iter_lines()
+        assert next(lines).startswith("data: ")
+        call = fake.calls[-1]
+    deadline = time.monotonic() + 5
+    while not call.aborted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert call.aborted and not call.finished
+
+
+def test_disconnect_while_not_streaming_aborts_the_request(base_url, fake):
+    fake.token_delay_s = 0.01
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base_url + "/v1/completions", timeout=0.3,
+                   json={"model": "fake-model", "prompt": "long", "max_tokens": 500})
+    call = fake.calls[-1]
+    deadline = time.monotonic() + 5
+    while not call.aborted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert call.aborted and not call.finished
+
+
+def test_api_key():
+    fake = FakeClient()
+    with running_server(lambda: static_app(create_app(fake, "m", api_key=KEY))) as url:
+        with httpx.Client(base_url=url, timeout=10) as http:
+            body = {"model": "m", "prompt": "p", "max_tokens": 1}
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}):
+                resp = http.post("/v1/completions", json=body, headers=headers)
+                assert assert_error(resp, 401)["code"] == "invalid_api_key"
+                assert_error(http.get("/v1/models", headers=headers), 401)
+            assert not fake.calls
+            ok = {"Authorization": f"Bearer {KEY}"}
+            assert http.post("/v1/completions", json=body, headers=ok).status_code == 200
+            assert http.get("/v1/models", headers=ok).status_code == 200
+            assert http.get("/health").status_code == 200

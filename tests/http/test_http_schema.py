@@ -1,0 +1,118 @@
+"""Request bodies -> SamplingParams and client arguments, without a server."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from frontend.openai_schema import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    validation_error,
+)
+from protocol import ChatMessage, SamplingParams
+
+
+def completion(**body) -> CompletionRequest:
+    return CompletionRequest.model_validate({"prompt": "hi", **body})
+
+
+def chat(**body) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], **body})
+
+
+def refused(fn, param: str) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        fn()
+    assert info.value.status == 400
+    assert info.value.param == param, info.value.message
+    return info.value
+
+
+def test_completion_defaults_match_openai():
+    assert completion().sampling_params() == SamplingParams(max_tokens=16)
+
+
+def test_completion_fields_map_onto_sampling_params():
+    params = completion(max_tokens=7, temperature=0, top_p=0.5, top_k=3, min_p=0.1, seed=11,
+                        stop="\n", stop_token_ids=[2, 3], ignore_eos=True,
+                        logprobs=0).sampling_params()
+    assert params == SamplingParams(temperature=0.0, top_p=0.5, top_k=3, min_p=0.1, seed=11,
+                                    max_tokens=7, ignore_eos=True, stop=["\n"],
+                                    stop_token_ids=[2, 3], logprobs=True)
+    assert completion(stop=["a", "b"], logprobs=True).sampling_params().stop == ["a", "b"]
+    assert completion(top_k=0).sampling_params().top_k == -1
+    assert completion(logprobs=None).sampling_params().logprobs is False
+    assert completion(logprobs=False).sampling_params().logprobs is False
+
+
+def test_completion_prompt_forms():
+    assert completion(prompt="abc").prompt_kwargs() == {"prompt": "abc"}
+    assert completion(prompt="").prompt_kwargs() == {"prompt": ""}  # the engine refuses it
+    assert completion(prompt=[1, 2, 3]).prompt_kwargs() == {"prompt_token_ids": [1, 2, 3]}
+    assert completion(prompt=["abc"]).prompt_kwargs() == {"prompt": "abc"}
+    assert completion(prompt=[[4, 5]]).prompt_kwargs() == {"prompt_token_ids": [4, 5]}
+    refused(lambda: completion(prompt=["a", "b"]).prompt_kwargs(), "prompt")
+    refused(lambda: completion(prompt=[]).prompt_kwargs(), "prompt")
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"n": 2}, "n"), ({"n": 0}, "n"), ({"best_of": 3}, "best_of"), ({"echo": True}, "echo"),
+    ({"suffix": "x"}, "suffix"), ({"logprobs": 5}, "logprobs"),
+    ({"presence_penalty": 0.5}, "presence_penalty"), ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"), ({"top_k": -2}, "top_k"), ({"min_p": 2}, "min_p"),
+    ({"seed": -1}, "seed"), ({"stop": [""]}, "stop"), ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+])
+def test_completion_refusals_name_the_field(body, param):
+    refused(lambda: completion(**body).sampling_params(), param)
+
+
+def test_n_one_is_accepted():
+    assert completion(n=1).sampling_params() == SamplingParams()
+
+
+def test_chat_maps_messages_and_max_completion_tokens():
+    req = ChatCompletionRequest.model_validate({"messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None},
+    ]})
+    assert req.wire_messages() == [ChatMessage("system", "be brief"), ChatMessage("user", "ab"),
+                                   ChatMessage("assistant", "")]
+    assert req.sampling_params(default_max_tokens=99).max_tokens == 99
+    assert chat(max_tokens=5).sampling_params(99).max_tokens == 5
+    assert chat(max_tokens=5, max_completion_tokens=6).sampling_params(99).max_tokens == 6
+    assert chat(logprobs=True).sampling_params(99).logprobs is True
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"n": 3}, "n"), ({"top_logprobs": 2}, "top_logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"max_completion_tokens": 0}, "max_tokens"),
+])
+def test_chat_refusals_name_the_field(body, param):
+    refused(lambda: chat(**body).sampling_params(99), param)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": 3}, "stop"),
+])
+def test_validation_errors_name_the_field(body, param):
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate(body)
+    err = validation_error([{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()])
+    assert err.status == 400 and err.param == param, err.message
+    assert err.message.startswith(param)
