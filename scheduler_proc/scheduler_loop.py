@@ -1,0 +1,247 @@
+"""The scheduler process: sockets, the READY handshake and the overlapped step loop.
+
+Socket I/O runs in two background threads: a reader decodes everything arriving (requests,
+aborts, step results, engine-dead notices) into one queue, and a writer sends plans and
+token deltas from another. The loop itself never blocks on ZeroMQ (a PUSH with no peer
+connected yet would block a send), only on its inbox queue.
+
+Overlap: with plan N in flight the loop sends plan N+1 before it processes result N, so
+the workers never wait for the scheduler; at most one plan is queued ahead of the one
+executing. Scheduler documents what that means for sequence state.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import traceback
+
+import zmq
+
+from protocol import (
+    AbortRequests,
+    AddRequest,
+    Endpoints,
+    EngineDead,
+    ProtocolError,
+    Ready,
+    Shutdown,
+    StartupFailed,
+    StepResult,
+    TokenDeltas,
+    encode,
+)
+from protocol.sockets import MessageSocket
+from scheduler_proc.config import SchedulerConfig
+from scheduler_proc.scheduler import Scheduler
+
+log = logging.getLogger("nanopipe.scheduler")
+
+POLL_MS = 100
+_PR_SET_PDEATHSIG = 1
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT (main thread only) or when the parent process dies."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._ppid = os.getppid()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+            if sys.platform.startswith("linux"):
+                try:
+                    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+                except (OSError, AttributeError):
+                    pass
+
+    def _on_signal(self, signum, frame) -> None:
+        self.reason = signal.Signals(signum).name
+
+    def check(self) -> str | None:
+        if self.reason is None and os.getppid() != self._ppid:
+            self.reason = "parent process died"
+        return self.reason
+
+
+def _reader(socks: list[MessageSocket], inbox: queue.SimpleQueue, done: threading.Event) -> None:
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s.socket, zmq.POLLIN)
+    by_socket = {s.socket: s for s in socks}
+    while not done.is_set():
+        for zsock, _ in poller.poll(POLL_MS):
+            sock = by_socket[zsock]
+            while True:
+                try:
+                    inbox.put(sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                except ProtocolError as exc:
+                    log.warning("scheduler: dropped a bad frame: %s", exc)
+
+
+def _writer(outbox: queue.SimpleQueue) -> None:
+    """Sends (sockets, message) pairs in order; None stops it. Encodes once per message."""
+    while (item := outbox.get()) is not None:
+        socks, msg = item
+        frame = encode(msg)
+        for sock in socks:
+            try:
+                sock.send_bytes(frame)
+            except zmq.ZMQError as exc:  # a peer gone at shutdown; the launcher handles death
+                log.warning("scheduler: send failed: %s", exc)
+
+
+class SchedulerLoop:
+    def __init__(self, config: SchedulerConfig, endpoints: Endpoints, world_size: int,
+                 ctx: zmq.Context, stop: _StopFlag) -> None:
+        self.config = config
+        self.sched = Scheduler(config)
+        self.stop = stop
+        self._socks: list[MessageSocket] = []
+        self.requests_in = self._sock(ctx, zmq.PULL, endpoints.scheduler_in, True,
+                                      (AddRequest, AbortRequests, EngineDead, Shutdown))
+        self.results_in = self._sock(ctx, zmq.PULL, endpoints.step_results, True, (StepResult,))
+        self.deltas_pub = self._sock(ctx, zmq.PUB, endpoints.deltas_pub, True)
+        self.to_detok = self._sock(ctx, zmq.PUSH, endpoints.detok_in, False)
+        self.to_workers = [self._sock(ctx, zmq.PUSH, a, False)
+                           for a in endpoints.worker_steps[:world_size]]
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._threads = [
+            threading.Thread(target=_reader, args=([self.requests_in, self.results_in],
+                                                   self.inbox, self._done),
+                             name="scheduler-reader", daemon=True),
+            threading.Thread(target=_writer, args=(self.outbox,), name="scheduler-writer",
+                             daemon=True),
+        ]
+        self.plans_in_flight = 0
+        self.dead_reason: str | None = None
+        self.shutdown = False
+
+    def _sock(self, ctx, kind, address, bind, accepts=()) -> MessageSocket:
+        sock = MessageSocket(ctx, kind, address, bind=bind, accepts=accepts)
+        self._socks.append(sock)
+        return sock
+
+    # ------------------------------------------------------------ messages
+
+    def _emit(self, deltas: TokenDeltas | None) -> None:
+        if deltas is not None and deltas.request_ids:
+            self.outbox.put(((self.to_detok, self.deltas_pub), deltas))
+
+    def _handle(self, msg: object) -> None:
+        sched = self.sched
+        if isinstance(msg, StepResult):
+            self.plans_in_flight -= 1
+            if self.dead_reason is None:
+                self._emit(sched.process_result(msg))
+        elif isinstance(msg, AddRequest):
+            if self.dead_reason is not None:
+                self._emit(TokenDeltas(-1, [msg.request_id], [[]], ["error"],
+                                       [f"engine dead: {self.dead_reason}"], None))
+            else:
+                sched.add_request(msg)
+        elif isinstance(msg, AbortRequests):
+            sched.abort(msg.request_ids, msg.reason)
+        elif isinstance(msg, EngineDead):
+            self._die(msg.reason)
+        elif isinstance(msg, Shutdown):
+            self.shutdown = True
+        self._emit(sched.pop_deltas())
+
+    def _die(self, reason: str) -> None:
+        """A worker or the detokenizer died: fail every request instead of hanging."""
+        if self.dead_reason is None:
+            self.dead_reason = reason
+            log.error("scheduler: engine dead: %s", reason)
+            self._emit(self.sched.fail_all(f"engine dead: {reason}"))
+
+    # ------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        for t in self._threads:
+            t.start()
+        max_in_flight = 2 if self.config.overlap else 1
+        sched = self.sched
+        was_busy = False
+        while not self.shutdown and self.stop.check() is None:
+            # Take everything already here: results first free blocks for the next plan.
+            try:
+                while True:
+                    self._handle(self.inbox.get_nowait())
+            except queue.Empty:
+                pass
+            if self.dead_reason is None and self.plans_in_flight < max_in_flight:
+                plan = sched.schedule()
+                if plan is not None:
+                    self.outbox.put((self.to_workers, plan))
+                    self.plans_in_flight += 1
+                    was_busy = True
+                    # Overlap: go straight on to plan N+1 while N runs (max_in_flight == 2).
+                    continue
+            if was_busy and self.plans_in_flight == 0 and not sched.has_unfinished():
+                was_busy = False
+                self._check_idle()
+            try:
+                self._handle(self.inbox.get(timeout=POLL_MS / 1000))
+            except queue.Empty:
+                pass
+        if self.shutdown:
+            self.outbox.put((self.to_workers, Shutdown("scheduler shutting down")))
+
+    def _check_idle(self) -> None:
+        try:
+            self.sched.check_integrity()
+        except AssertionError as exc:
+            log.error("scheduler: invariant broken while idle: %s", exc)
+
+    def close(self) -> None:
+        self._done.set()
+        self.outbox.put(None)
+        for t in self._threads:
+            t.join(timeout=2.0)
+        for sock in reversed(self._socks):
+            sock.close()
+
+
+def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int) -> None:
+    """Process entry point of the scheduler."""
+    stop = _StopFlag()
+    ctx = zmq.Context()
+    control = MessageSocket(ctx, zmq.PUSH, endpoints.control, bind=False)
+    loop = None
+    try:
+        try:
+            config.check_pool_fits_model_len()
+            loop = SchedulerLoop(config, endpoints, world_size, ctx, stop)
+        except Exception as exc:
+            log.exception("scheduler: start-up failed")
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            control.send(StartupFailed(role="scheduler", rank=0, error=error))
+            control.socket.close(linger=2000)
+            raise SystemExit(1) from exc
+        control.send(Ready(role="scheduler", rank=0, num_kv_blocks=config.num_kv_blocks,
+                           info=f"kv_blocks={config.num_kv_blocks} block_size={config.block_size}"
+                                f" overlap={config.overlap}"))
+        try:
+            loop.run()
+        except Exception as exc:
+            # A bug must not leave clients waiting: fail what is in flight, then exit so the
+            # launcher declares the engine dead.
+            log.exception("scheduler: loop failed")
+            loop._emit(loop.sched.fail_all(f"scheduler error: {exc}"))
+            raise
+    finally:
+        if loop is not None:
+            loop.close()
+        control.close()
+        ctx.term()
