@@ -66,6 +66,11 @@ class AsyncClient:
         self._dead: str | None = None
         self._closed = False
 
+    @property
+    def dead(self) -> bool:
+        """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
+        return self._dead is not None
+
     # ---------------------------------------------------------- connection
 
     async def start(self) -> None:

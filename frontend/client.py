@@ -126,6 +126,11 @@ class Client:
     # ---------------------------------------------------------- public API
 
     @property
+    def dead(self) -> bool:
+        """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
+        return self._dead is not None
+
+    @property
     def model(self) -> str:
         assert self.welcome is not None
         return self.welcome.model

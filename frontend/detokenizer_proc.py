@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 class DetokenizerConfig:
     model: str
     """Model directory (its tokenizer decodes the tokens)."""
-    max_model_len: int
     model_name: str | None = None
+    max_model_len: int = 0
+    """Only echoed in the results socket's ClientWelcome (clients use the tokenizer's)."""
 
     @property
     def served_name(self) -> str:

@@ -25,7 +25,8 @@ POLL_MS = 100
 """How often a loop wakes up to notice a stop request when no message arrives."""
 
 
-def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send `sig` to this process when its parent dies (Linux only)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -44,7 +45,7 @@ class ProcessRuntime:
         self._stop_reason: str | None = None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        set_parent_death_signal()
+        die_with_parent()
         self.ctx = zmq.Context()
         self._sockets: list[MessageSocket] = []
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgpack
 
-from protocol import GenerateRequest
+from protocol import MAX_FRAME_BYTES, GenerateRequest
 from protocol.codec import kind_of
 
 MAX_REQUEST_ID_CHARS = 256
@@ -113,9 +113,11 @@ def salvage_request_id(frame: bytes | memoryview) -> str | None:
     Lets a request with (say) out-of-range sampling parameters be rejected by its id
     instead of leaving its client waiting.
     """
+    if len(frame) > MAX_FRAME_BYTES:
+        return None
     try:
         values = msgpack.unpackb(frame, raw=False, use_list=True, strict_map_key=True,
-                                 ext_hook=_no_ext, max_buffer_size=len(frame))
+                                 ext_hook=_no_ext)
     except Exception:
         return None
     if (type(values) is list and len(values) > 1 and values[0] == kind_of(GenerateRequest)

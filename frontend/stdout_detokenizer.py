@@ -1,11 +1,12 @@
 """Watch a running pipeline: print every request's text as it is generated.
 
-    python -m frontend.stdout_detokenizer ADDRESS --model DIR
+    python -m frontend.stdout_detokenizer --model DIR ADDRESS
 
 ADDRESS is the pipeline's `deltas_pub` address (or its run directory, for ipc pipelines).
 It subscribes to the scheduler's best-effort copy of each step's TokenDeltas, so it never
 slows the main path; a request that began before it attached is decoded from where it
-joined. Text is printed line by line, each line tagged with its request id.
+joined. Text is written as it arrives; a `[request id]` tag starts a new line whenever the
+output switches to another request, and each request ends with a `<finish: ...>` line.
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ from typing import TextIO
 
 import zmq
 
-from frontend.incremental_detok import IncrementalDetokenizer, make_decode_fn
+from frontend.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
 from frontend.proc_util import POLL_MS, ProcessRuntime
 from protocol import ProtocolError, TokenDeltas
-
-FLUSH_CHARS = 80
-"""Print a request's pending text once it is this long even without a newline."""
 
 
 def resolve_address(address: str) -> str:
@@ -34,12 +32,13 @@ def resolve_address(address: str) -> str:
 
 
 class StdoutPrinter:
-    def __init__(self, decode, out: TextIO, skip_special_tokens: bool = True) -> None:
+    def __init__(self, decode: DecodeFn, out: TextIO, skip_special_tokens: bool = True) -> None:
         self.decode = decode
         self.out = out
         self.skip = skip_special_tokens
         self.detoks: dict[int, IncrementalDetokenizer] = {}
-        self.pending: dict[int, str] = {}
+        self.current: int | None = None  # whose text the last line holds
+        self.line_open = False
 
     def on_deltas(self, msg: TokenDeltas) -> None:
         for i, request_id in enumerate(msg.request_ids):
@@ -47,32 +46,40 @@ class StdoutPrinter:
             if detok is None:
                 detok = self.detoks[request_id] = IncrementalDetokenizer(
                     self.decode, skip_special_tokens=self.skip)
-            text = self.pending.get(request_id, "") + detok.add(msg.token_ids[i])
             finish, error = msg.finish_reasons[i], msg.errors[i]
+            text = detok.add(msg.token_ids[i])
             if finish is not None or error is not None:
                 text += detok.flush()
-            *lines, rest = text.split("\n")
-            for line in lines:
-                self._print(request_id, line)
-            if rest and (finish is not None or error is not None or len(rest) >= FLUSH_CHARS):
-                self._print(request_id, rest)
-                rest = ""
-            self.pending[request_id] = rest
+            if text:
+                self._write(request_id, text)
             if finish is not None or error is not None:
-                note = f"error: {error}" if error is not None else f"finish: {finish}"
-                self._print(request_id, f"<{note}>")
                 del self.detoks[request_id]
-                del self.pending[request_id]
+                self._end_line()
+                note = f"error: {error}" if error is not None else f"finish: {finish}"
+                self.out.write(f"[{request_id}] <{note}>\n")
+                self.current = None
         self.out.flush()
 
-    def _print(self, request_id: int, line: str) -> None:
-        self.out.write(f"[{request_id}] {line}\n")
+    def _write(self, request_id: int, text: str) -> None:
+        if request_id != self.current:
+            self._end_line()
+            self.out.write(f"[{request_id}] ")
+            self.current = request_id
+        self.out.write(text)
+        self.line_open = not text.endswith("\n")
+
+    def _end_line(self) -> None:
+        if self.line_open:
+            self.out.write("\n")
+            self.line_open = False
 
 
-def run(address: str, model: str, skip_special_tokens: bool = True,
-        out: TextIO = sys.stdout) -> None:
+def run_attached(model: str, address: str, skip_special_tokens: bool = True,
+                 out: TextIO | None = None) -> None:
+    """Print the pipeline's output until SIGTERM/SIGINT or the parent's death."""
     from frontend.tokenizer_proc import load_tokenizer
 
+    out = out or sys.stdout
     rt = ProcessRuntime("stdout_detokenizer")
     try:
         printer = StdoutPrinter(make_decode_fn(load_tokenizer(model)), out, skip_special_tokens)
@@ -94,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, help="model directory (for its tokenizer)")
     parser.add_argument("--keep-special-tokens", action="store_true")
     args = parser.parse_args(argv)
-    run(resolve_address(args.address), args.model, not args.keep_special_tokens)
+    run_attached(args.model, resolve_address(args.address), not args.keep_special_tokens)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,129 @@
+"""Each kind of bad request gets its own message naming the field."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from transformers import AutoTokenizer
+
+from frontend.request_validation import InvalidRequest, RequestValidator, salvage_request_id
+from frontend.tokenizer_proc import eos_token_ids, model_vocab_size
+from protocol import ChatMessage, GenerateRequest, SamplingParams, encode
+
+MAX_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3_dir):
+    return AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+
+
+@pytest.fixture(scope="module")
+def validator(tokenizer, tiny_qwen3_dir):
+    return RequestValidator(tokenizer, model_vocab_size(tiny_qwen3_dir, tokenizer), MAX_LEN)
+
+
+def request(prompt=None, ids=None, messages=None, request_id="r1", **params):
+    return GenerateRequest(client_request_id=request_id, prompt=prompt, prompt_token_ids=ids,
+                           messages=messages, params=SamplingParams(**params), stream=False)
+
+
+def rejection(validator, req) -> str:
+    with pytest.raises(InvalidRequest) as info:
+        validator.prompt_token_ids(req)
+    return str(info.value)
+
+
+def test_vocab_and_eos_come_from_the_model(tokenizer, tiny_qwen3_dir):
+    assert model_vocab_size(tiny_qwen3_dir, tokenizer) == 688
+    assert eos_token_ids(tiny_qwen3_dir, tokenizer) == [tokenizer.convert_tokens_to_ids(
+        "<|im_end|>")]
+
+
+def test_prompt_is_tokenized(validator, tokenizer):
+    assert validator.prompt_token_ids(request("The capital")) == tokenizer.encode("The capital")
+
+
+def test_prompt_token_ids_pass_through(validator):
+    assert validator.prompt_token_ids(request(ids=[5, 6, 7])) == [5, 6, 7]
+
+
+def test_chat_messages_use_the_template(validator, tokenizer):
+    msgs = [ChatMessage("system", "Be brief."), ChatMessage("user", "hi")]
+    text = tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in msgs],
+                                         add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|im_start|>assistant\n")
+    ids = validator.prompt_token_ids(request(messages=msgs))
+    assert ids == tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+
+
+@pytest.mark.parametrize("kwargs, got", [
+    (dict(), "none"),
+    (dict(prompt="a", ids=[1]), "prompt, prompt_token_ids"),
+    (dict(prompt="a", messages=[ChatMessage("user", "x")]), "prompt, messages"),
+])
+def test_exactly_one_input(validator, kwargs, got):
+    message = rejection(validator, request(**kwargs))
+    assert "exactly one of prompt, prompt_token_ids and messages" in message
+    assert f"(got {got})" in message
+
+
+def test_empty_inputs(validator):
+    assert rejection(validator, request("")) == "prompt must not be empty"
+    assert rejection(validator, request(ids=[])) == "prompt_token_ids must not be empty"
+    assert rejection(validator, request(messages=[])) == "messages must not be empty"
+
+
+@pytest.mark.parametrize("bad, index", [([1, 688], 1), ([-1], 0), ([3, 4, 10**12], 2)])
+def test_token_ids_outside_the_vocabulary(validator, bad, index):
+    message = rejection(validator, request(ids=bad))
+    assert message == (f"prompt_token_ids[{index}] = {bad[index]} is outside the "
+                       f"vocabulary [0, 688)")
+
+
+def test_stop_token_ids_outside_the_vocabulary(validator):
+    message = rejection(validator, request("hi", stop_token_ids=[2, 5000]))
+    assert message.startswith("params.stop_token_ids[1] = 5000")
+
+
+def test_prompt_plus_max_tokens_over_max_model_len(validator):
+    message = rejection(validator, request(ids=[5] * 60, max_tokens=16))
+    assert "max_model_len 64" in message and "params.max_tokens is 16" in message
+    assert "lower max_tokens to at most 4" in message
+    assert validator.prompt_token_ids(request(ids=[5] * 60, max_tokens=4))
+
+
+def test_prompt_alone_too_long(validator):
+    message = rejection(validator, request("word " * 200))
+    assert "max_model_len is 64" in message and "shorten the prompt" in message
+
+
+def test_bad_chat_role(validator):
+    message = rejection(validator, request(messages=[ChatMessage("user", "a"),
+                                                     ChatMessage("robot", "b")]))
+    assert message.startswith("messages[1].role must be one of")
+    assert "'robot'" in message
+
+
+def test_model_without_chat_template(tokenizer, tiny_qwen3_dir):
+    plain = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    plain.chat_template = None
+    v = RequestValidator(plain, 688, MAX_LEN)
+    assert "no chat template" in rejection(v, request(messages=[ChatMessage("user", "x")]))
+
+
+@pytest.mark.parametrize("request_id, expected", [("", "must not be empty"),
+                                                  ("x" * 300, "at most 256")])
+def test_client_request_id(validator, request_id, expected):
+    message = rejection(validator, request("hi", request_id=request_id))
+    assert message.startswith("client_request_id") and expected in message
+
+
+def test_salvage_request_id_of_an_undecodable_request():
+    good = msgpack.unpackb(encode(request("hi", request_id="abc")))
+    good[5][0] = -3.0  # temperature: refused by SamplingParams when decoded
+    assert salvage_request_id(msgpack.packb(good)) == "abc"
+    assert salvage_request_id(b"\xc1garbage") is None
+    assert salvage_request_id(msgpack.packb([0x02, "abc"])) is None  # not a GenerateRequest
+    assert salvage_request_id(msgpack.packb([0x01, 7])) is None
