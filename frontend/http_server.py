@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _FITS = re.compile(r"max_tokens to at most (\d+)")
+_PARAMS_FIELD = re.compile(r"\bparams\.(\w+)")
+_ENGINE_FIELDS = {"prompt": "prompt", "prompt_token_ids": "prompt", "messages": "messages"}
 
 
 def _api_error(exc: BaseException) -> ApiError:
@@ -52,8 +54,17 @@ def _api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, SamplingParamsError):
         return params_error(exc)
     if isinstance(exc, RequestRejected):
-        return ApiError(400, str(exc), param=getattr(exc, "param", None))
+        return ApiError(400, str(exc), param=_rejected_param(str(exc)))
     return ApiError(500, f"internal error: {exc}", type="server_error")
+
+
+def _rejected_param(message: str) -> str | None:
+    """The request field a tokenizer refusal names ("params.max_tokens is ...", "prompt ...")."""
+    match = _PARAMS_FIELD.search(message)
+    if match is not None:
+        return match.group(1)
+    word = message.split(" ", 1)[0].split("[", 1)[0]
+    return _ENGINE_FIELDS.get(word)
 
 
 def _error_response(exc: BaseException) -> JSONResponse:
@@ -87,9 +98,13 @@ async def _wait_disconnect(request: Request) -> None:
 
 def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
                max_model_len: int | None = None) -> FastAPI:
-    """The app serving `client`'s pipeline as `model_name`; `api_key` turns on Bearer auth."""
+    """The app serving `client`'s pipeline as `model_name`; `api_key` turns on Bearer auth.
+
+    `client` is started (its `welcome` holds the pipeline's max_model_len), or
+    `max_model_len` is given.
+    """
     if max_model_len is None:
-        max_model_len = getattr(client, "max_model_len", None) or 4096
+        max_model_len = client.welcome.max_model_len
     app = FastAPI(title="nanopipe", docs_url=None, redoc_url=None, openapi_url=None)
 
     for exc_type in (ApiError, EngineDeadError, ClientClosedError, RequestRejected,
@@ -248,7 +263,7 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
 
     async def run() -> None:
         async with AsyncClient(address) as client:
-            name = model_name or getattr(client, "model", None) or "nanopipe"
+            name = model_name or client.welcome.model
             app = create_app(client, name, api_key)
             config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                     lifespan="off")

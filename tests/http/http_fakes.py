@@ -13,7 +13,7 @@ from frontend.outputs import (
     RequestDelta,
     RequestRejected,
 )
-from protocol import SamplingParams
+from protocol import ClientWelcome, SamplingParams
 
 REJECT = "please reject me"
 DIE_MIDWAY = "die after two tokens"
@@ -38,6 +38,11 @@ class FakeClient:
     dead: bool = False
     token_delay_s: float = 0.0
     calls: list[Call] = field(default_factory=list)
+
+    @property
+    def welcome(self) -> ClientWelcome:
+        return ClientWelcome(results_address="", model=self.model,
+                             max_model_len=self.max_model_len)
 
     def _deltas(self, call: Call) -> AsyncIterator[RequestDelta]:
         async def gen() -> AsyncIterator[RequestDelta]:

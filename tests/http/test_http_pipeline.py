@@ -1,0 +1,247 @@
+"""The HTTP server over a real pipeline on a tiny CPU model, through the official openai client."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import zmq
+from http_serving import running_server
+
+from frontend import AsyncClient, Client
+from frontend.config import EngineConfig
+from frontend.http_server import create_app
+from frontend.launcher import Pipeline
+from protocol import Decoder, SamplingParams, TokenDeltas
+
+ENGINE = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=16,
+              max_num_batched_tokens=512)
+PROMPTS = ["The quick brown fox", "Once upon a time there was a little model that", "a"]
+MESSAGES = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Name three colours."}]
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+GREEDY_BODY = {"temperature": 0, "max_tokens": 20, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_qwen3_dir):
+    with Pipeline(EngineConfig(model=tiny_qwen3_dir, **ENGINE)) as pipeline:
+        yield pipeline
+
+
+@pytest.fixture(scope="module")
+def direct(pipeline):
+    with Client(pipeline.address, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def base_url(pipeline):
+    @contextlib.asynccontextmanager
+    async def make_app():
+        async with AsyncClient(pipeline.address) as client:
+            yield create_app(client, client.welcome.model)
+
+    with running_server(make_app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def oai(base_url):
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model(direct) -> str:
+    return direct.model
+
+
+def token_ids(logprobs_tokens: list[str]) -> list[int]:
+    assert all(t.startswith("token_id:") for t in logprobs_tokens)
+    return [int(t.split(":", 1)[1]) for t in logprobs_tokens]
+
+
+def test_models_lists_the_pipeline_model(oai, model):
+    assert [m.id for m in oai.models.list().data] == [model]
+
+
+def test_greedy_completion_equals_client_library(oai, direct, model):
+    for prompt in PROMPTS:
+        expected = direct.generate(prompt, params=SamplingParams(
+            temperature=0, max_tokens=20, ignore_eos=True, logprobs=True))
+        got = oai.completions.create(model=model, prompt=prompt, logprobs=0, **GREEDY_BODY)
+        choice = got.choices[0]
+        assert choice.text == expected.text
+        assert token_ids(choice.logprobs.tokens) == expected.token_ids
+        assert choice.logprobs.token_logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+        assert choice.finish_reason == "length"
+        assert got.usage.prompt_tokens == expected.prompt_tokens
+        assert got.usage.completion_tokens == 20
+
+
+def test_streamed_completion_equals_client_library(oai, direct, model):
+    expected = direct.generate(PROMPTS[1], params=GREEDY)
+    chunks = list(oai.completions.create(model=model, prompt=PROMPTS[1], stream=True,
+                                         stream_options={"include_usage": True}, **GREEDY_BODY))
+    text_chunks = [c for c in chunks if c.choices]
+    assert "".join(c.choices[0].text for c in text_chunks) == expected.text
+    assert text_chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 20
+    assert chunks[-1].usage.prompt_tokens == expected.prompt_tokens
+
+
+def test_token_id_prompt(oai, direct, model):
+    ids = direct.generate(PROMPTS[0], params=GREEDY).token_ids[:8]
+    expected = direct.generate(prompt_token_ids=ids, params=GREEDY)
+    got = oai.completions.create(model=model, prompt=ids, **GREEDY_BODY)
+    assert got.choices[0].text == expected.text
+    assert got.usage.prompt_tokens == len(ids)
+
+
+def test_chat_equals_client_library(oai, direct, model):
+    expected = direct.generate(messages=MESSAGES, params=GREEDY)
+    got = oai.chat.completions.create(model=model, messages=MESSAGES, **GREEDY_BODY)
+    assert got.choices[0].message.role == "assistant"
+    assert got.choices[0].message.content == expected.text
+    assert got.usage.prompt_tokens == expected.prompt_tokens
+    streamed = list(oai.chat.completions.create(model=model, messages=MESSAGES, stream=True,
+                                                **GREEDY_BODY))
+    assert streamed[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == expected.text
+    assert streamed[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_without_max_tokens_runs_to_the_context_limit(oai, direct, model):
+    got = oai.chat.completions.create(model=model, messages=MESSAGES, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage.total_tokens == ENGINE["max_model_len"]
+
+
+def test_stop_string(oai, direct, model):
+    full = direct.generate(PROMPTS[0], params=GREEDY).text
+    stop = full[len(full) // 2:][:3]
+    got = oai.completions.create(model=model, prompt=PROMPTS[0], stop=stop, **GREEDY_BODY)
+    assert got.choices[0].finish_reason == "stop"
+    assert got.choices[0].text == full[:full.index(stop)]
+
+
+def test_engine_rejections_are_400(oai, model):
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(model=model, prompt=[1, 10**9], max_tokens=2)
+    assert "prompt_token_ids" in info.value.message and info.value.param == "prompt"
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(model=model, prompt="hi", max_tokens=10_000, stream=True)
+    assert "max_tokens" in info.value.message and info.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(model=model, prompt="hi", n=2)
+    assert info.value.body["param"] == "n"
+
+
+def test_health(base_url):
+    assert httpx.get(base_url + "/health").status_code == 200
+
+
+class DeltaWatcher:
+    """Subscribes to the scheduler's published deltas: the engine's own view of each request."""
+
+    def __init__(self, address: str) -> None:
+        self.tokens: dict[int, int] = {}
+        self.finished: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub.connect(address)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        time.sleep(0.3)  # a SUB socket misses what is published before it joins
+
+    def _run(self) -> None:
+        decoder = Decoder(TokenDeltas)
+        while not self._stop.is_set():
+            if not self._sub.poll(50):
+                continue
+            msg = decoder.decode(self._sub.recv())
+            for rid, toks, fin in zip(msg.request_ids, msg.token_ids, msg.finish_reasons):
+                self.tokens[rid] = self.tokens.get(rid, 0) + len(toks)
+                if fin is not None:
+                    self.finished[rid] = fin
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sub.close(0)
+        self._ctx.term()
+
+
+def test_disconnect_mid_stream_aborts_the_request_in_the_engine(base_url, pipeline, model):
+    watcher = DeltaWatcher(pipeline.endpoints.deltas_pub)
+    try:
+        body = {"model": model, "prompt": "tell me a long story", "max_tokens": 110,
+                "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=30) as resp:
+            assert resp.status_code == 200
+            events = (line for line in resp.iter_lines() if line)
+            for _ in range(3):
+                assert next(events).startswith("data: ")
+        deadline = time.monotonic() + 10
+        while "abort" not in watcher.finished.values() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        aborted = [rid for rid, fin in watcher.finished.items() if fin == "abort"]
+        assert len(aborted) == 1, watcher.finished
+        assert watcher.tokens[aborted[0]] < 110
+    finally:
+        watcher.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_serves_with_api_key(pipeline, direct, model):
+    port = _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "frontend.http_server", "--address", pipeline.address,
+         "--port", str(port), "--api-key", "k3y", "--log-level", "warning"], env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.1)
+        body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 20, "temperature": 0,
+                "ignore_eos": True}
+        assert httpx.post(url + "/v1/completions", json=body).status_code == 401
+        resp = httpx.post(url + "/v1/completions", json=body,
+                          headers={"Authorization": "Bearer k3y"}, timeout=30)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["text"] == direct.generate(PROMPTS[0], params=GREEDY).text
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
+                          headers={"Authorization": "Bearer k3y"}, timeout=30) as stream:
+            events = [line for line in stream.iter_lines() if line]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            assert proc.wait(10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
