@@ -54,12 +54,12 @@ class ModelRunner:
                                   config.max_model_len + _SPARE_TOKENS)
             load_weights(self.model, config.model)
         self.sampler = Sampler(self.device, config.seed)
+        self.graphs: DecodeGraphs | None = None
         self.num_kv_blocks = self._size_kv_cache()
         self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size,
                                 self.device)
         self.kv_cache.bind(self.model.attention_layers())
         self.table = self._new_table()
-        self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq,
                                        config.max_model_len, self.device)
