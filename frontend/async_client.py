@@ -214,7 +214,8 @@ class AsyncClient:
         for monitor in self._monitors:
             monitor.close(linger=0)
         for sock in self._sockets:
-            sock.close(linger=CLOSE_LINGER_MS if sock is self._requests else 0)
+            connected = sock is self._requests and self.welcome is not None
+            sock.close(linger=CLOSE_LINGER_MS if connected else 0)
         self._sockets.clear()
         self._monitors.clear()
         if self._ctx is not None:

@@ -350,8 +350,8 @@ class _ClientIO:
             sock.disable_monitor()
         for monitor in self.monitors:
             monitor.close(linger=0)
-        # The tokenizer socket lingers briefly so close()'s abort messages get out.
-        self.requests.close(linger=CLOSE_LINGER_MS)
+        # Once connected, the tokenizer socket lingers briefly so close()'s aborts get out.
+        self.requests.close(linger=CLOSE_LINGER_MS if self.client.welcome else 0)
         if self.results is not None:
             self.results.close(linger=0)
 

@@ -205,7 +205,7 @@ def stop_frontend(pipeline: FrontendPipeline) -> None:
     assert run_dir is None or not os.path.exists(run_dir)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pipe(tiny_qwen3_dir):
     pipeline = start_frontend(tiny_qwen3_dir)
     yield pipeline

@@ -1,0 +1,120 @@
+"""AsyncClient against the real tokenizer and detokenizer processes (stand-in scheduler)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from transformers import AutoTokenizer
+
+from frontend import AsyncClient, ClientClosedError, RequestRejected
+from protocol import SamplingParams
+
+PROMPT = "The capital of France is Paris."
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3_dir):
+    return AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+
+
+async def until(condition, timeout: float = 10.0) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+def aborted(pipe, request_id: int) -> bool:
+    return any(request_id in a.request_ids and a.reason == "abort"
+               for a in pipe.scheduler.aborts)
+
+
+def run(coro, timeout: float = 60):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def test_concurrent_generate_and_stream(pipe, tokenizer):
+    texts = [f"{i} children walk to school {i}" for i in range(20)]
+
+    async def one(client: AsyncClient, i: int) -> str:
+        params = SamplingParams(max_tokens=len(tokenizer.encode(texts[i])))
+        if i % 2:
+            return "".join([d.text async for d in client.stream(texts[i], params=params)])
+        return (await client.generate(texts[i], params=params)).text
+
+    async def main() -> list[str]:
+        async with AsyncClient(pipe.address) as client:
+            assert client.welcome.model == "tiny"
+            return await asyncio.gather(*(one(client, i) for i in range(len(texts))))
+
+    assert run(main()) == texts
+
+
+def test_rejection_and_stop_string(pipe):
+    async def main() -> None:
+        async with AsyncClient(pipe.address) as client:
+            with pytest.raises(RequestRejected, match="prompt must not be empty"):
+                await client.generate("")
+            with pytest.raises(RequestRejected, match=r"prompt_token_ids\[0\]"):
+                async for _ in client.stream(prompt_token_ids=[10**6]):
+                    pass
+            out = await client.generate(PROMPT, params=SamplingParams(max_tokens=20,
+                                                                      stop=["France"]))
+            assert (out.text, out.finish_reason) == ("The capital of ", "stop")
+
+    run(main())
+
+
+def test_aclose_and_cancel_abort_the_request(pipe):
+    async def main() -> None:
+        async with AsyncClient(pipe.address) as client:
+            stream = client.stream(PROMPT, params=SamplingParams(max_tokens=100,
+                                                                 ignore_eos=True))
+            await stream.__anext__()
+            rid = pipe.scheduler.added[-1].request_id
+            await stream.aclose()
+            await until(lambda: aborted(pipe, rid))
+
+            pipe.scheduler.paused = True
+            try:
+                task = asyncio.ensure_future(client.generate(PROMPT))
+                await until(lambda: pipe.scheduler.running() == 1)
+                rid = pipe.scheduler.added[-1].request_id
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await until(lambda: aborted(pipe, rid))
+            finally:
+                pipe.scheduler.paused = False
+
+    run(main())
+
+
+def test_close_aborts_in_flight(pipe):
+    async def main() -> None:
+        pipe.scheduler.paused = True
+        try:
+            client = AsyncClient(pipe.address)
+            task = asyncio.ensure_future(client.generate(PROMPT))
+            await until(lambda: pipe.scheduler.running() == 1)
+            rid = pipe.scheduler.added[-1].request_id
+            await client.close()
+            with pytest.raises(ClientClosedError):
+                await task
+            await until(lambda: aborted(pipe, rid))
+        finally:
+            pipe.scheduler.paused = False
+
+    run(main())
+
+
+def test_under_uvloop(pipe):
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> str:
+        async with AsyncClient(pipe.address) as client:
+            return (await client.generate(PROMPT, params=SamplingParams(max_tokens=3))).text
+
+    assert uvloop.run(main()) == "The capital of"

@@ -1,0 +1,106 @@
+"""A client never hangs on a dead engine: EngineDead messages and vanished processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from frontend import AsyncClient, Client, EngineDeadError
+from protocol import EngineDead, SamplingParams, Shutdown
+from tests.frontend.conftest import start_frontend, stop_frontend
+
+LONG = SamplingParams(max_tokens=120, ignore_eos=True)
+
+
+def test_engine_dead_fails_in_flight_and_new_requests(fresh_pipe):
+    pipe = fresh_pipe
+    pipe.scheduler.step_s = 0.02
+    client = Client(pipe.address)
+    try:
+        stream = client.stream("keep going", params=LONG)
+        next(stream)
+        pipe.send(pipe.endpoints.tokenizer_ctl, EngineDead("worker 0 died"))
+        pipe.send(pipe.endpoints.detok_in, EngineDead("worker 0 died"))
+        with pytest.raises(EngineDeadError, match="worker 0 died"):
+            for _ in stream:
+                pass
+        assert client.dead
+        with pytest.raises(EngineDeadError, match="worker 0 died"):
+            client.generate("after death")
+    finally:
+        client.close()
+    with pytest.raises(EngineDeadError, match="worker 0 died"):
+        Client(pipe.address, connect_timeout=10)
+    assert all(p.is_alive() for p in pipe.processes.values())
+    pipe.send(pipe.endpoints.tokenizer_ctl, Shutdown("bye"))
+    pipe.send(pipe.endpoints.detok_in, Shutdown("bye"))
+    for proc in pipe.processes.values():
+        proc.join(timeout=10)
+        assert proc.exitcode == 0
+
+
+def test_vanished_pipeline_is_noticed(tiny_qwen3_dir):
+    pipe = start_frontend(tiny_qwen3_dir, step_s=0.05)
+    try:
+        client = Client(pipe.address)
+        stream = client.stream("keep going", params=LONG)
+        next(stream)
+
+        async def async_side() -> None:
+            async with AsyncClient(pipe.address) as aclient:
+                astream = aclient.stream("keep going", params=LONG)
+                await astream.__anext__()
+                os.kill(pipe.processes["detokenizer"].pid, signal.SIGKILL)
+                with pytest.raises(EngineDeadError, match="lost the connection"):
+                    async for _ in astream:
+                        pass
+                with pytest.raises(EngineDeadError):
+                    await aclient.generate("again")
+
+        asyncio.run(asyncio.wait_for(async_side(), 30))
+        start = time.monotonic()
+        with pytest.raises(EngineDeadError, match="lost the connection"):
+            for _ in stream:
+                pass
+        assert time.monotonic() - start < 10
+        with pytest.raises(EngineDeadError):
+            client.generate("again")
+        client.close()
+    finally:
+        stop_frontend(pipe)
+
+
+def test_unreachable_address_fails_fast(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(EngineDeadError, match="no pipeline answered"):
+        Client(f"ipc://{tmp_path}/nothing", connect_timeout=0.5)
+    with pytest.raises(EngineDeadError, match="no pipeline answered"):
+        asyncio.run(AsyncClient(f"ipc://{tmp_path}/nothing", connect_timeout=0.5).start())
+    assert time.monotonic() - start < 5
+
+
+def test_sigterm_stops_a_process_that_is_still_starting(tiny_qwen3_dir, tmp_path):
+    import multiprocessing as mp
+
+    from frontend.tokenizer_proc import TokenizerConfig, run_tokenizer
+    from protocol import Endpoints
+
+    os.makedirs(tmp_path / "run")
+    endpoints = Endpoints.ipc(1, run_dir=str(tmp_path / "run"))
+    proc = mp.get_context("spawn").Process(target=run_tokenizer, args=(
+        TokenizerConfig(model=tiny_qwen3_dir, max_model_len=64), endpoints))
+    proc.start()
+    try:
+        time.sleep(1.0)  # inside start-up: importing transformers, loading the tokenizer
+        proc.terminate()
+        proc.join(timeout=20)
+        assert proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        endpoints.cleanup()
