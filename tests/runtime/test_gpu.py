@@ -17,8 +17,8 @@ def _generate(runner, ps, max_tokens):
 
 
 def _cuda_runner(model_dir, **kw):
-    kw = dict(device="cuda", kv_cache_bytes=None, gpu_memory_utilization=0.3, **kw)
-    return make_runner(model_dir, **kw)
+    return make_runner(model_dir, **{"device": "cuda", "kv_cache_bytes": None,
+                                     "gpu_memory_utilization": 0.3, **kw})
 
 
 def test_cuda_graphs_match_eager_and_transformers(tiny_qwen3_dir):
