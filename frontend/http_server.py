@@ -73,6 +73,10 @@ def _error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was ready; its request is aborted."""
+
+
 async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it (which aborts its request) if the HTTP client goes away."""
     work_task = asyncio.ensure_future(work)
@@ -86,7 +90,7 @@ async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:
             with contextlib.suppress(BaseException):
                 await work_task
     if work_task.cancelled():
-        raise asyncio.CancelledError("client disconnected")
+        raise ClientGone()
     return work_task.result()
 
 
@@ -107,9 +111,16 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
         max_model_len = client.welcome.max_model_len
     app = FastAPI(title="nanopipe", docs_url=None, redoc_url=None, openapi_url=None)
 
+    async def _error(_req: Request, exc: Exception) -> JSONResponse:
+        return _error_response(exc)
+
     for exc_type in (ApiError, EngineDeadError, ClientClosedError, RequestRejected,
-                     SamplingParamsError):
-        app.add_exception_handler(exc_type, lambda _req, exc: _error_response(exc))
+                     SamplingParamsError, Exception):
+        app.add_exception_handler(exc_type, _error)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(_req: Request, _exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -229,7 +240,7 @@ async def _sse(fmt: CompletionFormat | ChatFormat, first: Any,
             delta = await anext(deltas, None)
         for chunk in fmt.end_chunks():
             yield _event(chunk)
-    except (EngineDeadError, ClientClosedError, RequestRejected, ApiError) as exc:
+    except Exception as exc:
         # Headers are gone already: the error travels as an event, as OpenAI's server does.
         yield _event(_api_error(exc).body())
     finally:

@@ -17,6 +17,7 @@ from protocol import ClientWelcome, SamplingParams
 
 REJECT = "please reject me"
 DIE_MIDWAY = "die after two tokens"
+CRASH = "a bug in the client library"
 
 
 @dataclass
@@ -48,6 +49,8 @@ class FakeClient:
         async def gen() -> AsyncIterator[RequestDelta]:
             if self.dead:
                 raise EngineDeadError("worker 0 exited with code 1")
+            if call.kwargs.get("prompt") == CRASH:
+                raise RuntimeError("boom")
             if call.kwargs.get("prompt") == REJECT:
                 raise RequestRejected("prompt: this prompt is refused")
             params = call.params

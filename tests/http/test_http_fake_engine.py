@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from http_fakes import DIE_MIDWAY, REJECT, FakeClient
+from http_fakes import CRASH, DIE_MIDWAY, REJECT, FakeClient
 from http_serving import running_server, static_app
 
 from frontend.http_server import create_app
@@ -190,6 +190,13 @@ def test_engine_rejection_is_400(http):
         resp = http.post("/v1/completions",
                          json={"model": "fake-model", "prompt": REJECT, "stream": stream})
         assert "refused" in assert_error(resp, 400)["message"]
+
+
+def test_unexpected_failure_is_a_structured_500(http):
+    for stream in (False, True):
+        resp = http.post("/v1/completions",
+                         json={"model": "fake-model", "prompt": CRASH, "stream": stream})
+        assert "boom" in assert_error(resp, 500)["message"]
 
 
 def test_unknown_model_and_route(http):
