@@ -1,0 +1,102 @@
+"""Checks and pieces shared by the paged attention kernels and references."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._common import FLOAT_DTYPES, check, check_same_device, jit, next_pow2, tl
+
+LOG2E = 1.4426950408889634
+
+
+def check_paged_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens_k: torch.Tensor,
+    num_seqs: int,
+) -> None:
+    check(q.dim() == 3, f"q must be 3-D, got shape {tuple(q.shape)}")
+    check(k_cache.dim() == 4 and v_cache.shape == k_cache.shape,
+          "k_cache, v_cache must be [num_blocks, block_size, Hkv, D] alike, got "
+          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    check(k_cache.shape[3] == head_dim, f"cache head_dim {k_cache.shape[3]} != q's {head_dim}")
+    check(num_heads % num_kv_heads == 0,
+          f"num q heads {num_heads} must be a multiple of num kv heads {num_kv_heads}")
+    check(head_dim == next_pow2(head_dim), f"head_dim must be a power of two, got {head_dim}")
+    check(block_size == next_pow2(block_size),
+          f"block_size must be a power of two, got {block_size}")
+    check(q.dtype in FLOAT_DTYPES, f"unsupported q dtype {q.dtype}")
+    check(k_cache.dtype == v_cache.dtype, "k_cache and v_cache dtypes differ")
+    check(block_tables.dim() == 2 and block_tables.shape[0] == num_seqs,
+          f"block_tables must be [B={num_seqs}, max_blocks], got {tuple(block_tables.shape)}")
+    check(block_tables.dtype == torch.int32,
+          f"block_tables must be int32, got {block_tables.dtype}")
+    check(seq_lens_k.shape == (num_seqs,),
+          f"seq_lens_k must be [B={num_seqs}], got {tuple(seq_lens_k.shape)}")
+    check(seq_lens_k.dtype == torch.int32, f"seq_lens_k must be int32, got {seq_lens_k.dtype}")
+
+
+def check_triton_layout(q, k_cache, v_cache, block_tables, *index_tensors) -> None:
+    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check(t.stride(-1) == 1, f"{name} must be contiguous in head_dim")
+    check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
+    for t in index_tensors:
+        check(t.is_contiguous() and t.device == q.device,
+              "index tensors must be contiguous and on q's device")
+
+
+def gather_kv(
+    cache: torch.Tensor, block_ids: torch.Tensor, length: int
+) -> torch.Tensor:
+    """[num_blocks, bs, Hkv, D] + block ids -> [Hkv, length, D] for one sequence."""
+    kv = cache[block_ids.long()].flatten(0, 1)[:length]
+    return kv.transpose(0, 1)
+
+
+@jit
+def attn_tile(
+    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row_ptr, start, kv_end, pos, qk_scale,
+    stride_kb, stride_ks, stride_vb, stride_vs, kv_head_off_k, kv_head_off_v,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    """One online-softmax step over keys [start, start + BLOCK_N) of a paged sequence."""
+    n = start + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HEAD_DIM)
+    if BLOCK_SIZE >= BLOCK_N:
+        # The whole tile lives in one cache block: one block-table read.
+        blk = tl.load(bt_row_ptr + start // BLOCK_SIZE).to(tl.int64)
+        off = n % BLOCK_SIZE
+        k_rows = blk * stride_kb + off * stride_ks
+        v_rows = blk * stride_vb + off * stride_vs
+    else:
+        blk = tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=n < kv_end, other=0).to(tl.int64)
+        off = n % BLOCK_SIZE
+        k_rows = blk * stride_kb + off * stride_ks
+        v_rows = blk * stride_vb + off * stride_vs
+    if MASKED:
+        kv_mask = n < kv_end
+        kt = tl.trans(tl.load(k_cache_ptr + kv_head_off_k + k_rows[:, None] + d[None, :],
+                              mask=kv_mask[:, None], other=0.0))
+        v = tl.load(v_cache_ptr + kv_head_off_v + v_rows[:, None] + d[None, :],
+                    mask=kv_mask[:, None], other=0.0)
+    else:
+        kt = tl.trans(tl.load(k_cache_ptr + kv_head_off_k + k_rows[:, None] + d[None, :]))
+        v = tl.load(v_cache_ptr + kv_head_off_v + v_rows[:, None] + d[None, :])
+    s = tl.dot(q, kt) * qk_scale
+    if MASKED:
+        keep = n[None, :] < kv_end
+        if CAUSAL:
+            keep = keep & (n[None, :] <= pos[:, None])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i

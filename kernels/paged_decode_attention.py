@@ -1,0 +1,217 @@
+"""Attention for one query per sequence over a paged KV cache, split-K on long contexts.
+
+Decode reads the whole KV cache once per step and is memory bound. With few sequences
+there are too few (sequence, kv head) programs to fill the GPU, so the context is split
+into partitions computed in parallel (stage 1) and merged by their log-sum-exp (stage 2).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from kernels._attn_common import LOG2E, attn_tile, check_paged_inputs, check_triton_layout
+from kernels._common import cdiv, check, jit, next_pow2, require_triton, tl, use_triton
+
+MAX_SPLITS = 64
+
+
+@jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    block_tables_ptr, seq_lens_k_ptr, qk_scale, partition, num_splits,
+    stride_qb, stride_qh, stride_ob, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_k_ptr + b)
+    start = split * partition
+    end = tl.minimum(start + partition, seq_len)
+
+    # Rows are the q heads sharing this kv head (padded to ROWS for the tensor cores).
+    g = tl.arange(0, ROWS)
+    row_ok = g < GROUP
+    head = kv_head * GROUP + g
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([ROWS], -1.0e30, tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    full_end = start + ((end - start) // BLOCK_N) * BLOCK_N
+    for n in range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = attn_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n, end, g, qk_scale,
+            stride_kb, stride_ks, stride_vb, stride_vs,
+            kv_head * stride_kh, kv_head * stride_vh,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, False,
+        )
+    for n in range(full_end, end, BLOCK_N):
+        acc, m_i, l_i = attn_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n, end, g, qk_scale,
+            stride_kb, stride_ks, stride_vb, stride_vs,
+            kv_head * stride_kh, kv_head * stride_vh,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, False,
+        )
+    out = acc / tl.maximum(l_i, 1e-30)[:, None]
+    if not SPLIT:
+        o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # Partial results: normalised output and log2-sum-exp2 (-inf for an empty split).
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+        idx = (b.to(tl.int64) * GROUP * tl.num_programs(1) + head) * num_splits + split
+        tl.store(part_lse_ptr + idx, lse, mask=row_ok)
+        tl.store(part_out_ptr + idx[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None])
+
+
+@jit
+def _decode_reduce_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, num_heads, num_splits, stride_ob, stride_oh,
+    SPLITS_P: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLITS_P)
+    d = tl.arange(0, HEAD_DIM)
+    base = (b.to(tl.int64) * num_heads + h) * num_splits
+    lse = tl.load(part_lse_ptr + base + s, mask=s < num_splits, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # empty sequence: every weight is zero
+    w = tl.exp2(lse - m)
+    parts = tl.load(part_out_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
+                    mask=(s < num_splits)[:, None], other=0.0)
+    out = tl.sum(parts * w[:, None], 0) / tl.maximum(tl.sum(w, 0), 1e-30)
+    o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _launch_config(q: torch.Tensor, group: int, split: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_N, num_warps, num_stages, ROWS); ROWS >= 16 feeds tl.dot on the GPU."""
+    if q.is_cuda:
+        return 64, 4 if split else 2, 3 if split else 4, max(16, next_pow2(group))
+    return 16, 4, 1, next_pow2(group)
+
+
+def _choose_splits(q: torch.Tensor, num_seqs: int, num_kv_heads: int, max_len: int) -> int:
+    """Enough (seq, kv head, split) programs to fill the GPU several times over (so wave
+    quantisation stays small), partitions of >= 256 keys."""
+    if not q.is_cuda:
+        return 1
+    programs = num_seqs * num_kv_heads
+    want = cdiv(4 * _num_sms(q.device.index or 0), max(programs, 1))
+    return max(1, min(want, cdiv(max_len, 256), MAX_SPLITS))
+
+
+def paged_decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens_k: torch.Tensor,
+    scale: float,
+    *,
+    max_seqlen_k: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """`max_seqlen_k` defaults to the block-table capacity (static, so CUDA-graph safe)."""
+    require_triton()
+    num_seqs = q.shape[0]
+    check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens_k, num_seqs)
+    check_triton_layout(q, k_cache, v_cache, block_tables, seq_lens_k)
+    _, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    if num_seqs == 0:
+        return out
+    if max_seqlen_k is None:
+        max_seqlen_k = block_tables.shape[1] * block_size
+    max_seqlen_k = max(max_seqlen_k, 1)
+    if num_splits is None:
+        num_splits = _choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k)
+    check(1 <= num_splits <= max_seqlen_k, f"num_splits must be in [1, {max_seqlen_k}]")
+    block_n, num_warps, num_stages, rows = _launch_config(q, group, num_splits > 1)
+    partition = cdiv(cdiv(max_seqlen_k, num_splits), block_n) * block_n
+    num_splits = cdiv(max_seqlen_k, partition)
+    if num_splits > 1:
+        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim,
+                               dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(num_seqs, num_heads, num_splits,
+                               dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens_k,
+        scale * LOG2E, partition, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        GROUP=group, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        SPLIT=num_splits > 1, num_warps=num_warps, num_stages=num_stages,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            part_out, part_lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
+            SPLITS_P=next_pow2(num_splits), HEAD_DIM=head_dim,
+            num_warps=4,
+        )
+    return out
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens_k: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    num_seqs, num_heads, head_dim = q.shape
+    check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens_k, num_seqs)
+    num_blocks, block_size, num_kv_heads = k_cache.shape[:3]
+    group = num_heads // num_kv_heads
+    if num_seqs == 0:
+        return torch.empty_like(q)
+    # Vectorised over the batch: gather every sequence's blocks up to the longest context,
+    # padded, and mask the tail. Unused block-table entries may hold anything.
+    max_len = max(int(seq_lens_k.max()), 1)
+    ids = block_tables[:, : cdiv(max_len, block_size)].long().clamp(0, num_blocks - 1)
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:
+        kv = cache[ids].flatten(1, 2)[:, :max_len]  # [B, S, Hkv, D]
+        return kv.transpose(1, 2).to(q.dtype)  # [B, Hkv, S, D]
+
+    k, v = gather(k_cache), gather(v_cache)
+    lens = seq_lens_k.to(q.device).long()
+    mask = torch.arange(max_len, device=q.device)[None, :] < lens.clamp(min=1)[:, None]
+    qg = q.reshape(num_seqs, num_kv_heads, group, head_dim)
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask[:, None, None, :], scale=scale)
+    o = o.reshape(num_seqs, num_heads, head_dim)
+    return torch.where((lens == 0)[:, None, None], torch.zeros_like(o), o)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens_k: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence: q [B, H, D] -> out [B, H, D] in q's dtype."""
+    if use_triton(q, k_cache):
+        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens_k, scale)
+    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens_k, scale)
