@@ -1,0 +1,132 @@
+"""Paged attention: Triton (interpreted on CPU) vs the torch reference vs dense attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.paged_attention import paged_attention, paged_attention_ref, paged_attention_triton
+from kernels.paged_decode_attention import (
+    paged_decode_attention,
+    paged_decode_attention_ref,
+    paged_decode_attention_triton,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+# (q_lens, ctx_lens): ctx = cached prefix before this step; seq_len_k = ctx + q_len.
+BATCHES = {
+    "prefill": ([7, 20], [0, 0]),
+    "ragged_mixed": ([5, 1, 17, 0, 3], [0, 9, 3, 4, 30]),
+    "decode_only": ([1, 1, 1], [0, 12, 40]),
+}
+HEADS = {"mha": (4, 4), "gqa2": (4, 2), "gqa3_padded": (6, 2), "gqa4": (8, 2)}
+
+
+def decode_args(case: dict) -> tuple:
+    return (case["q"], case["k_cache"], case["v_cache"], case["block_tables"],
+            case["seq_lens_k"], case["scale"])
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_paged_attention_triton_matches_ref(batch, heads, block_size, paged_case):
+    (q_lens, ctx_lens), (h, hkv) = BATCHES[batch], HEADS[heads]
+    case = paged_case(q_lens, ctx_lens, h, hkv, 16, block_size)
+    torch.testing.assert_close(paged_attention_triton(**case), paged_attention_ref(**case), **TOL)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("heads", ["mha", "gqa2", "gqa3_padded"])
+def test_paged_attention_ref_matches_dense(batch, heads, paged_case, dense_attention):
+    (q_lens, ctx_lens), (h, hkv) = BATCHES[batch], HEADS[heads]
+    case = paged_case(q_lens, ctx_lens, h, hkv, 32, 4, device="cpu")
+    ref = paged_attention_ref(**case)
+    torch.testing.assert_close(ref.double(), dense_attention(case), atol=1e-5, rtol=1e-5)
+
+
+def test_paged_attention_head_dim_32_and_fp16(paged_case):
+    case = paged_case([9, 2], [5, 20], 4, 2, 32, 8, dtype=torch.float16)
+    out = paged_attention_triton(**case)
+    assert out.dtype == torch.float16
+    ref = paged_attention_ref(**{**case, "q": case["q"].float(),
+                                 "k_cache": case["k_cache"].float(),
+                                 "v_cache": case["v_cache"].float()})
+    torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_paged_attention_noncontiguous_q(paged_case):
+    case = paged_case([6, 3], [2, 0], 4, 2, 16, 4)
+    t, h, d = case["q"].shape
+    qkv = torch.randn(t, h + 4, d, device=case["q"].device)
+    qkv[:, :h] = case["q"]
+    out = paged_attention_triton(**{**case, "q": qkv[:, :h]})
+    torch.testing.assert_close(out, paged_attention_ref(**case), **TOL)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("heads", ["mha", "gqa2", "gqa3_padded"])
+def test_decode_triton_split_k_matches_ref(num_splits, heads, paged_case):
+    h, hkv = HEADS[heads]
+    # Contexts span several splits, one split only, and a zero-length (padding) sequence.
+    case = paged_case([1] * 5, [0, 9, 70, 129, 33], h, hkv, 16, 4)
+    args = decode_args(case)
+    out = paged_decode_attention_triton(*args, num_splits=num_splits)
+    torch.testing.assert_close(out, paged_decode_attention_ref(*args), **TOL)
+
+
+def test_decode_split_k_with_max_seqlen_and_empty_sequence(paged_case):
+    case = paged_case([1] * 3, [40, 0, 17], 4, 2, 16, 16)
+    case["seq_lens_k"][1] = 0  # a padded batch slot
+    args = decode_args(case)
+    out = paged_decode_attention_triton(*args, max_seqlen_k=41, num_splits=4)
+    ref = paged_decode_attention_ref(*args)
+    assert torch.all(ref[1] == 0) and torch.all(out[1] == 0)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+@pytest.mark.parametrize("heads", ["mha", "gqa4"])
+def test_decode_ref_matches_unified_and_dense(heads, paged_case, dense_attention):
+    h, hkv = HEADS[heads]
+    case = paged_case([1] * 4, [0, 5, 31, 64], h, hkv, 32, 4, device="cpu")
+    out = paged_decode_attention_ref(*decode_args(case))
+    torch.testing.assert_close(out, paged_attention_ref(**case), **TOL)
+    torch.testing.assert_close(out.double(), dense_attention(case), atol=1e-5, rtol=1e-5)
+
+
+def test_dispatch_uses_ref_on_cpu_and_triton_on_cuda(paged_case):
+    case = paged_case([3, 1], [2, 6], 4, 2, 16, 4)
+    out = paged_attention(**case)
+    torch.testing.assert_close(out, paged_attention_ref(**case), **TOL)
+    case = paged_case([1, 1], [2, 6], 4, 2, 16, 4)
+    out = paged_decode_attention(*decode_args(case))
+    torch.testing.assert_close(out, paged_decode_attention_ref(*decode_args(case)), **TOL)
+    assert out.device.type == DEVICE
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda c: c.update(q=c["q"][:, :3]), "multiple of num kv heads"),
+        (lambda c: c.update(block_tables=c["block_tables"].long()), "block_tables must be int32"),
+        (lambda c: c.update(seq_lens_k=c["seq_lens_k"][:1]), "seq_lens_k must be"),
+        (lambda c: c.update(cu_seqlens_q=c["cu_seqlens_q"].long()), "cu_seqlens_q must be int32"),
+        (lambda c: c.update(v_cache=c["v_cache"][:, :2]), "alike"),
+        (lambda c: c.update(q=c["q"][..., :12]), "head_dim"),
+    ],
+)
+def test_paged_attention_rejects_bad_inputs(change, match, paged_case):
+    case = paged_case([3, 1], [2, 6], 4, 2, 16, 4)
+    change(case)
+    for fn in (paged_attention_triton, paged_attention_ref):
+        with pytest.raises(ValueError, match=match):
+            fn(**case)
+
+
+def test_triton_rejects_noncontiguous_head_dim(paged_case):
+    case = paged_case([3], [2], 4, 2, 16, 4)
+    q = case["q"].transpose(0, 2).contiguous().transpose(0, 2)
+    with pytest.raises(ValueError, match="contiguous in head_dim"):
+        paged_attention_triton(**{**case, "q": q})
