@@ -1,0 +1,136 @@
+"""Time the paged attention kernels at the Qwen3-0.6B shape on a CUDA GPU.
+
+Decode reports achieved memory bandwidth (KV bytes read / time); prefill reports TFLOP/s
+of causal attention. flash-attn's paged kernels run as a peer when importable, and torch's
+dense SDPA gives a non-paged reference point for prefill.
+
+    python scripts/bench_kernels.py [--block-size 256] [--iters 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import torch
+import torch.nn.functional as F
+
+from kernels.paged_attention import paged_attention_triton
+from kernels.paged_decode_attention import paged_decode_attention_triton
+
+H, HKV, D = 16, 8, 128
+DTYPE = torch.bfloat16
+
+
+def bench(fn, iters: int) -> float:
+    """Mean milliseconds per call over `iters`, after warm-up."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def make_cache(seq_lens: list[int], block_size: int):
+    nblocks = [-(-n // block_size) for n in seq_lens]
+    total = sum(nblocks)
+    perm = torch.randperm(total)
+    table = torch.zeros(len(seq_lens), max(nblocks), dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(nblocks):
+        table[b, :n] = perm[used:used + n].to(torch.int32)
+        used += n
+    shape = (total, block_size, HKV, D)
+    k_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
+    v_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
+    return k_cache, v_cache, table.cuda()
+
+
+def try_flash_attn():
+    try:
+        from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+    except ImportError:
+        return None
+    return flash_attn_varlen_func, flash_attn_with_kvcache
+
+
+def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa) -> None:
+    rng = random.Random(0)
+    lens = [rng.randint(lo, hi) for _ in range(batch)]
+    k_cache, v_cache, table = make_cache(lens, block_size)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, H, D, dtype=DTYPE, device="cuda")
+    scale = D**-0.5
+    kv_bytes = sum(lens) * HKV * D * 2 * q.element_size() + 2 * q.numel() * q.element_size()
+    print(f"decode: batch {batch}, context {lo}-{hi} (mean {sum(lens) / batch:.0f}), "
+          f"block {block_size}, KV read {kv_bytes / 1e6:.1f} MB")
+    cases = {
+        "triton decode (auto split)": lambda: paged_decode_attention_triton(
+            q, k_cache, v_cache, table, seq_lens, scale),
+        "triton decode (1 split)": lambda: paged_decode_attention_triton(
+            q, k_cache, v_cache, table, seq_lens, scale, num_splits=1),
+    }
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    cases["triton unified paged_attention"] = lambda: paged_attention_triton(
+        q, k_cache, v_cache, table, cu, seq_lens, scale)
+    if fa is not None:
+        q4 = q.unsqueeze(1)
+        cases["flash-attn with_kvcache"] = lambda: fa[1](
+            q4, k_cache, v_cache, cache_seqlens=seq_lens, block_table=table,
+            softmax_scale=scale, causal=True)
+    for name, fn in cases.items():
+        ms = bench(fn, iters)
+        print(f"  {name:34s} {ms * 1e3:8.1f} us  {kv_bytes / ms / 1e6:7.0f} GB/s")
+
+
+def bench_prefill(seq_len: int, num_seqs: int, block_size: int, iters: int, fa) -> None:
+    lens = [seq_len] * num_seqs
+    k_cache, v_cache, table = make_cache(lens, block_size)
+    total = seq_len * num_seqs
+    q = torch.randn(total, H, D, dtype=DTYPE, device="cuda")
+    cu = torch.arange(0, total + 1, seq_len, dtype=torch.int32, device="cuda")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    scale = D**-0.5
+    flops = num_seqs * 4 * H * D * seq_len * (seq_len + 1) / 2
+    print(f"prefill: {num_seqs} x {seq_len} tokens, block {block_size}, "
+          f"{flops / 1e12:.3f} TFLOP (causal)")
+    cases = {"triton paged_attention": lambda: paged_attention_triton(
+        q, k_cache, v_cache, table, cu, seq_lens, scale)}
+    if fa is not None:
+        cases["flash-attn varlen (paged)"] = lambda: fa[0](
+            q, k_cache, v_cache, cu, cu, seq_len, seq_len, softmax_scale=scale, causal=True,
+            block_table=table)
+    qd = q.view(num_seqs, seq_len, H, D).transpose(1, 2)
+    kd = torch.randn(num_seqs, HKV, seq_len, D, dtype=DTYPE, device="cuda")
+    vd = torch.randn_like(kd)
+    cases["torch sdpa (dense, not paged)"] = lambda: F.scaled_dot_product_attention(
+        qd, kd, vd, is_causal=True, scale=scale, enable_gqa=True)
+    for name, fn in cases.items():
+        ms = bench(fn, iters)
+        print(f"  {name:34s} {ms * 1e3:8.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument("--iters", type=int, default=50)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_kernels needs a CUDA GPU")
+    fa = try_flash_attn()
+    print(f"{torch.cuda.get_device_name()}; flash-attn: {'yes' if fa else 'not importable'}")
+    torch.manual_seed(0)
+    bench_decode(256, 500, 700, args.block_size, args.iters, fa)
+    bench_decode(16, 4000, 4200, args.block_size, args.iters, fa)
+    bench_decode(2, 30000, 32000, args.block_size, args.iters, fa)
+    bench_prefill(1024, 8, args.block_size, args.iters, fa)
+    bench_prefill(8192, 1, args.block_size, args.iters, fa)
+
+
+if __name__ == "__main__":
+    main()
