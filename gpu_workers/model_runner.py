@@ -60,6 +60,8 @@ class ModelRunner:
                                 self.device)
         self.kv_cache.bind(self.model.attention_layers())
         self.table = self._new_table()
+        if self.device.type == "cuda":
+            self._warm_up_kernels()
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq,
                                        config.max_model_len, self.device)
@@ -111,6 +113,34 @@ class ModelRunner:
         torch.cuda.synchronize()
         del kv
 
+    @torch.inference_mode()
+    def _warm_up_kernels(self) -> None:
+        """Compile the Triton kernels for the shapes they specialise on (counts of 1, multiples
+        of 16, others) now, so the first requests do not pay seconds of JIT compilation.
+
+        The scratch steps write KV into blocks that no sequence holds yet."""
+        c = self.config
+        bs = c.block_size
+        shapes = [[1], [c.max_model_len - 1], [17, 5, 64], [16] * 16, [3] * 17]
+        params = SamplingParams(temperature=0.0)
+        for lens in shapes:
+            lens = [max(1, min(n, c.max_model_len - 1, c.max_num_batched_tokens // len(lens)))
+                    for n in lens]
+            table = self._new_table()
+            seqs, next_block = [], 0
+            for i, n in enumerate(lens):
+                nb = -(-(n + 1) // bs)
+                if next_block + nb > self.num_kv_blocks:
+                    break
+                seqs.append(NewSequence(i, [0] * n, n, 0, n, list(range(next_block,
+                                                                      next_block + nb)), params))
+                next_block += nb
+            self._run(StepPlan(0, [], seqs, CachedSequences([], [], [])), table)
+            ids = [s.seq_id for s in seqs]
+            self._run(StepPlan(1, [], [], CachedSequences(ids, [1] * len(ids),
+                                                          [[] for _ in ids])), table)
+        torch.cuda.synchronize()
+
     # ----------------------------------------------------------------- stepping
 
     @torch.inference_mode()
@@ -121,12 +151,17 @@ class ModelRunner:
         seq_ids, rows, num_new = table.apply(plan)
         if len(rows) == 0:
             return self._result(plan.step_id, [], [], None)
-        bs = None
-        if (self.graphs is not None and len(rows) <= self.graphs.max_bs
-                and bool(np.all(num_new == 1)) and table is self.table):
-            bs = self.graphs.bucket(len(rows))
+        bs, width = None, None
+        decode = bool(np.all(num_new == 1))
+        if decode and self.device.type == "cuda":
+            # A static width keeps the decode kernel's split count (a compile-time constant)
+            # from changing with the longest context, which would recompile it.
+            width = self.config.max_blocks_per_seq
+            if self.graphs is not None and len(rows) <= self.graphs.max_bs and (
+                    table is self.table):
+                bs = self.graphs.bucket(len(rows))
         batch = build_batch(table, rows, num_new, self.config.block_size, self.device,
-                            pad_to=bs, block_width=self.graphs.block_width if bs else None)
+                            pad_to=bs, block_width=width)
         table.num_computed[rows] += num_new
         if bs is not None:
             hidden = self.graphs.run(batch, bs)
