@@ -19,6 +19,7 @@ from frontend.client import (
     CLOSE_LINGER_MS,
     CONNECT_TIMEOUT_S,
     configure_context,
+    error_for,
     is_disconnect,
     make_decoder,
     make_request,
@@ -30,7 +31,6 @@ from frontend.outputs import (
     OutputCollector,
     RequestDelta,
     RequestOutput,
-    RequestRejected,
 )
 from protocol import (
     AbortRequest,
@@ -158,8 +158,7 @@ class AsyncClient:
                 return
             if msg.finish_reason is not None:
                 del self._queues[msg.client_request_id]
-            q.put_nowait(RequestRejected(msg.error) if msg.error is not None
-                         else to_delta(msg))
+            q.put_nowait(error_for(msg.error) if msg.error is not None else to_delta(msg))
 
     def _fail_all(self, reason: str) -> None:
         if self._dead is None:

@@ -85,6 +85,16 @@ def to_delta(msg: ResultDelta) -> RequestDelta:
                         completion_tokens=msg.completion_tokens, logprobs=msg.logprobs)
 
 
+ENGINE_DEAD_PREFIX = "engine dead"
+"""Request errors that start with this mean the engine died, not that the input was bad."""
+
+
+def error_for(message: str) -> Exception:
+    if message.startswith(ENGINE_DEAD_PREFIX):
+        return EngineDeadError(message)
+    return RequestRejected(message)
+
+
 def is_disconnect(monitor_frames: list[bytes]) -> bool:
     return parse_monitor_message(monitor_frames)["event"] == zmq.EVENT_DISCONNECTED
 
@@ -250,7 +260,7 @@ class Client:
         if q is None:
             return  # aborted or timed out already
         if msg.error is not None:
-            q.put(RequestRejected(msg.error))
+            q.put(error_for(msg.error))
         else:
             q.put(to_delta(msg))
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import zmq
 
+from frontend.client import ENGINE_DEAD_PREFIX, HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
 from frontend.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
 from frontend.proc_util import POLL_MS, ProcessRuntime
 from frontend.tokenizer_proc import error_delta, load_tokenizer
@@ -67,7 +68,19 @@ class DetokenizerActor:
         self.decode = decode
         self.inbox = rt.socket(zmq.PULL, endpoints.detok_in, bind=True,
                                accepts=(DetokRequestInfo, TokenDeltas, EngineDead, Shutdown))
-        self.router = rt.adopt(RouterSocket(rt.ctx, endpoints.results, accepts=(ClientHello,)))
+        # Heartbeats drop the route of a client whose host vanished, so its streaming
+        # requests are aborted at their next delta instead of running to max_tokens.
+        # They must be set before bind (a listener copies its options then), and
+        # RouterSocket binds as it is made: pass them as context defaults for this socket.
+        heartbeat = {zmq.HEARTBEAT_IVL: HEARTBEAT_IVL_MS,
+                     zmq.HEARTBEAT_TIMEOUT: HEARTBEAT_TIMEOUT_MS}
+        rt.ctx.sockopts.update(heartbeat)
+        try:
+            self.router = rt.adopt(RouterSocket(rt.ctx, endpoints.results,
+                                                accepts=(ClientHello,)))
+        finally:
+            for opt in heartbeat:
+                rt.ctx.sockopts.pop(opt)
         self.to_scheduler = rt.socket(zmq.PUSH, endpoints.scheduler_in, bind=False)
         self.peers: dict[str, bytes] = {}  # client_id -> routing id on the results socket
         self.requests: dict[int, _Request] = {}
@@ -128,7 +141,7 @@ class DetokenizerActor:
         self.max_announced = max(self.max_announced, info.request_id)
         if self.dead_reason is not None:
             self._send(info, error_delta(info.client_request_id,
-                                         f"engine dead: {self.dead_reason}"))
+                                         f"{ENGINE_DEAD_PREFIX}: {self.dead_reason}"))
             return
         detok = IncrementalDetokenizer(
             self.decode, info.prompt_tail_token_ids,
@@ -139,6 +152,12 @@ class DetokenizerActor:
 
     def _on_deltas(self, msg: TokenDeltas) -> None:
         logprobs = msg.logprobs
+        n = len(msg.request_ids)
+        if not (len(msg.token_ids) == len(msg.finish_reasons) == len(msg.errors) == n
+                and (logprobs is None or len(logprobs) == n)):
+            log.error("detokenizer: dropped TokenDeltas %d: its columns differ in length",
+                      msg.step_id)
+            return
         for i, request_id in enumerate(msg.request_ids):
             self._on_delta(request_id, msg.token_ids[i], msg.finish_reasons[i], msg.errors[i],
                            logprobs[i] if logprobs is not None else None)
@@ -199,7 +218,7 @@ class DetokenizerActor:
             self.router.send_to(peer, EngineDead(reason))
         for req in self.requests.values():
             self._send(req.info, error_delta(req.info.client_request_id,
-                                             f"engine dead: {reason}"))
+                                             f"{ENGINE_DEAD_PREFIX}: {reason}"))
         self.requests.clear()
         self.early.clear()
 

@@ -36,6 +36,8 @@ from protocol.sockets import MessageSocket
 MAX_MODEL_LEN = 128
 FAIL_SEED = 666
 """A request with this seed fails in the stand-in scheduler (an error in TokenDeltas)."""
+DEAD_SEED = 667
+"""A request with this seed fails as the real scheduler fails requests once the engine died."""
 
 
 @dataclass
@@ -111,6 +113,8 @@ class FakeScheduler:
                 stops |= set(req.eos_token_ids)
             if req.params.seed == FAIL_SEED:
                 finish, error = "error", "stand-in scheduler failure"
+            elif req.params.seed == DEAD_SEED:
+                finish, error = "error", "engine dead: worker 0 exited with code -9"
             elif token in stops:
                 finish = "stop"
             elif run.produced >= req.params.max_tokens:

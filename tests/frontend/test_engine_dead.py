@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import time
 
@@ -104,3 +105,52 @@ def test_sigterm_stops_a_process_that_is_still_starting(tiny_qwen3_dir, tmp_path
             proc.kill()
             proc.join()
         endpoints.cleanup()
+
+
+PARENT = """
+import multiprocessing as mp, sys, time
+from frontend.tokenizer_proc import TokenizerConfig, run_tokenizer
+from protocol import Endpoints
+if __name__ == "__main__":
+    endpoints = Endpoints.ipc(1, run_dir=sys.argv[2])
+    proc = mp.get_context("spawn").Process(target=run_tokenizer, args=(
+        TokenizerConfig(model=sys.argv[1], max_model_len=64), endpoints))
+    proc.start()
+    print(proc.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_child_exits_when_its_parent_is_killed(tiny_qwen3_dir, tmp_path):
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, tiny_qwen3_dir, str(run_dir)],
+                              stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        time.sleep(0.5)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while _alive(child):
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.1)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False

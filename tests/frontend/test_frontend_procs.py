@@ -15,7 +15,7 @@ import pytest
 import zmq
 from transformers import AutoTokenizer
 
-from frontend import Client, ClientClosedError, RequestRejected
+from frontend import Client, ClientClosedError, EngineDeadError, RequestRejected
 from protocol import (
     ClientHello,
     ClientWelcome,
@@ -25,7 +25,7 @@ from protocol import (
     SamplingParams,
     encode,
 )
-from tests.frontend.conftest import FAIL_SEED
+from tests.frontend.conftest import DEAD_SEED, FAIL_SEED
 
 PROMPT = "The capital of France is Paris."
 
@@ -156,6 +156,10 @@ def test_rejections_reach_the_client_and_others_go_on(pipe, client):
 def test_scheduler_error_reaches_the_client(client):
     with pytest.raises(RequestRejected, match="stand-in scheduler failure"):
         client.generate(PROMPT, params=SamplingParams(seed=FAIL_SEED))
+    with pytest.raises(EngineDeadError, match="worker 0 exited"):
+        client.generate(PROMPT, params=SamplingParams(seed=DEAD_SEED))
+    with pytest.raises(EngineDeadError, match="worker 0 exited"):
+        list(client.stream(PROMPT, params=SamplingParams(seed=DEAD_SEED)))
 
 
 def test_many_concurrent_requests_over_one_client(client, tokenizer):
