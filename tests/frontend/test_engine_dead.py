@@ -154,3 +154,48 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_deltas_that_overtake_their_request_info_are_buffered(fresh_pipe, tiny_qwen3_dir):
+    """TokenDeltas and DetokRequestInfo reach the detokenizer over different pipes."""
+    import zmq
+    from transformers import AutoTokenizer
+
+    from protocol import (
+        ClientHello,
+        ClientWelcome,
+        Decoder,
+        DetokRequestInfo,
+        ResultDelta,
+        TokenDeltas,
+        encode,
+    )
+
+    pipe = fresh_pipe
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    ids = tok.encode(" over the lazy dog")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(pipe.endpoints.results)
+    decoder = Decoder(ClientWelcome, ResultDelta)
+    try:
+        sock.send(encode(ClientHello("watcher")))
+        assert isinstance(decoder.decode(sock.recv()), ClientWelcome)
+        rid = 10**6
+        pipe.send(pipe.endpoints.detok_in, TokenDeltas(1, [rid], [ids[:2]], [None], [None],
+                                                       None))
+        pipe.send(pipe.endpoints.detok_in, TokenDeltas(2, [rid], [ids[2:]], ["length"], [None],
+                                                       None))
+        time.sleep(0.2)
+        pipe.send(pipe.endpoints.detok_in, DetokRequestInfo(
+            request_id=rid, client_id="watcher", client_request_id="early",
+            prompt_tail_token_ids=tok.encode("jumps"), num_prompt_tokens=9, stop=[],
+            skip_special_tokens=True, stream=False, logprobs=False))
+        out = decoder.decode(sock.recv())
+        assert (out.client_request_id, out.text, out.token_ids) == ("early",
+                                                                    " over the lazy dog", ids)
+        assert (out.finish_reason, out.prompt_tokens, out.completion_tokens) == (
+            "length", 9, len(ids))
+    finally:
+        sock.close()
