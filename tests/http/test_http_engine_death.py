@@ -42,7 +42,7 @@ def test_engine_death_under_a_running_server(tiny_llama_dir):
                 assert resp.status_code == 200
                 events = (line for line in resp.iter_lines() if line)
                 assert "choices" in json.loads(next(events)[len("data: "):])
-                pipeline.stop()
+                pipeline.stop(grace_s=0.5)
                 rest = list(events)
             assert rest[-1] == "data: [DONE]"
             assert json.loads(rest[-2][len("data: "):])["error"]["type"] == "engine_dead"

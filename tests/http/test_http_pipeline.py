@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import json
 import os
@@ -87,6 +88,20 @@ def test_greedy_completion_equals_client_library(oai, direct, model):
         assert choice.finish_reason == "length"
         assert got.usage.prompt_tokens == expected.prompt_tokens
         assert got.usage.completion_tokens == 20
+
+
+def test_concurrent_requests_are_batched_and_stay_greedy(oai, direct, model):
+    expected = [direct.generate(p, params=GREEDY).text for p in PROMPTS * 2]
+
+    def one(i: int) -> str:
+        prompt = (PROMPTS * 2)[i]
+        if i % 2:
+            chunks = oai.completions.create(model=model, prompt=prompt, stream=True, **GREEDY_BODY)
+            return "".join(c.choices[0].text for c in chunks)
+        return oai.completions.create(model=model, prompt=prompt, **GREEDY_BODY).choices[0].text
+
+    with cf.ThreadPoolExecutor(len(expected)) as pool:
+        assert list(pool.map(one, range(len(expected)))) == expected
 
 
 def test_streamed_completion_equals_client_library(oai, direct, model):
