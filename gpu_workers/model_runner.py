@@ -152,13 +152,13 @@ class ModelRunner:
         if len(rows) == 0:
             return self._result(plan.step_id, [], [], None)
         bs, width = None, None
-        decode = bool(np.all(num_new == 1))
-        if decode and self.device.type == "cuda":
-            # A static width keeps the decode kernel's split count (a compile-time constant)
-            # from changing with the longest context, which would recompile it.
+        if self.device.type == "cuda":
+            # A static block-table width: Triton specialises kernels on integer arguments such
+            # as the table's row stride and derives the decode split count from it, so a width
+            # following the longest context would recompile kernels in the middle of serving.
             width = self.config.max_blocks_per_seq
-            if self.graphs is not None and len(rows) <= self.graphs.max_bs and (
-                    table is self.table):
+            if (self.graphs is not None and len(rows) <= self.graphs.max_bs
+                    and table is self.table and bool(np.all(num_new == 1))):
                 bs = self.graphs.bucket(len(rows))
         batch = build_batch(table, rows, num_new, self.config.block_size, self.device,
                             pad_to=bs, block_width=width)
