@@ -77,11 +77,20 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
 
     parts = [ids, positions, slots, cu_q, seq_lens, cu_k, tables.reshape(-1), logits_idx,
              top_k, temp.view(np.int32), top_p.view(np.int32), min_p.view(np.int32)]
-    host = torch.from_numpy(np.concatenate([p.astype(np.int32, copy=False) for p in parts]))
+    # Every segment starts 16-byte aligned: Triton specialises kernels on pointer alignment,
+    # and a varying alignment would compile new kernel variants in the middle of serving.
+    sizes = [len(p) for p in parts]
+    padded = [-(-n // 4) * 4 for n in sizes]
+    flat = np.zeros(sum(padded), np.int32)
+    offset = 0
+    for p, n, pn in zip(parts, sizes, padded, strict=True):
+        flat[offset:offset + n] = p
+        offset += pn
+    host = torch.from_numpy(flat)
     if device.type == "cuda":
         host = host.pin_memory()
     dev = host.to(device, non_blocking=True)
-    views = list(dev.split([len(p) for p in parts]))
+    views = [v[:n] for v, n in zip(dev.split(padded), sizes, strict=True)]
     (d_ids, d_pos, d_slots, d_cu_q, d_lens, d_cu_k, d_tables, d_logits,
      d_top_k, d_temp, d_top_p, d_min_p) = views
     attn = AttentionBatch(
