@@ -179,7 +179,9 @@ class Pipeline:
             except zmq.ZMQError:
                 pass  # that peer is the one that died
             finally:
-                sock.close()
+                # Linger so the message is delivered before the socket goes; a dead peer
+                # costs at most the linger time.
+                sock.socket.close(linger=2000)
 
     @property
     def alive(self) -> bool:

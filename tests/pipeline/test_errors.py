@@ -7,14 +7,13 @@ import threading
 import msgpack
 import pytest
 import zmq
+from pipeline_config import kv_bytes_per_token, tiny_engine
 
 from frontend import Client, RequestRejected
 from frontend.config import EngineConfig
 from frontend.launcher import Pipeline, StartupError
 from protocol import ClientHello, GenerateRequest, ResultDelta, SamplingParams, encode
 from protocol.codec import Decoder
-
-from .conftest import kv_bytes_per_token, tiny_engine
 
 OK = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
@@ -27,7 +26,7 @@ OK = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
         ({"prompt_token_ids": [1, -4, 2]}, "token"),
         ({"prompt_token_ids": [1, 10**9]}, "token"),
         ({"prompt": "word " * 400}, "max_model_len"),
-        ({"prompt": "hi", "params": SamplingParams(max_tokens=250)}, "max_model_len"),
+        ({"prompt": "hi", "params": SamplingParams(max_tokens=256)}, "max_model_len"),
         ({"messages": []}, "messages"),
     ],
 )

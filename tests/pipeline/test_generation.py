@@ -5,13 +5,12 @@ from __future__ import annotations
 import concurrent.futures as cf
 
 import pytest
+from hf_reference import hf_greedy
+from pipeline_config import tiny_engine
 from transformers import AutoTokenizer
 
 from frontend import LLM, Client
 from protocol import SamplingParams
-
-from .conftest import tiny_engine
-from .hf_reference import hf_greedy
 
 PROMPTS = [
     "The quick brown fox",

@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from pipeline_config import tiny_engine
 
 from frontend import Client, EngineDeadError
 from frontend.config import EngineConfig
 from frontend.launcher import Pipeline
 from protocol import SamplingParams
-
-from .conftest import tiny_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 OK = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
