@@ -62,7 +62,7 @@ def test_kv_pool_sized_from_free_memory(tiny_llama_dir):
     import torch
 
     sizes = []
-    for extra in (0.02, 0.05):
+    for extra in (0.05, 0.10):
         runner = _cuda_runner(tiny_llama_dir, gpu_memory_utilization=_util(extra),
                               enforce_eager=True)
         sizes.append(runner.num_kv_blocks)
