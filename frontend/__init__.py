@@ -9,8 +9,10 @@ from frontend.outputs import (
     RequestOutput,
     RequestRejected,
 )
+from protocol import SamplingParams, SamplingParamsError
 
 __all__ = [
+    "LLM",
     "AsyncClient",
     "Client",
     "ClientClosedError",
@@ -18,6 +20,8 @@ __all__ = [
     "RequestDelta",
     "RequestOutput",
     "RequestRejected",
+    "SamplingParams",
+    "SamplingParamsError",
 ]
 
 
