@@ -39,6 +39,7 @@ from protocol import (
     EngineDead,
     ProtocolError,
     ResultDelta,
+    ResultDeltaBatch,
     SamplingParams,
     encode,
 )
@@ -152,13 +153,19 @@ class AsyncClient:
             return
         if isinstance(msg, EngineDead):
             self._fail_all(msg.reason)
+        elif isinstance(msg, ResultDeltaBatch):
+            for delta in msg.deltas:
+                self._on_delta(delta)
         elif isinstance(msg, ResultDelta):
-            q = self._queues.get(msg.client_request_id)
-            if q is None:
-                return
-            if msg.finish_reason is not None:
-                del self._queues[msg.client_request_id]
-            q.put_nowait(error_for(msg.error) if msg.error is not None else to_delta(msg))
+            self._on_delta(msg)
+
+    def _on_delta(self, msg: ResultDelta) -> None:
+        q = self._queues.get(msg.client_request_id)
+        if q is None:
+            return
+        if msg.finish_reason is not None:
+            del self._queues[msg.client_request_id]
+        q.put_nowait(error_for(msg.error) if msg.error is not None else to_delta(msg))
 
     def _fail_all(self, reason: str) -> None:
         if self._dead is None:

@@ -38,6 +38,7 @@ from protocol import (
     GenerateRequest,
     ProtocolError,
     ResultDelta,
+    ResultDeltaBatch,
     SamplingParams,
     encode,
 )
@@ -63,7 +64,7 @@ def configure_context(ctx: zmq.Context) -> None:
 
 
 def make_decoder() -> Decoder:
-    return Decoder(ClientWelcome, ResultDelta, EngineDead)
+    return Decoder(ClientWelcome, ResultDelta, ResultDeltaBatch, EngineDead)
 
 
 def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, messages: Any,
@@ -252,6 +253,10 @@ class Client:
     def _route(self, msg: Any) -> None:
         if isinstance(msg, EngineDead):
             self._fail_all(msg.reason)
+            return
+        if isinstance(msg, ResultDeltaBatch):
+            for delta in msg.deltas:
+                self._route(delta)
             return
         with self._lock:
             q = self._queues.get(msg.client_request_id)

@@ -28,6 +28,7 @@ from protocol import (
     EngineDead,
     ProtocolError,
     ResultDelta,
+    ResultDeltaBatch,
     Shutdown,
     TokenDeltas,
 )
@@ -88,6 +89,9 @@ class DetokenizerActor:
         self.max_announced = -1  # request ids are a counter: at or below this, a missing
         # request has finished (late deltas are dropped), above it it is still to come
         self.dead_reason: str | None = None
+        # While one TokenDeltas is handled, results are gathered per client and sent as one
+        # frame each: peer -> [(request id, delta)].
+        self._batch: dict[bytes, list[tuple[int, ResultDelta]]] | None = None
 
     def serve(self) -> None:
         poller = zmq.Poller()
@@ -158,9 +162,26 @@ class DetokenizerActor:
             log.error("detokenizer: dropped TokenDeltas %d: its columns differ in length",
                       msg.step_id)
             return
-        for i, request_id in enumerate(msg.request_ids):
-            self._on_delta(request_id, msg.token_ids[i], msg.finish_reasons[i], msg.errors[i],
-                           logprobs[i] if logprobs is not None else None)
+        self._batch = {}
+        try:
+            for i, request_id in enumerate(msg.request_ids):
+                self._on_delta(request_id, msg.token_ids[i], msg.finish_reasons[i],
+                               msg.errors[i], logprobs[i] if logprobs is not None else None)
+        finally:
+            batch, self._batch = self._batch, None
+            self._flush(batch)
+
+    def _flush(self, batch: dict[bytes, list[tuple[int, ResultDelta]]]) -> None:
+        for peer, items in batch.items():
+            msg = items[0][1] if len(items) == 1 else ResultDeltaBatch([d for _, d in items])
+            if self.router.send_to(peer, msg):
+                continue
+            # The client is gone: free its running requests' KV blocks now, not at max_tokens.
+            gone = [rid for rid, d in items if d.finish_reason is None and rid in self.requests]
+            for rid in gone:
+                del self.requests[rid]
+            if gone:
+                self.to_scheduler.send(AbortRequests(request_ids=gone, reason="abort"))
 
     def _on_delta(self, request_id: int, token_ids: list[int], finish: str | None,
                   error: str | None, logprobs: list[float] | None) -> None:
@@ -176,6 +197,9 @@ class DetokenizerActor:
             self._send(info, error_delta(info.client_request_id, error))
             return
         req.completion_tokens += len(token_ids)
+        if not info.stream and not info.stop:
+            self._accumulate(req, request_id, token_ids, finish, logprobs)
+            return
         # A request stopped by EOS or a stop token id keeps that token but not its text.
         text_ids = token_ids[:-1] if finish == "stop" and token_ids else token_ids
         text = req.detok.add(text_ids)
@@ -204,9 +228,32 @@ class DetokenizerActor:
             del self.requests[request_id]
             self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason="abort"))
 
+    def _accumulate(self, req: _Request, request_id: int, token_ids: list[int],
+                    finish: str | None, logprobs: list[float] | None) -> None:
+        """A non-streaming request with no stop strings needs no text until it ends: decode
+        once then, instead of once per step."""
+        req.token_ids.extend(token_ids)
+        if req.info.logprobs and logprobs is not None:
+            req.logprobs = (req.logprobs or []) + logprobs
+        if finish is None:
+            return
+        del self.requests[request_id]
+        ids = req.token_ids
+        # A request stopped by EOS or a stop token id keeps that token but not its text.
+        text = req.detok.add(ids[:-1] if finish == "stop" and ids else ids) + req.detok.flush()
+        self._send(req.info, ResultDelta(
+            client_request_id=req.info.client_request_id, text=text, token_ids=ids,
+            finish_reason=finish, prompt_tokens=req.info.num_prompt_tokens,
+            completion_tokens=req.completion_tokens, logprobs=req.logprobs, error=None))
+
     def _send(self, info: DetokRequestInfo, delta: Any) -> bool:
         peer = self.peers.get(info.client_id)
-        return peer is not None and self.router.send_to(peer, delta)
+        if peer is None:
+            return False
+        if self._batch is not None and isinstance(delta, ResultDelta):
+            self._batch.setdefault(peer, []).append((info.request_id, delta))
+            return True
+        return self.router.send_to(peer, delta)
 
     def _on_engine_dead(self, reason: str) -> None:
         if self.dead_reason is not None:

@@ -8,6 +8,7 @@ from protocol.client_messages import (
     EngineDead,
     GenerateRequest,
     ResultDelta,
+    ResultDeltaBatch,
 )
 from protocol.codec import MAX_FRAME_BYTES, Decoder, ProtocolError, encode
 from protocol.control import Ready, Shutdown, StartupFailed
@@ -40,6 +41,7 @@ __all__ = [
     "ProtocolError",
     "Ready",
     "ResultDelta",
+    "ResultDeltaBatch",
     "SamplingParams",
     "SamplingParamsError",
     "Shutdown",

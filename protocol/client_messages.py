@@ -68,6 +68,18 @@ class ResultDelta:
     """Set when the request was rejected or failed; finish_reason is then "error"."""
 
 
+@message(0x07)
+@dataclass(frozen=True, slots=True)
+class ResultDeltaBatch:
+    """Every delta one engine step produced for one client, in one frame.
+
+    With hundreds of requests streaming to one client, a frame per request per step costs
+    the client more than the step itself.
+    """
+
+    deltas: list[ResultDelta]
+
+
 @message(0x06)
 @dataclass(frozen=True, slots=True)
 class EngineDead:

@@ -21,6 +21,10 @@ EXAMPLES = [
     p.ClientWelcome("ipc:///tmp/x/results", "tiny", 2048),
     p.ResultDelta("r1", "text ✓", [5, 6], "stop", 3, 2, [-0.5, -1.0], None),
     p.ResultDelta("r1", "", [], "error", 0, 0, None, "prompt must not be empty"),
+    p.ResultDeltaBatch([
+        p.ResultDelta("r1", "a", [5], None, 3, 1, None, None),
+        p.ResultDelta("r2", "b", [6], "length", 4, 9, [-0.1], None),
+    ]),
     p.EngineDead("worker rank 1 exited with code -9"),
     p.AddRequest(4, [1, 2, 3], PARAMS, [0]),
     p.AbortRequests([4, 5], "stop"),
@@ -37,6 +41,10 @@ EXAMPLES = [
     p.Shutdown("SIGTERM"),
     p.StartupFailed("worker", 1, "KV cache too small"),
 ]
+
+
+def example(cls):
+    return next(m for m in EXAMPLES if type(m) is cls)
 
 
 @pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
@@ -60,7 +68,7 @@ def test_kinds_are_single_bytes_and_unique():
 
 def test_pickle_is_refused():
     decoder = p.Decoder(p.StepPlan, p.AddRequest)
-    for msg in (EXAMPLES[9], EXAMPLES[12]):
+    for msg in (example(p.AddRequest), example(p.StepPlan)):
         for proto in range(pickle.HIGHEST_PROTOCOL + 1):
             with pytest.raises(p.ProtocolError):
                 decoder.decode(pickle.dumps(msg, protocol=proto))
@@ -73,7 +81,7 @@ def test_kind_not_accepted_on_this_socket():
 
 
 def test_truncated_frames_are_refused():
-    frame = p.encode(EXAMPLES[12])
+    frame = p.encode(example(p.StepPlan))
     decoder = p.Decoder(p.StepPlan)
     for cut in range(len(frame)):
         with pytest.raises(p.ProtocolError):
@@ -112,7 +120,7 @@ def test_malformed_fields(payload, match):
 
 
 def test_nested_struct_is_type_checked():
-    good = msgpack.unpackb(p.encode(EXAMPLES[9]))
+    good = msgpack.unpackb(p.encode(example(p.AddRequest)))
     good[3][0] = -1.0  # temperature
     with pytest.raises(p.ProtocolError, match="temperature"):
         p.Decoder(p.AddRequest).decode(msgpack.packb(good))
