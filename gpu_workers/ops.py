@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from kernels import (
+import kernels
+
+if not getattr(kernels, "NANOPIPE_KERNELS", False):
+    # A PyPI distribution is also named `kernels` (transformers can pull it in); if it wins
+    # the import, every op below would be missing or, worse, a different function.
+    raise ImportError(
+        f"'import kernels' found {getattr(kernels, '__file__', None) or kernels.__path__}, "
+        "not nanopipe's kernels package: another package named 'kernels' shadows it. "
+        "Uninstall it (pip uninstall kernels) or put nanopipe's directory first on sys.path."
+    )
+
+from kernels import (  # noqa: E402
     add_rms_norm,
     apply_rotary,
     build_rope_cache,
