@@ -1,0 +1,337 @@
+"""W4 latency floor: one request at a time, time to first token (TTFT) and time per output
+token (TPOT), through the whole pipeline and through the runtime called directly; plus the
+latency of one ZeroMQ hop carrying a real protocol message.
+
+    python scripts/bench_latency.py --make-random qwen3-0.6b       # on the GPU machine
+    python scripts/bench_latency.py --model DIR --device cpu \
+        --prompt-len 128 --max-tokens 32                            # CPU smoke run
+
+Workload (BENCHMARKS.md, W4): a prompt of --prompt-len random token ids (passed as
+prompt_token_ids), greedy, ignore_eos, --max-tokens output tokens; one request at a time.
+Every repetition uses a fresh prompt (random.seed(rep)), so the prefix cache never turns
+a prefill into a cache hit; the same prompts go through both paths. One warm-up request
+of the same shape precedes each path's timed repetitions; the medians are printed.
+
+- pipeline: Pipeline + Client.stream. TTFT is from the call to the first delta carrying a
+  token; TPOT is (last token's arrival - first's) / (tokens after the first delta).
+- direct: scheduler_proc.Scheduler + gpu_workers.ModelRunner in this process, as in
+  scripts/bench_offline.py (overlap off: execute() is synchronous, there is nothing to
+  overlap with). TTFT is from add_request to the first sampled token; TPOT is the mean
+  time of the later steps. Same block size, batching limits and KV sizing as the pipeline.
+- overhead: pipeline TPOT - direct TPOT (absolute) and pipeline / direct (ratio).
+- hop: a spawned process and this one ping-pong a StepResult with one token, then a
+  256-entry decode StepPlan, over PUSH/PULL on ipc:// in a private temp dir; one hop is
+  encode + send + recv + decode, reported as the median round trip / 2.
+
+The hardware floor (H200 figures, as in bench_offline.py): TTFT >= prefill FLOPs at the
+matmul rate + one read of the weights and the prompt's KV; TPOT >= one read of the weights
+plus the KV of the mean context, at the copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench_offline import SHAPES, hardware_bound_s, make_random, run
+from bench_pipeline import write_synthetic_tokenizer
+
+from protocol import (
+    AddRequest,
+    CachedSequences,
+    SamplingParams,
+    StepPlan,
+    StepResult,
+    encode,
+)
+
+# ---------------------------------------------------------------- workload
+
+
+def prompts(num: int, prompt_len: int, vocab_size: int, first_seed: int) -> list[list[int]]:
+    """One fresh random prompt per repetition, deterministic per seed."""
+    out = []
+    for k in range(num):
+        rng = random.Random(first_seed + k)
+        out.append([rng.randrange(vocab_size) for _ in range(prompt_len)])
+    return out
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def ttft_tpot(start: float, arrivals: list[tuple[float, int]]) -> tuple[float, float, int]:
+    """(TTFT, TPOT, tokens) from (arrival time, tokens in that arrival) pairs."""
+    if not arrivals:
+        raise RuntimeError("the request produced no tokens")
+    first_t, first_n = arrivals[0]
+    total = sum(n for _, n in arrivals)
+    later = total - first_n
+    tpot = (arrivals[-1][0] - first_t) / later if later else float("nan")
+    return first_t - start, tpot, total
+
+
+# ---------------------------------------------------------------- pipeline path
+
+
+def bench_pipeline(engine_cfg, reqs: list[list[int]], warm: list[int], max_tokens: int):
+    from frontend import Client
+    from frontend.launcher import Pipeline
+
+    params = greedy(max_tokens)
+    t0 = time.perf_counter()
+    with Pipeline(engine_cfg) as pipeline, Client(pipeline.address) as client:
+        startup = time.perf_counter() - t0
+
+        def one(prompt: list[int]) -> tuple[float, float, int]:
+            arrivals: list[tuple[float, int]] = []
+            start = time.perf_counter()
+            for delta in client.stream(prompt_token_ids=prompt, params=params):
+                if delta.token_ids:
+                    arrivals.append((time.perf_counter(), len(delta.token_ids)))
+            return ttft_tpot(start, arrivals)
+
+        one(warm)
+        runs = [one(p) for p in reqs]
+    return startup, runs
+
+
+# ---------------------------------------------------------------- direct path
+
+
+def bench_direct(engine_cfg, reqs: list[list[int]], warm: list[int], max_tokens: int):
+    from gpu_workers import ModelRunner
+    from scheduler_proc import Scheduler
+
+    t0 = time.perf_counter()
+    runner = ModelRunner(engine_cfg.worker_config(None))
+    sched_cfg = dataclasses.replace(engine_cfg, overlap=False).scheduler_config(
+        runner.num_kv_blocks)
+    scheduler = Scheduler(sched_cfg)
+    startup = time.perf_counter() - t0
+    eos = list(runner.model_config.eos_token_ids)
+    params = greedy(max_tokens)
+
+    def one(request_id: int, prompt: list[int]) -> tuple[float, float, int]:
+        arrivals: list[tuple[float, int]] = []
+        start = time.perf_counter()
+        scheduler.add_request(AddRequest(request_id, prompt, params, eos))
+        while scheduler.has_unfinished():
+            plan = scheduler.schedule()
+            if plan is None:
+                raise RuntimeError("the scheduler has unfinished requests but planned nothing")
+            deltas = scheduler.process_result(runner.execute(plan))
+            n = sum(len(t) for t in deltas.token_ids)
+            if any(deltas.errors):
+                raise RuntimeError(f"request failed: {[e for e in deltas.errors if e]}")
+            if n:
+                arrivals.append((time.perf_counter(), n))
+        return ttft_tpot(start, arrivals)
+
+    run(scheduler, runner, [(warm, params)], 1 << 40)  # the warm-up, as bench_offline does
+    runs = [one(k, p) for k, p in enumerate(reqs)]
+    num_params = sum(p.numel() for p in runner.model.parameters())
+    return startup, runs, num_params
+
+
+# ---------------------------------------------------------------- one ZMQ hop
+
+
+def hop_messages(plan_seqs: int) -> list[tuple[str, object]]:
+    ids = list(range(1_000_000, 1_000_000 + plan_seqs))
+    new_blocks = [[7_000 + i] if i % 16 == 0 else [] for i in range(plan_seqs)]
+    return [
+        ("StepResult (1 token)", StepResult(12345, [1_000_000], [4242], None)),
+        (f"StepPlan ({plan_seqs} decode seqs)",
+         StepPlan(12345, [], [], CachedSequences(ids, [1] * plan_seqs, new_blocks))),
+    ]
+
+
+def _echo(inbound: str, outbound: str, counts: list[int]) -> None:
+    """The far end: receive and decode each message, then encode and send it back."""
+    import zmq
+
+    from protocol.sockets import MessageSocket
+
+    ctx = zmq.Context()
+    pull = MessageSocket(ctx, zmq.PULL, inbound, bind=True, accepts=(StepPlan, StepResult))
+    push = MessageSocket(ctx, zmq.PUSH, outbound, bind=False)
+    try:
+        for count in counts:
+            for _ in range(count):
+                push.send(pull.recv())
+    finally:
+        pull.close()
+        push.close()
+        ctx.term()
+
+
+def bench_hop(iters: int, warmup: int, plan_seqs: int) -> list[dict]:
+    import zmq
+
+    from protocol.sockets import MessageSocket
+
+    messages = hop_messages(plan_seqs)
+    run_dir = tempfile.mkdtemp(prefix="nanopipe-hop-")  # mode 0700: private to this user
+    ping, pong = f"ipc://{run_dir}/ping", f"ipc://{run_dir}/pong"
+    ctx = zmq.Context()
+    pull = MessageSocket(ctx, zmq.PULL, pong, bind=True, accepts=(StepPlan, StepResult))
+    child = mp.get_context("spawn").Process(
+        target=_echo, args=(ping, pong, [warmup + iters] * len(messages)), daemon=True)
+    child.start()
+    push = MessageSocket(ctx, zmq.PUSH, ping, bind=False)
+    out = []
+    try:
+        for name, msg in messages:
+            times = []
+            for k in range(warmup + iters):
+                start = time.perf_counter()
+                push.send(msg)
+                back = pull.recv()
+                elapsed = time.perf_counter() - start
+                if k >= warmup:
+                    times.append(elapsed)
+            if back != msg:
+                raise RuntimeError(f"{name}: the echoed message differs from the one sent")
+            out.append(dict(message=name, bytes=len(encode(msg)),
+                            hop_us=round(statistics.median(times) / 2 * 1e6, 2),
+                            round_trip_p99_us=round(sorted(times)[int(0.99 * len(times))]
+                                                    * 1e6, 2)))
+        child.join(10)
+    finally:
+        if child.is_alive():
+            child.terminate()
+            child.join()
+        push.close()
+        pull.close()
+        ctx.term()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return out
+
+
+# ---------------------------------------------------------------- main
+
+
+def summarize(runs: list[tuple[float, float, int]]) -> dict:
+    return dict(ttft_ms=round(statistics.median(r[0] for r in runs) * 1e3, 3),
+                tpot_ms=round(statistics.median(r[1] for r in runs) * 1e3, 4),
+                ttft_ms_all=[round(r[0] * 1e3, 3) for r in runs],
+                tpot_ms_all=[round(r[1] * 1e3, 4) for r in runs],
+                output_tokens=runs[0][2])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a Hugging Face model directory")
+    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    ap.add_argument("--prompt-len", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=5, help="timed requests per path")
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                    help="overlap scheduling in the pipeline (default on)")
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--hop-iters", type=int, default=5000)
+    ap.add_argument("--hop-plan-seqs", type=int, default=256)
+    args = ap.parse_args()
+    if args.prompt_len < 1 or args.max_tokens < 2 or args.reps < 1:
+        ap.error("--prompt-len >= 1, --max-tokens >= 2 and --reps >= 1 are required")
+
+    # The hop first: nothing else is running and this process holds no GPU yet.
+    hops = bench_hop(args.hop_iters, max(100, args.hop_iters // 10), args.hop_plan_seqs)
+    for h in hops:
+        print(f"ZMQ hop ({h['message']}, {h['bytes']} B, ipc PUSH/PULL, encode+send+recv+"
+              f"decode): {h['hop_us']:.1f} us (median round trip / 2)", flush=True)
+
+    import torch
+
+    from frontend.config import EngineConfig
+    from gpu_workers import ModelConfig
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    made: Path | None = None
+    model_dir = args.model
+    try:
+        if args.make_random:
+            made = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
+            make_random(args.make_random, made, device)
+            write_synthetic_tokenizer(made, SHAPES[args.make_random]["vocab_size"])
+            model_dir = str(made)
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        mc = ModelConfig.from_dir(model_dir)
+        max_model_len = args.prompt_len + args.max_tokens
+        base = EngineConfig(model=model_dir, device=device, max_model_len=max_model_len,
+                            enforce_eager=args.enforce_eager)
+        engine_cfg = dataclasses.replace(
+            base, overlap=args.overlap,
+            max_num_batched_tokens=max(base.resolved_max_num_batched_tokens, max_model_len))
+        reqs = prompts(args.reps, args.prompt_len, mc.vocab_size, first_seed=1)
+        warm_p, warm_d = prompts(2, args.prompt_len, mc.vocab_size, first_seed=1_000_000)
+
+        # The pipeline first: its processes give the GPU back entirely when it stops.
+        p_start, p_runs = bench_pipeline(engine_cfg, reqs, warm_p, args.max_tokens)
+        pipe = summarize(p_runs)
+        print(f"pipeline (overlap={'on' if args.overlap else 'off'}, start-up {p_start:.1f} s): "
+              f"TTFT {pipe['ttft_ms']:.2f} ms, TPOT {pipe['tpot_ms']:.3f} ms "
+              f"(median of {args.reps})", flush=True)
+        d_start, d_runs, num_params = bench_direct(engine_cfg, reqs, warm_d, args.max_tokens)
+        direct = summarize(d_runs)
+        print(f"direct runtime (in-process, overlap off, start-up {d_start:.1f} s): "
+              f"TTFT {direct['ttft_ms']:.2f} ms, TPOT {direct['tpot_ms']:.3f} ms "
+              f"(median of {args.reps})", flush=True)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+    tpot_over = pipe["tpot_ms"] - direct["tpot_ms"]
+    ttft_over = pipe["ttft_ms"] - direct["ttft_ms"]
+    tpot_ratio = pipe["tpot_ms"] / direct["tpot_ms"]
+    print(f"pipeline overhead: {tpot_over * 1e3:+.1f} us per output token "
+          f"(TPOT ratio {tpot_ratio:.3f}); TTFT {ttft_over:+.2f} ms "
+          f"(ratio {pipe['ttft_ms'] / direct['ttft_ms']:.3f})")
+
+    # Hardware floor for this request (H200 figures), from bench_offline's bound:
+    # B(m) covers a request of m output tokens, so B(1) is the prefill and
+    # (B(M) - B(1)) / (M - 1) is one decode step at the mean context.
+    prompt = reqs[0]
+    b1, _ = hardware_bound_s(mc, num_params, [(prompt, 1)])
+    bm, _ = hardware_bound_s(mc, num_params, [(prompt, args.max_tokens)])
+    ttft_bound_ms = b1 * 1e3
+    tpot_bound_ms = (bm - b1) / (args.max_tokens - 1) * 1e3
+    print(f"hardware floor (H200 figures): TTFT {ttft_bound_ms:.4g} ms, TPOT "
+          f"{tpot_bound_ms:.4g} ms; TPOT ratio to the floor: pipeline "
+          f"{tpot_bound_ms / pipe['tpot_ms']:.4g}, direct {tpot_bound_ms / direct['tpot_ms']:.4g}")
+
+    print(json.dumps(dict(
+        workload="W4", device=device, model=args.make_random or os.path.basename(
+            os.path.normpath(args.model)),
+        prompt_len=args.prompt_len, max_tokens=args.max_tokens, reps=args.reps,
+        overlap=args.overlap, block_size=engine_cfg.resolved_block_size,
+        pipeline=pipe, direct=direct,
+        overhead_tpot_us=round(tpot_over * 1e3, 2), overhead_tpot_ratio=round(tpot_ratio, 4),
+        overhead_ttft_ms=round(ttft_over, 3),
+        overhead_ttft_ratio=round(pipe["ttft_ms"] / direct["ttft_ms"], 4),
+        hardware_floor_ttft_ms=float(f"{ttft_bound_ms:.4g}"),
+        hardware_floor_tpot_ms=float(f"{tpot_bound_ms:.4g}"),
+        pipeline_tpot_ratio_to_floor=float(f"{tpot_bound_ms / pipe['tpot_ms']:.4g}"),
+        direct_tpot_ratio_to_floor=float(f"{tpot_bound_ms / direct['tpot_ms']:.4g}"),
+        zmq_hop=hops,
+    )), flush=True)
+
+
+if __name__ == "__main__":
+    main()
