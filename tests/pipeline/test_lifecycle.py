@@ -148,3 +148,15 @@ def test_stdout_detokenizer_prints_generated_text(tiny_qwen3_dir):
             printed, _ = printer.communicate(timeout=20)
     assert out.text.strip()
     assert out.text.strip()[:20] in printed
+
+
+def test_two_pipelines_side_by_side(tiny_qwen3_dir, tiny_llama_dir):
+    """No fixed port or socket name: an ipc and a tcp pipeline serve at the same time."""
+    first = Pipeline(EngineConfig(**tiny_engine(tiny_qwen3_dir)))
+    second = Pipeline(EngineConfig(**tiny_engine(tiny_llama_dir, transport="tcp")))
+    with first, second:
+        assert second.address.startswith("tcp://127.0.0.1:")
+        with Client(first.address) as a, Client(second.address) as b:
+            assert a.model != b.model
+            assert len(a.generate("one", params=OK).token_ids) == 8
+            assert len(b.generate("two", params=OK).token_ids) == 8
