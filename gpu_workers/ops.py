@@ -24,6 +24,7 @@ from kernels import (  # noqa: E402
     store_kv,
 )
 from kernels.paged_attention import paged_attention_ref
+from kernels.paged_decode_attention import paged_decode_attention_ref
 from kernels.store_kv import store_kv_ref
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "paged_attention",
     "paged_attention_ref",
     "paged_decode_attention",
+    "paged_decode_attention_ref",
     "rms_norm",
     "silu_and_mul",
     "store_kv",

@@ -17,6 +17,7 @@ from gpu_workers.ops import (
     paged_attention,
     paged_attention_ref,
     paged_decode_attention,
+    paged_decode_attention_ref,
     store_kv,
     store_kv_ref,
 )
@@ -92,6 +93,9 @@ class PagedAttention(nn.Module):
         kc, vc = self.k_cache, self.v_cache
         if self.backend == "torch":
             store_kv_ref(k, v, kc, vc, batch.slot_mapping)
+            if batch.decode:  # one batched call instead of one per sequence
+                return paged_decode_attention_ref(q, kc, vc, batch.block_tables,
+                                                  batch.seq_lens_k, self.scale)
             return paged_attention_ref(q, kc, vc, batch.block_tables, batch.cu_seqlens_q,
                                        batch.seq_lens_k, self.scale)
         store_kv(k, v, kc, vc, batch.slot_mapping)
