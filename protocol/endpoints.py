@@ -55,11 +55,13 @@ class Endpoints:
     @classmethod
     def tcp(cls, world_size: int, host: str = "127.0.0.1", port: int | None = None,
             internal_host: str = "127.0.0.1") -> Endpoints:
-        """TCP endpoints: the public one on host:port (a free port if None), the rest on
-        loopback ports found free now."""
+        """TCP endpoints: the two that clients use (requests on host:port, a free port if
+        None, and results) on `host`, the rest on loopback ports found free now."""
         ports = _free_ports(len(_NAMES) + world_size + 1, internal_host)
         addr = {name: f"tcp://{internal_host}:{ports[i]}" for i, name in enumerate(_NAMES)}
         addr["tokenizer"] = f"tcp://{host}:{port or ports[0]}"
+        if host != internal_host:
+            addr["results"] = f"tcp://{host}:{_free_ports(1, host)[0]}"
         steps = tuple(
             f"tcp://{internal_host}:{ports[len(_NAMES) + r]}" for r in range(world_size)
         )

@@ -43,6 +43,7 @@ from scheduler_proc.scheduler import Scheduler
 log = logging.getLogger("nanopipe.scheduler")
 
 POLL_MS = 100
+PUB_HIGH_WATER_MARK = 10_000
 _PR_SET_PDEATHSIG = 1
 
 
@@ -110,6 +111,9 @@ class SchedulerLoop:
                                       (AddRequest, AbortRequests, EngineDead, Shutdown))
         self.results_in = self._sock(ctx, zmq.PULL, endpoints.step_results, True, (StepResult,))
         self.deltas_pub = self._sock(ctx, zmq.PUB, endpoints.deltas_pub, True)
+        # Attached printers are best effort: a slow one loses deltas rather than growing
+        # this process's memory without bound (set before it connects: HWM applies per peer).
+        self.deltas_pub.socket.setsockopt(zmq.SNDHWM, PUB_HIGH_WATER_MARK)
         self.to_detok = self._sock(ctx, zmq.PUSH, endpoints.detok_in, False)
         self.to_workers = [self._sock(ctx, zmq.PUSH, a, False)
                            for a in endpoints.worker_steps[:world_size]]

@@ -29,4 +29,5 @@ def test_tcp_endpoints_bind_loopback_unless_told_otherwise():
     assert ep.dist_init_method.startswith("tcp://127.0.0.1:")
     public = Endpoints.tcp(1, host="0.0.0.0", port=12345)
     assert public.tokenizer == "tcp://0.0.0.0:12345"
-    assert public.results.startswith("tcp://127.0.0.1:")
+    assert public.results.startswith("tcp://0.0.0.0:")  # clients elsewhere get results too
+    assert public.scheduler_in.startswith("tcp://127.0.0.1:")
