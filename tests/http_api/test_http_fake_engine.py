@@ -29,7 +29,10 @@ def base_url(fake):
 
 @pytest.fixture(scope="module")
 def http(base_url):
-    with httpx.Client(base_url=base_url, timeout=10) as client:
+    # A fresh connection per request: a test that drops its connection mid-response (a
+    # client disconnect) must not leave a half-closed keep-alive socket for the next one.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(base_url=base_url, timeout=10, limits=limits) as client:
         yield client
 
 
