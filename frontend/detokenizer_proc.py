@@ -17,7 +17,6 @@ import zmq
 
 from frontend.client import ENGINE_DEAD_PREFIX, HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
 from frontend.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
-from frontend.proc_util import POLL_MS, ProcessRuntime
 from frontend.tokenizer_proc import error_delta, load_tokenizer
 from protocol import (
     AbortRequests,
@@ -32,6 +31,7 @@ from protocol import (
     Shutdown,
     TokenDeltas,
 )
+from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import RouterSocket
 
 log = logging.getLogger(__name__)

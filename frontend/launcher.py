@@ -38,7 +38,7 @@ class ChildSpec:
 
 
 def _child_entry(spec: ChildSpec) -> None:
-    from frontend.proc_util import die_with_parent
+    from protocol.process_runtime import die_with_parent
 
     die_with_parent()
     target = getattr(importlib.import_module(spec.module), spec.function)

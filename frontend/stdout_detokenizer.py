@@ -19,8 +19,8 @@ from typing import TextIO
 import zmq
 
 from frontend.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
-from frontend.proc_util import POLL_MS, ProcessRuntime
 from protocol import ProtocolError, TokenDeltas
+from protocol.process_runtime import POLL_MS, ProcessRuntime
 
 
 def resolve_address(address: str) -> str:

@@ -17,7 +17,6 @@ from typing import Any
 import zmq
 
 from frontend.incremental_detok import PROMPT_TAIL_TOKENS
-from frontend.proc_util import POLL_MS, ProcessRuntime
 from frontend.request_validation import InvalidRequest, RequestValidator, salvage_request_id
 from protocol import (
     AbortRequest,
@@ -33,6 +32,7 @@ from protocol import (
     ResultDelta,
     Shutdown,
 )
+from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import RouterSocket
 
 log = logging.getLogger(__name__)

@@ -8,33 +8,18 @@ It stops on Shutdown, SIGTERM/SIGINT, or when its parent dies.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
-import signal
-import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 import zmq
 
 from gpu_workers.config import WorkerConfig
-from protocol import Endpoints, Ready, Shutdown, StartupFailed, StepPlan, encode
+from protocol import Endpoints, Shutdown, StepPlan
+from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import MessageSocket
 
 log = logging.getLogger("nanopipe.worker")
-
-POLL_MS = 200
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:
-            pass
 
 
 def init_distributed(config: WorkerConfig, rank: int, world_size: int) -> None:
@@ -49,64 +34,37 @@ def init_distributed(config: WorkerConfig, rank: int, world_size: int) -> None:
                             world_size=world_size)
 
 
-class _Stop:
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self.ppid = os.getppid()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum, frame) -> None:
-        self.reason = signal.Signals(signum).name
-
-    def check(self) -> str | None:
-        if self.reason is None and os.getppid() != self.ppid:
-            self.reason = "parent process died"
-        return self.reason
-
-
 def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endpoints) -> None:
     """Process entry point for one rank."""
-    _die_with_parent()
-    stop = _Stop()
-    ctx = zmq.Context()
-    sockets: list[MessageSocket] = []
+    rt = ProcessRuntime("worker", rank)
     try:
-        control = MessageSocket(ctx, zmq.PUSH, endpoints.control, bind=False)
-        sockets.append(control)
         try:
             from gpu_workers.model_runner import ModelRunner
 
-            steps = MessageSocket(ctx, zmq.PULL, endpoints.worker_steps[rank], bind=True,
-                                  accepts=(StepPlan, Shutdown))
-            sockets.append(steps)
+            steps = rt.socket(zmq.PULL, endpoints.worker_steps[rank], bind=True,
+                              accepts=(StepPlan, Shutdown))
             results = None
             if rank == 0:
-                results = MessageSocket(ctx, zmq.PUSH, endpoints.step_results, bind=False)
-                sockets.append(results)
+                results = rt.socket(zmq.PUSH, endpoints.step_results, bind=False)
             init_distributed(config, rank, world_size)
             runner = ModelRunner(config, rank, world_size)
         except Exception as exc:
             log.exception("worker %d: start-up failed", rank)
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            control.socket.send(encode(StartupFailed(role="worker", rank=rank, error=error)))
-            control.socket.close(linger=2000)
+            rt.report_failure(endpoints.control, exc)
             raise SystemExit(1) from exc
         info = (f"device={runner.device} backend={runner.backend} "
                 f"dtype={runner.model_config.dtype} kv_blocks={runner.num_kv_blocks}")
-        control.send(Ready(role="worker", rank=rank, num_kv_blocks=runner.num_kv_blocks,
-                           info=info))
-        _serve(runner, steps, results, stop)
+        rt.report_ready(endpoints.control, info, num_kv_blocks=runner.num_kv_blocks)
+        _serve(runner, steps, results, rt)
     finally:
-        for sock in reversed(sockets):
-            sock.close()
-        ctx.term()
+        rt.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _serve(runner, steps: MessageSocket, results: MessageSocket | None, stop: _Stop) -> None:
-    while stop.check() is None:
+def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
+           rt: ProcessRuntime) -> None:
+    while rt.stop_reason is None:
         if not steps.poll(POLL_MS):
             continue
         msg = steps.recv()

@@ -12,14 +12,9 @@ executing. Scheduler documents what that means for sequence state.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import queue
-import signal
-import sys
 import threading
-import traceback
 
 import zmq
 
@@ -29,13 +24,12 @@ from protocol import (
     Endpoints,
     EngineDead,
     ProtocolError,
-    Ready,
     Shutdown,
-    StartupFailed,
     StepResult,
     TokenDeltas,
     encode,
 )
+from protocol.process_runtime import ProcessRuntime
 from protocol.sockets import MessageSocket
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.scheduler import Scheduler
@@ -44,31 +38,6 @@ log = logging.getLogger("nanopipe.scheduler")
 
 POLL_MS = 100
 PUB_HIGH_WATER_MARK = 10_000
-_PR_SET_PDEATHSIG = 1
-
-
-class _StopFlag:
-    """Set by SIGTERM/SIGINT (main thread only) or when the parent process dies."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self._ppid = os.getppid()
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._on_signal)
-            if sys.platform.startswith("linux"):
-                try:
-                    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-                except (OSError, AttributeError):
-                    pass
-
-    def _on_signal(self, signum, frame) -> None:
-        self.reason = signal.Signals(signum).name
-
-    def check(self) -> str | None:
-        if self.reason is None and os.getppid() != self._ppid:
-            self.reason = "parent process died"
-        return self.reason
 
 
 def _reader(socks: list[MessageSocket], inbox: queue.SimpleQueue, done: threading.Event) -> None:
@@ -102,10 +71,11 @@ def _writer(outbox: queue.SimpleQueue) -> None:
 
 class SchedulerLoop:
     def __init__(self, config: SchedulerConfig, endpoints: Endpoints, world_size: int,
-                 ctx: zmq.Context, stop: _StopFlag) -> None:
+                 rt: ProcessRuntime) -> None:
         self.config = config
         self.sched = Scheduler(config)
-        self.stop = stop
+        self.rt = rt
+        ctx = rt.ctx
         self._socks: list[MessageSocket] = []
         self.requests_in = self._sock(ctx, zmq.PULL, endpoints.scheduler_in, True,
                                       (AddRequest, AbortRequests, EngineDead, Shutdown))
@@ -177,7 +147,7 @@ class SchedulerLoop:
         max_in_flight = 2 if self.config.overlap else 1
         sched = self.sched
         was_busy = False
-        while not self.shutdown and self.stop.check() is None:
+        while not self.shutdown and self.rt.stop_reason is None:
             # Take everything already here: results first free blocks for the next plan.
             try:
                 while True:
@@ -219,23 +189,19 @@ class SchedulerLoop:
 
 def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int) -> None:
     """Process entry point of the scheduler."""
-    stop = _StopFlag()
-    ctx = zmq.Context()
-    control = MessageSocket(ctx, zmq.PUSH, endpoints.control, bind=False)
+    rt = ProcessRuntime("scheduler")
     loop = None
     try:
         try:
             config.check_pool_fits_model_len()
-            loop = SchedulerLoop(config, endpoints, world_size, ctx, stop)
+            loop = SchedulerLoop(config, endpoints, world_size, rt)
         except Exception as exc:
             log.exception("scheduler: start-up failed")
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            control.send(StartupFailed(role="scheduler", rank=0, error=error))
-            control.socket.close(linger=2000)
+            rt.report_failure(endpoints.control, exc)
             raise SystemExit(1) from exc
-        control.send(Ready(role="scheduler", rank=0, num_kv_blocks=config.num_kv_blocks,
-                           info=f"kv_blocks={config.num_kv_blocks} block_size={config.block_size}"
-                                f" overlap={config.overlap}"))
+        rt.report_ready(endpoints.control, f"kv_blocks={config.num_kv_blocks} "
+                        f"block_size={config.block_size} overlap={config.overlap}",
+                        num_kv_blocks=config.num_kv_blocks)
         try:
             loop.run()
         except Exception as exc:
@@ -247,5 +213,4 @@ def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int
     finally:
         if loop is not None:
             loop.close()
-        control.close()
-        ctx.term()
+        rt.close()

@@ -1,4 +1,5 @@
-"""What every frontend actor process needs: one zmq.Context, stop signals, parent watch.
+"""What every actor process needs: one zmq.Context, stop signals, parent watch, and the
+start-up report to the launcher.
 
 A process stops when it gets SIGTERM or SIGINT, or when its parent dies (the kernel sends
 SIGTERM through PR_SET_PDEATHSIG; polling getppid covers the race where the parent died
@@ -12,12 +13,14 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import traceback
 from typing import Any
 
 import zmq
 
-from protocol import Ready, StartupFailed, encode
+from protocol.codec import encode
+from protocol.control import Ready, StartupFailed
 from protocol.sockets import MessageSocket
 
 _PR_SET_PDEATHSIG = 1
@@ -39,13 +42,17 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 class ProcessRuntime:
     """Owns the process-wide zmq.Context and knows when the process must stop."""
 
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, rank: int = 0) -> None:
         self.role = role
+        self.rank = rank
         self._ppid = os.getppid()
         self._stop_reason: str | None = None
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
-        die_with_parent()
+        # Signals and the parent-death signal belong to a process's main thread; an actor
+        # run in a thread (as some tests do) is stopped by its caller instead.
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+            die_with_parent()
         self.ctx = zmq.Context()
         self._sockets: list[MessageSocket] = []
 
@@ -72,10 +79,10 @@ class ProcessRuntime:
         self._sockets.append(sock)
         return sock
 
-    def report_ready(self, control_address: str, info: str = "") -> None:
-        """Tell the launcher this process serves now."""
+    def report_ready(self, control_address: str, info: str = "", num_kv_blocks: int = 0) -> None:
+        """Tell the launcher this process serves now (and what it learned at start-up)."""
         sock = self.socket(zmq.PUSH, control_address, bind=False)
-        sock.send(Ready(role=self.role, rank=0, num_kv_blocks=0, info=info))
+        sock.send(Ready(role=self.role, rank=self.rank, num_kv_blocks=num_kv_blocks, info=info))
 
     def report_failure(self, control_address: str, exc: BaseException) -> None:
         """Tell the launcher why start-up failed; waits briefly so the message leaves."""
@@ -83,7 +90,7 @@ class ProcessRuntime:
         sock = self.ctx.socket(zmq.PUSH)
         try:
             sock.connect(control_address)
-            sock.send(encode(StartupFailed(role=self.role, rank=0, error=error)))
+            sock.send(encode(StartupFailed(role=self.role, rank=self.rank, error=error)))
         finally:
             sock.close(linger=2000)
 
