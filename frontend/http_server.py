@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_FITS = re.compile(r"max_tokens to at most (\d+)")
 _PARAMS_FIELD = re.compile(r"\bparams\.(\w+)")
 _ENGINE_FIELDS = {"prompt": "prompt", "prompt_token_ids": "prompt", "messages": "messages"}
 
@@ -170,12 +168,11 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
-        # Without a max_tokens, fill the context: the engine's refusal says how far that is.
-        params = body.sampling_params(default_max_tokens=max(1, max_model_len - 1))
+        # Without a max_tokens, a chat answer may fill the context (OpenAI's default).
+        params = body.sampling_params()
         fmt = ChatFormat(model_name, body.include_usage)
         kwargs = {"messages": body.wire_messages()}
-        return await _respond(request, client, kwargs, params, body.stream, fmt,
-                              fit_context=body.max_tokens_unset)
+        return await _respond(request, client, kwargs, params, body.stream, fmt)
 
     return app
 
@@ -186,28 +183,11 @@ def _is_dead(client: AsyncClient) -> bool:
 
 
 async def _respond(request: Request, client: AsyncClient, kwargs: dict[str, Any],
-                   params: SamplingParams, stream: bool, fmt: CompletionFormat | ChatFormat,
-                   fit_context: bool = False) -> Response:
-    """Run one request; with `fit_context`, max_tokens was not given and may be shrunk."""
+                   params: SamplingParams, stream: bool,
+                   fmt: CompletionFormat | ChatFormat) -> Response:
     if _is_dead(client):
         raise EngineDeadError("the pipeline is not running")
-    try:
-        return await _attempt(request, client, kwargs, params, stream, fmt)
-    except RequestRejected as exc:
-        fitted = _fit_max_tokens(exc, params) if fit_context else None
-        if fitted is None:
-            raise
-        return await _attempt(request, client, kwargs, fitted, stream, fmt)
-
-
-def _fit_max_tokens(exc: RequestRejected, params: SamplingParams) -> SamplingParams | None:
-    """OpenAI's chat default is "until the context is full", but the engine wants a number and
-    only the tokenizer knows the prompt's length; its refusal of a too-large max_tokens says
-    what fits."""
-    match = _FITS.search(str(exc))
-    if match is None or not 1 <= int(match.group(1)) < params.max_tokens:
-        return None
-    return dataclasses.replace(params, max_tokens=int(match.group(1)))
+    return await _attempt(request, client, kwargs, params, stream, fmt)
 
 
 async def _attempt(request: Request, client: AsyncClient, kwargs: dict[str, Any],

@@ -139,13 +139,15 @@ class _SamplingRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def _params(self, max_tokens: int | None, logprobs: bool) -> SamplingParams:
+        """max_tokens None: until the context is full."""
         self._check_unsupported()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         kwargs: dict[str, Any] = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-            "min_p": self.min_p, "seed": self.seed, "max_tokens": max_tokens,
+            "min_p": self.min_p, "seed": self.seed,
         }
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        kwargs["max_tokens"] = max_tokens
         if kwargs.get("top_k") == 0:
             kwargs["top_k"] = -1
         try:
@@ -230,7 +232,7 @@ class ChatCompletionRequest(_SamplingRequest):
     def wire_messages(self) -> list[ChatMessage]:
         return [m.to_wire() for m in self.messages]
 
-    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+    def sampling_params(self) -> SamplingParams:
         if self.tools or self.functions:
             raise invalid("tools and function calling are not supported", "tools")
         if self.tool_choice not in (None, "none"):
@@ -243,8 +245,7 @@ class ChatCompletionRequest(_SamplingRequest):
         max_tokens = self.max_completion_tokens
         if max_tokens is None:
             max_tokens = self.max_tokens
-        return self._params(max_tokens if max_tokens is not None else default_max_tokens,
-                            self.logprobs)
+        return self._params(max_tokens, self.logprobs)
 
 
 # ------------------------------------------------------------------ responses

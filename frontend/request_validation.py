@@ -55,6 +55,10 @@ class RequestValidator:
         self._check_length(len(ids), req.params.max_tokens)
         return list(ids)
 
+    def max_tokens(self, num_prompt: int, requested: int | None) -> int:
+        """What the request may generate: `None` asks for the rest of the context."""
+        return self.max_model_len - num_prompt if requested is None else requested
+
     def _check_ids(self, field: str, ids: list[int]) -> None:
         for i, t in enumerate(ids):
             if not 0 <= t < self.vocab_size:
@@ -62,13 +66,13 @@ class RequestValidator:
                     f"{field}[{i}] = {t} is outside the vocabulary [0, {self.vocab_size})"
                 )
 
-    def _check_length(self, num_prompt: int, max_tokens: int) -> None:
+    def _check_length(self, num_prompt: int, max_tokens: int | None) -> None:
         if num_prompt >= self.max_model_len:
             raise InvalidRequest(
                 f"the prompt has {num_prompt} tokens, but max_model_len is "
                 f"{self.max_model_len}: shorten the prompt"
             )
-        if num_prompt + max_tokens > self.max_model_len:
+        if max_tokens is not None and num_prompt + max_tokens > self.max_model_len:
             raise InvalidRequest(
                 f"the prompt has {num_prompt} tokens and params.max_tokens is {max_tokens}: "
                 f"together they exceed max_model_len {self.max_model_len}; lower max_tokens "

@@ -7,6 +7,7 @@ their route). Bad input is answered on the spot and never reaches the rest of th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import OrderedDict
@@ -190,6 +191,9 @@ class TokenizerActor:
         request_id = self.next_request_id
         self.next_request_id += 1
         params = req.params
+        if params.max_tokens is None:
+            params = dataclasses.replace(
+                params, max_tokens=self.validator.max_tokens(len(ids), None))
         # The detokenizer must know the route before any token of this request can exist.
         self.to_detok.send(DetokRequestInfo(
             request_id=request_id, client_id=client_id,

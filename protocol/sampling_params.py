@@ -32,7 +32,8 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     """Seeds this request's sampling; a seeded request is reproducible, also after preemption."""
-    max_tokens: int = 16
+    max_tokens: int | None = 16
+    """None: until the context is full (the tokenizer turns it into max_model_len - prompt)."""
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -48,6 +49,8 @@ class SamplingParams:
             _finite(name, float(value))
         for name in ("top_k", "max_tokens"):
             value = getattr(self, name)
+            if name == "max_tokens" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SamplingParamsError(f"{name} must be an integer, got {value!r}")
         if self.temperature < 0:
@@ -58,7 +61,7 @@ class SamplingParams:
             raise SamplingParamsError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise SamplingParamsError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0

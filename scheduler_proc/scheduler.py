@@ -12,6 +12,7 @@ marked "Overlap hazard" below. With overlap off the loop simply alternates the t
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 from protocol import AddRequest, CachedSequences, NewSequence, StepPlan, StepResult, TokenDeltas
@@ -53,6 +54,9 @@ class Scheduler:
 
     def add_request(self, req: AddRequest) -> None:
         """Queue a request, or finish it at once with an "error" delta if it can never run."""
+        if req.params.max_tokens is None:  # "until the context is full"
+            room = max(1, self.config.max_model_len - len(req.prompt_token_ids))
+            req = dataclasses.replace(req, params=dataclasses.replace(req.params, max_tokens=room))
         error = self._admission_error(req)
         if error is not None:
             self._deltas.add(req.request_id, [], "error", error)

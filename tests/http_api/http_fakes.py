@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,8 @@ class FakeClient:
                 raise RequestRejected("prompt: this prompt is refused")
             params = call.params
             n_prompt = len(call.kwargs.get("prompt_token_ids") or []) or 7
+            if params.max_tokens is None:  # the rest of the context, as the tokenizer does
+                params = dataclasses.replace(params, max_tokens=self.max_model_len - n_prompt)
             if n_prompt + params.max_tokens > self.max_model_len:
                 # Worded as the tokenizer words it.
                 raise RequestRejected(

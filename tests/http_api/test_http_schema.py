@@ -83,10 +83,10 @@ def test_chat_maps_messages_and_max_completion_tokens():
     ]})
     assert req.wire_messages() == [ChatMessage("system", "be brief"), ChatMessage("user", "ab"),
                                    ChatMessage("assistant", "")]
-    assert req.sampling_params(default_max_tokens=99).max_tokens == 99
-    assert chat(max_tokens=5).sampling_params(99).max_tokens == 5
-    assert chat(max_tokens=5, max_completion_tokens=6).sampling_params(99).max_tokens == 6
-    assert chat(logprobs=True).sampling_params(99).logprobs is True
+    assert req.sampling_params().max_tokens is None  # until the context is full
+    assert chat(max_tokens=5).sampling_params().max_tokens == 5
+    assert chat(max_tokens=5, max_completion_tokens=6).sampling_params().max_tokens == 6
+    assert chat(logprobs=True).sampling_params().logprobs is True
 
 
 @pytest.mark.parametrize("body,param", [
@@ -97,7 +97,7 @@ def test_chat_maps_messages_and_max_completion_tokens():
     ({"max_completion_tokens": 0}, "max_tokens"),
 ])
 def test_chat_refusals_name_the_field(body, param):
-    refused(lambda: chat(**body).sampling_params(99), param)
+    refused(lambda: chat(**body).sampling_params(), param)
 
 
 @pytest.mark.parametrize("body,param", [

@@ -40,6 +40,14 @@ def test_rejected_requests_name_the_problem(qwen3_pipeline, kwargs, field):
         assert len(client.generate("and after", params=OK).token_ids) == 8
 
 
+def test_no_max_tokens_generates_until_the_context_is_full(qwen3_pipeline):
+    params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    with Client(qwen3_pipeline.address) as client:
+        out = client.generate(prompt_token_ids=list(range(1, 201)), params=params)
+    assert out.finish_reason == "length"
+    assert out.completion_tokens == len(out.token_ids) == 256 - 200
+
+
 def _raw_dealer(address: str) -> tuple[zmq.Context, zmq.Socket]:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)

@@ -45,3 +45,4 @@ def test_defaults_and_greedy():
     assert SamplingParams(top_k=-1).top_k == -1
     assert SamplingParams(top_k=0).top_k == 0
     assert SamplingParams(seed=0, stop=["a"], stop_token_ids=[0]).seed == 0
+    assert SamplingParams(max_tokens=None).max_tokens is None  # until the context is full

@@ -184,7 +184,7 @@ def make_request(
     request_id: int,
     prompt: list[int] | int = 8,
     *,
-    max_tokens: int = 8,
+    max_tokens: int | None = 8,
     eos: list[int] | None = None,
     ignore_eos: bool = False,
     stop_token_ids: list[int] | None = None,

@@ -89,6 +89,13 @@ def test_max_num_seqs_limits_running():
     drive(sched, worker)
 
 
+def test_no_max_tokens_runs_to_max_model_len():
+    sched, worker = make_scheduler(max_model_len=12), FakeWorker(64, 4)
+    sched.add_request(make_request(1, 4, max_tokens=None, ignore_eos=True))
+    out = drive(sched, worker).outputs[1]
+    assert len(out.token_ids) == 8 and out.finish_reason == "length"
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_stop_conditions(overlap):
     prompt = [5, 6, 7]
