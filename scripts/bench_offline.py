@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from gpu_workers import ModelConfig, ModelRunner, WorkerConfig
-from gpu_workers.layers.attention import flash_attn_available
 from protocol import AddRequest, SamplingParams
 from scheduler_proc import Scheduler, SchedulerConfig
 
@@ -140,7 +139,7 @@ def main() -> None:
         out = Path(args.out or tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
         model_dir = str(make_random(args.make_random, out, args.device))
     block_size = args.block_size or (
-        256 if args.device == "cuda" and flash_attn_available() else 16)
+        256 if args.device == "cuda" and args.attention_backend == "flash_attn" else 16)
     max_model_len = args.max_input_len + args.max_output_len
     config = WorkerConfig(
         model=model_dir, device=args.device, dtype=args.dtype, max_model_len=max_model_len,

@@ -57,7 +57,6 @@ from rt_planner import Planner  # noqa: E402
 
 from gpu_workers import ModelRunner, WorkerConfig  # noqa: E402
 from gpu_workers.config import parse_dtype  # noqa: E402
-from gpu_workers.layers.attention import flash_attn_available  # noqa: E402
 from protocol import SamplingParams  # noqa: E402
 
 
@@ -88,7 +87,7 @@ def run_nanopipe(args, model_dir: str, prompts: list[list[int]]
     max_len = max(len(p) for p in prompts)
     total = sum(len(p) for p in prompts)
     block_size = args.block_size or (
-        256 if args.device == "cuda" and flash_attn_available() else 16)
+        256 if args.device == "cuda" and args.attention_backend == "flash_attn" else 16)
     config = WorkerConfig(
         model=model_dir, device=args.device, dtype=args.dtype,
         max_model_len=max_len + args.max_tokens, block_size=block_size,
