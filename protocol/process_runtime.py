@@ -63,6 +63,10 @@ class ProcessRuntime:
         self._stop_reason = self._stop_reason or reason
 
     @property
+    def parent_alive(self) -> bool:
+        return os.getppid() == self._ppid
+
+    @property
     def stop_reason(self) -> str | None:
         if self._stop_reason is None and os.getppid() != self._ppid:
             self._stop_reason = "parent process died"

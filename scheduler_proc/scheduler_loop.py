@@ -214,3 +214,7 @@ def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int
         if loop is not None:
             loop.close()
         rt.close()
+        if not rt.parent_alive:
+            # The launcher was killed and cannot clean up: remove the run directory (socket
+            # files, rendezvous file) for it.
+            endpoints.cleanup()

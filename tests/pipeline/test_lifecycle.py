@@ -103,7 +103,8 @@ def test_sigterm_during_startup_stops_everything(tiny_qwen3_dir):
 
 def test_children_exit_when_the_launcher_is_killed(tiny_qwen3_dir):
     proc = _launch(tiny_qwen3_dir)
-    _read_until(proc, r"clients connect to: (\S+)")
+    address = _read_until(proc, r"clients connect to: (\S+)").group(1)
+    run_dir = Path(address.removeprefix("ipc://")).parent
     children = _descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)  # launch.sh execs python: this is the launcher itself
     proc.wait(timeout=30)
@@ -111,6 +112,7 @@ def test_children_exit_when_the_launcher_is_killed(tiny_qwen3_dir):
     while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in children if _alive(pid)]
+    assert not run_dir.exists()  # the orphaned scheduler removed the socket files
 
 
 def test_dead_worker_fails_in_flight_and_new_requests(tiny_qwen3_dir):
