@@ -4,6 +4,8 @@ import pickle
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import protocol as p
 from protocol.codec import kind_of
@@ -138,3 +140,29 @@ def test_extension_types_are_refused():
 def test_unregistered_object_cannot_be_encoded():
     with pytest.raises(TypeError):
         p.encode(PARAMS)  # a nested struct, not a message
+
+
+ALL_TYPES = tuple({type(m) for m in EXAMPLES})
+
+
+@given(st.binary(max_size=512))
+@settings(max_examples=400, deadline=None)
+def test_arbitrary_bytes_decode_or_raise_protocol_error(frame):
+    try:
+        msg = p.Decoder(*ALL_TYPES).decode(frame)
+    except p.ProtocolError:
+        return
+    assert type(msg) in ALL_TYPES
+
+
+@given(st.sampled_from(EXAMPLES), st.data())
+@settings(max_examples=300, deadline=None)
+def test_corrupted_frames_decode_or_raise_protocol_error(msg, data):
+    frame = bytearray(p.encode(msg))
+    for _ in range(data.draw(st.integers(1, 4))):
+        frame[data.draw(st.integers(0, len(frame) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        decoded = p.Decoder(*ALL_TYPES).decode(bytes(frame))
+    except p.ProtocolError:
+        return
+    assert type(decoded) in ALL_TYPES
