@@ -1,0 +1,244 @@
+"""Tensor parallelism through the whole pipeline: greedy parity against the first TP size, and
+W1 offline throughput at each TP size with its ratio to the hardware bound of that many GPUs.
+
+    python scripts/bench_tp.py --make-random qwen3-8b --tp 1,2          # on a 2-GPU machine
+    python scripts/bench_tp.py --model DIR --device cpu --tp 1,2 --num-prompts 4 \\
+        --max-tokens 8 --w1-num-seqs 4                                   # CPU smoke run (gloo)
+
+Parity: --num-prompts prompts of seeded random token ids (lengths 16-256), temperature 0,
+ignore_eos, --max-tokens new tokens, through frontend.LLM at each TP size; every size after the
+first is compared with the first, prompt by prompt (full match, leading-match length). bf16 TP
+changes the reduction order of the row-parallel all-reduces, so greedy tokens may part where two
+logits nearly tie; the script reports the match rather than assuming it, and exits non-zero only
+when the fraction of fully matching prompts falls below --min-match.
+
+W1 (BENCHMARKS.md, bench_offline.workload): temperature 0.6, ignore_eos, one warm-up request.
+The bound for TP=N is bench_offline.hardware_bound_s divided by N: N GPUs have N times the copy
+bandwidth and matmul rate of the H200 figures. Only one pipeline is alive at a time. Random
+weights are built once (on the device) and reused for every TP size, then deleted.
+
+Human lines, and one JSON line per result (its "result" key names what it is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from bench_offline import SHAPES, hardware_bound_s, make_random, param_shapes, workload
+from bench_pipeline import _param_count, write_synthetic_tokenizer
+
+from frontend import LLM, SamplingParams
+from gpu_workers import ModelConfig
+
+PARITY_MIN_LEN, PARITY_MAX_LEN = 16, 256
+
+
+def sig(x: float) -> float:
+    """Four significant digits, so that tiny CPU bounds do not round to zero."""
+    return float(f"{x:.4g}")
+
+
+def emit(**result) -> None:
+    print(json.dumps(result), flush=True)
+
+
+def parity_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    top = min(vocab, 10000)
+    return [[rng.randrange(top) for _ in range(rng.randint(PARITY_MIN_LEN, PARITY_MAX_LEN))]
+            for _ in range(n)]
+
+
+def make_llm(model_dir: str, tp: int, args: argparse.Namespace, max_model_len: int) -> LLM:
+    return LLM(model_dir, tensor_parallel_size=tp, device=args.device,
+               max_model_len=max_model_len, max_num_seqs=args.max_num_seqs,
+               enforce_eager=args.enforce_eager, overlap=not args.no_overlap)
+
+
+def run_greedy(model_dir: str, tp: int, args: argparse.Namespace,
+               prompts: list[list[int]]) -> tuple[list[list[int]], float]:
+    max_model_len = max(len(p) for p in prompts) + args.max_tokens
+    llm = make_llm(model_dir, tp, args, max_model_len)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+    finally:
+        llm.close()
+    return [o["token_ids"] for o in outputs], elapsed
+
+
+def leading_match(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def compare(ref_tp: int, ref: list[list[int]], tp: int, got: list[list[int]]) -> float:
+    per_prompt = []
+    for k, (a, b) in enumerate(zip(ref, got, strict=True)):
+        lead = leading_match(a, b)
+        full = a == b
+        per_prompt.append(dict(prompt=k, full_match=full, leading_match=lead, tokens=len(a)))
+        print(f"  prompt {k:3d}: {'match' if full else 'DIFFERS'} "
+              f"(leading match {lead}/{len(a)})", flush=True)
+    fraction = sum(p["full_match"] for p in per_prompt) / len(per_prompt)
+    mean_lead = sum(p["leading_match"] for p in per_prompt) / len(per_prompt)
+    print(f"parity TP={tp} vs TP={ref_tp}: {fraction:.3f} of prompts match fully; "
+          f"mean leading match {mean_lead:.2f} of {len(ref[0])} tokens", flush=True)
+    emit(result="parity", tp=tp, reference_tp=ref_tp, num_prompts=len(per_prompt),
+         match_fraction=round(fraction, 4), mean_leading_match=round(mean_lead, 3),
+         per_prompt=per_prompt)
+    return fraction
+
+
+def run_w1(model_dir: str, tp: int, args: argparse.Namespace, work,
+           bound_1gpu_s: float) -> dict:
+    llm = make_llm(model_dir, tp, args, args.w1_max_input_len + args.w1_max_output_len)
+    try:
+        llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.6, max_tokens=16,
+                                                    ignore_eos=True), use_tqdm=False)
+        params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for _, m in work]
+        start = time.perf_counter()
+        outputs = llm.generate([p for p, _ in work], params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+    finally:
+        llm.close()
+    produced = sum(len(o["token_ids"]) for o in outputs)
+    bound_s = bound_1gpu_s / tp
+    tput = produced / elapsed
+    bound = produced / bound_s
+    result = dict(result="w1", tp=tp, num_seqs=len(work), output_tokens=produced,
+                  seconds=round(elapsed, 3), output_tok_s=round(tput, 1),
+                  hardware_bound_s=sig(bound_s), hardware_bound_tok_s=round(bound, 1),
+                  ratio_to_bound=sig(tput / bound))
+    print(f"W1 TP={tp}: {tput:.1f} output tok/s ({produced} tokens in {elapsed:.2f} s); "
+          f"hardware bound for {tp} GPU(s) {bound:.0f} tok/s (H200 figures); "
+          f"ratio {tput / bound:.4g}", flush=True)
+    emit(**result)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a Hugging Face model directory")
+    src.add_argument("--make-random", choices=sorted(SHAPES),
+                     help="random bf16 weights of this shape, built once in a temp dir")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when visible)")
+    ap.add_argument("--tp", default="1,2", help="TP sizes; parity compares each with the first")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--min-match", type=float, default=0.95,
+                    help="exit non-zero when fewer prompts than this fraction match fully")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the parity prompts")
+    ap.add_argument("--w1-num-seqs", type=int, default=256)
+    ap.add_argument("--w1-max-input-len", type=int, default=1024)
+    ap.add_argument("--w1-max-output-len", type=int, default=1024)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--no-overlap", action="store_true")
+    ap.add_argument("--skip-w1", action="store_true")
+    ap.add_argument("--skip-parity", action="store_true")
+    args = ap.parse_args()
+
+    tps = [int(t) for t in args.tp.split(",") if t.strip()]
+    if not tps or min(tps) < 1:
+        ap.error("--tp needs one or more sizes >= 1")
+    if min(args.w1_max_input_len, args.w1_max_output_len) < 100:
+        ap.error("W1 draws lengths with randint(100, max): --w1-max-*-len must be >= 100")
+    if args.num_prompts < 1 or args.max_tokens < 1:
+        ap.error("--num-prompts and --max-tokens must be >= 1")
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    made = None
+    if args.make_random:
+        shape = SHAPES[args.make_random]
+        n = sum(math.prod(s) for s in param_shapes(shape).values())
+        print(f"{args.make_random}: {n:,} parameters ({n / 1e9:.2f} B) from param_shapes",
+              flush=True)
+        made = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
+    try:
+        if made is not None:
+            t0 = time.perf_counter()
+            make_random(args.make_random, made, args.device)
+            write_synthetic_tokenizer(made, SHAPES[args.make_random]["vocab_size"])
+            if args.device == "cuda":  # the workers size their KV cache from the free memory
+                import torch
+
+                torch.cuda.empty_cache()
+            print(f"random weights built in {time.perf_counter() - t0:.1f} s at {made}",
+                  flush=True)
+            model_dir = str(made)
+        else:
+            model_dir = args.model
+        code = bench(model_dir, tps, args)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+    raise SystemExit(code)
+
+
+def bench(model_dir: str, tps: list[int], args: argparse.Namespace) -> int:
+    mc = ModelConfig.from_dir(model_dir)
+    num_params = _param_count(model_dir)
+    print(f"model {model_dir}: {mc.model_type}, {num_params:,} parameters, dtype {mc.dtype}, "
+          f"device {args.device}, TP sizes {tps}", flush=True)
+    emit(result="model", model_type=mc.model_type, num_params=num_params, dtype=str(mc.dtype),
+         device=args.device, tp=tps)
+    code = 0
+
+    if not args.skip_parity and len(tps) < 2:
+        print("parity skipped: it needs two or more TP sizes", flush=True)
+    elif not args.skip_parity:
+        prompts = parity_prompts(args.num_prompts, mc.vocab_size, args.seed)
+        print(f"parity: {len(prompts)} prompts of {min(map(len, prompts))}-"
+              f"{max(map(len, prompts))} tokens, {args.max_tokens} greedy tokens each",
+              flush=True)
+        tokens = {}
+        for tp in tps:
+            tokens[tp], elapsed = run_greedy(model_dir, tp, args, prompts)
+            print(f"greedy TP={tp}: {elapsed:.2f} s", flush=True)
+        for tp in tps[1:]:
+            fraction = compare(tps[0], tokens[tps[0]], tp, tokens[tp])
+            if fraction < args.min_match:
+                print(f"FAIL: TP={tp} matches TP={tps[0]} on {fraction:.3f} of prompts "
+                      f"(< --min-match {args.min_match})", flush=True)
+                code = 1
+
+    if not args.skip_w1:
+        work = workload(args.w1_num_seqs, args.w1_max_input_len, args.w1_max_output_len)
+        if mc.vocab_size <= 10000:  # tiny test models only: keep the ids in their vocabulary
+            work = [([t % mc.vocab_size for t in p], m) for p, m in work]
+        bound_1gpu_s, parts = hardware_bound_s(mc, num_params, work)
+        print(f"W1: {len(work)} sequences, {sum(len(p) for p, _ in work)} prompt tokens, "
+              f"up to {sum(m for _, m in work)} output tokens; one-GPU bound "
+              f"{bound_1gpu_s:.4g} s ({', '.join(f'{k} {v:.4g}' for k, v in parts.items())})",
+              flush=True)
+        results = [run_w1(model_dir, tp, args, work, bound_1gpu_s) for tp in tps]
+        ref = results[0]
+        for r in results[1:]:
+            scaling = r["output_tok_s"] / ref["output_tok_s"]
+            print(f"W1 scaling TP={r['tp']}/TP={ref['tp']}: {scaling:.3f}x "
+                  f"(ideal {r['tp'] / ref['tp']:.1f}x)", flush=True)
+            emit(result="w1_scaling", tp=r["tp"], reference_tp=ref["tp"],
+                 scaling=round(scaling, 4), ideal=r["tp"] / ref["tp"])
+    return code
+
+
+if __name__ == "__main__":
+    main()
