@@ -115,21 +115,22 @@ def test_children_exit_when_the_launcher_is_killed(tiny_qwen3_dir):
     assert not run_dir.exists()  # the orphaned scheduler removed the socket files
 
 
-def test_dead_worker_fails_in_flight_and_new_requests(tiny_qwen3_dir):
+@pytest.mark.parametrize("role", ["worker", "scheduler", "detokenizer"])
+def test_a_dead_process_fails_in_flight_and_new_requests(tiny_qwen3_dir, role):
     with Pipeline(EngineConfig(**tiny_engine(tiny_qwen3_dir))) as pipeline:
         client = Client(pipeline.address)
         stream = client.stream("keep going", params=SamplingParams(max_tokens=200,
                                                                    ignore_eos=True))
         next(iter(stream))
-        worker = next(p for s, p in pipeline._children if s.role == "worker")
-        os.kill(worker.pid, signal.SIGKILL)
+        victim = next(p for s, p in pipeline._children if s.role == role)
+        os.kill(victim.pid, signal.SIGKILL)
         with pytest.raises(EngineDeadError):
             for _ in stream:
                 pass
         with pytest.raises(EngineDeadError):
             client.generate("after death", params=OK)
         client.close()
-        assert pipeline.dead_reason and "worker" in pipeline.dead_reason
+        assert pipeline.dead_reason and role in pipeline.dead_reason
 
 
 def test_stdout_detokenizer_prints_generated_text(tiny_qwen3_dir):
