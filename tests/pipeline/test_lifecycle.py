@@ -115,7 +115,7 @@ def test_children_exit_when_the_launcher_is_killed(tiny_qwen3_dir):
     assert not run_dir.exists()  # the orphaned scheduler removed the socket files
 
 
-@pytest.mark.parametrize("role", ["worker", "scheduler", "detokenizer"])
+@pytest.mark.parametrize("role", ["worker", "scheduler", "detokenizer", "tokenizer"])
 def test_a_dead_process_fails_in_flight_and_new_requests(tiny_qwen3_dir, role):
     with Pipeline(EngineConfig(**tiny_engine(tiny_qwen3_dir))) as pipeline:
         client = Client(pipeline.address)
