@@ -43,21 +43,26 @@ def _numel(sl) -> int:
     return n
 
 
+def timed_w1(llm: LLM, work) -> tuple[int, float]:
+    """One warm-up request, then the whole workload: (output tokens, wall seconds)."""
+    llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True),
+                 use_tqdm=False)
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for _, m in work]
+    start = time.perf_counter()
+    outputs = llm.generate([p for p, _ in work], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    return sum(len(o["token_ids"]) for o in outputs), elapsed
+
+
 def run_mode(model_dir: str, args: argparse.Namespace, overlap: bool, work) -> dict:
     llm = LLM(model_dir, device=args.device, overlap=overlap, max_num_seqs=args.max_num_seqs,
               max_model_len=args.max_input_len + args.max_output_len,
               max_num_batched_tokens=args.max_num_batched_tokens,
               enforce_eager=args.enforce_eager)
     try:
-        llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=16, ignore_eos=True),
-                     use_tqdm=False)
-        params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for _, m in work]
-        start = time.perf_counter()
-        outputs = llm.generate([p for p, _ in work], params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
+        produced, elapsed = timed_w1(llm, work)
     finally:
         llm.close()
-    produced = sum(len(o["token_ids"]) for o in outputs)
     return dict(overlap=overlap, output_tokens=produced, seconds=round(elapsed, 3),
                 output_tok_s=round(produced / elapsed, 1))
 
@@ -90,7 +95,7 @@ def main() -> None:
     work = workload(args.num_seqs, args.max_input_len, args.max_output_len)
     if mc.vocab_size <= 10000:
         work = [([t % mc.vocab_size for t in p], m) for p, m in work]
-    bound_s, parts = hardware_bound_s(mc, _param_count(model_dir), work)
+    bound_s, parts = hardware_bound_s(mc, param_count(model_dir), work)
     for mode in args.modes.split(","):
         result = run_mode(model_dir, args, mode == "on", work)
         bound = result["output_tokens"] / bound_s
@@ -102,7 +107,7 @@ def main() -> None:
               f"ratio {result['ratio_to_bound']:.3f}", flush=True)
 
 
-def _param_count(model_dir: str) -> int:
+def param_count(model_dir: str) -> int:
     from safetensors import safe_open
 
     total = 0

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from bench_offline import SHAPES, hardware_bound_s, make_random, param_shapes, workload
-from bench_pipeline import _param_count, write_synthetic_tokenizer
+from bench_pipeline import param_count, timed_w1, write_synthetic_tokenizer
 
 from frontend import LLM, SamplingParams
 from gpu_workers import ModelConfig
@@ -107,15 +107,9 @@ def run_w1(model_dir: str, tp: int, args: argparse.Namespace, work,
            bound_1gpu_s: float) -> dict:
     llm = make_llm(model_dir, tp, args, args.w1_max_input_len + args.w1_max_output_len)
     try:
-        llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.6, max_tokens=16,
-                                                    ignore_eos=True), use_tqdm=False)
-        params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for _, m in work]
-        start = time.perf_counter()
-        outputs = llm.generate([p for p, _ in work], params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
+        produced, elapsed = timed_w1(llm, work)
     finally:
         llm.close()
-    produced = sum(len(o["token_ids"]) for o in outputs)
     bound_s = bound_1gpu_s / tp
     tput = produced / elapsed
     bound = produced / bound_s
@@ -195,7 +189,7 @@ def main() -> None:
 
 def bench(model_dir: str, tps: list[int], args: argparse.Namespace) -> int:
     mc = ModelConfig.from_dir(model_dir)
-    num_params = _param_count(model_dir)
+    num_params = param_count(model_dir)
     print(f"model {model_dir}: {mc.model_type}, {num_params:,} parameters, dtype {mc.dtype}, "
           f"device {args.device}, TP sizes {tps}", flush=True)
     emit(result="model", model_type=mc.model_type, num_params=num_params, dtype=str(mc.dtype),
