@@ -70,12 +70,14 @@ def test_offline_llm_overlap_on_and_off_match_transformers(arch, request):
     assert [o["token_ids"] for o in outputs[True]] == expected
 
 
-def test_tensor_parallel_2_matches_transformers(tiny_qwen3_dir):
+def test_tensor_parallel_2_matches_transformers(tiny_qwen3_dir, capfd):
     expected = _expected(tiny_qwen3_dir)
     cfg = tiny_engine(tiny_qwen3_dir, tensor_parallel_size=2)
     with LLM(**cfg) as llm:
-        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=True)
     assert [o["token_ids"] for o in outputs] == expected
+    bar = capfd.readouterr().err  # the progress bar reports throughput like nano-vLLM's
+    assert f"{len(PROMPTS)}/{len(PROMPTS)}" in bar and "Prefill:" in bar and "Decode:" in bar
 
 
 def test_64_concurrent_streams(qwen3_pipeline):
