@@ -19,7 +19,7 @@ class EngineConfig:
     max_model_len: int | None = None
     """None: the model's own limit, capped at 4096."""
     block_size: int | None = None
-    """None: 256 on cuda (flash-attn's paged KV needs a multiple of 256), 16 on cpu."""
+    """None: 256 on cuda (short block tables; also what flash-attn's paged KV needs), 16 on cpu."""
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     """None: 16384 on cuda, 2048 on cpu."""

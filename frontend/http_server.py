@@ -179,7 +179,7 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
 
 def _is_dead(client: AsyncClient) -> bool:
     """The client records why the pipeline died (EngineDead, a dropped connection)."""
-    return bool(getattr(client, "dead", None) or getattr(client, "_dead", None))
+    return client.dead
 
 
 async def _respond(request: Request, client: AsyncClient, kwargs: dict[str, Any],

@@ -36,13 +36,6 @@ def write_synthetic_tokenizer(model_dir: Path, vocab_size: int) -> None:
     fast.save_pretrained(model_dir)
 
 
-def _numel(sl) -> int:
-    n = 1
-    for d in sl.get_shape():
-        n *= d
-    return n
-
-
 def timed_w1(llm: LLM, work) -> tuple[int, float]:
     """One warm-up request, then the whole workload: (output tokens, wall seconds)."""
     llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True),
@@ -108,13 +101,15 @@ def main() -> None:
 
 
 def param_count(model_dir: str) -> int:
+    """Parameters in a checkpoint, read from the safetensors headers (no weights loaded)."""
+    from math import prod
+
     from safetensors import safe_open
 
     total = 0
     for path in Path(model_dir).glob("*.safetensors"):
         with safe_open(str(path), "pt") as f:
-            for name in f.keys():
-                total += _numel(f.get_slice(name))
+            total += sum(prod(f.get_slice(name).get_shape()) for name in f.keys())
     return total
 
 
