@@ -98,6 +98,11 @@ class ModelRunner:
         lens = [total // n + (i < total % n) for i in range(n)]
         lens = [min(max(1, x), c.max_model_len) for x in lens]
         blocks_needed = [-(-x // c.block_size) for x in lens]
+        # The peak counter is per process: forget what freed tensors (another runner, weights'
+        # staging copies) once reached, so only this forward's transient memory is counted.
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
         kv = KVCache(self.model_config, sum(blocks_needed), c.block_size, self.world_size,
                      self.device)
         kv.bind(self.model.attention_layers())

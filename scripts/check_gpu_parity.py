@@ -15,9 +15,11 @@ Steps:
   3. transformers: AutoModelForCausalLM from the same directory, same dtype and device,
      attn_implementation=sdpa (or --hf-attn eager), an explicit greedy loop per prompt with the
      KV cache; the logits of its prefill forward at the last prompt position are kept.
-  4. Per prompt: whether the first --max-tokens tokens match exactly, and how many leading
-     tokens match. Logits on the first --logit-prompts prompts: max and mean abs difference,
-     both also relative to the logits' std, top-1 and exact top-5 agreement.
+  4. Per prompt: whether the first --max-tokens tokens match exactly, how many leading tokens
+     match and, where they differ, the gap: transformers' logit of its own token minus its logit
+     of nanopipe's token at the first differing step (a near-tie when it is within the noise
+     the logit comparison measures). Logits on the first --logit-prompts prompts: max and mean
+     abs difference, both also relative to the logits' std, top-1 and exact top-5 agreement.
 
 Logits "within bf16 tolerance", per compared prompt, with tol = --logit-rtol (0.05) times the
 largest |logit| transformers gives at that position:
@@ -31,7 +33,10 @@ flat, so two implementations that round differently (fused kernels, another summ
 another attention kernel) pick different tokens at some steps, and after the first differing
 token the rest of the continuation differs too. That is why the token criterion is a fraction
 of prompts rather than all of them; the threshold stays at the required 95%. In float32 on the
-CPU (a tiny model) both sides agree on every token.
+CPU (a tiny model) both sides agree on every token. Two calibrations tell a near-tie from a
+bug: the divergence gaps above, and --baseline (e.g. `--baseline eager --baseline sdpa:float32`),
+which runs transformers again with another attention or dtype and reports how often two
+implementations that are both correct agree on all tokens.
 
 Prints a per-prompt table, a summary and one JSON line; exits 0 on acceptance, else 1.
 """
@@ -45,6 +50,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -149,35 +155,72 @@ def run_nanopipe(args, model_dir: str, prompts: list[list[int]]
 # ------------------------------------------------------------------ transformers
 
 
-def load_hf(args, model_dir: str):
+def load_hf(model_dir: str, dtype: str | None, attn: str, device: str):
     from transformers import AutoModelForCausalLM
 
-    dtype = parse_dtype(args.dtype) if args.dtype else "auto"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype,
-                                                 attn_implementation=args.hf_attn)
-    return model.to(args.device).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=parse_dtype(dtype) if dtype else "auto", attn_implementation=attn)
+    return model.to(device).eval()
+
+
+@dataclass
+class HfRun:
+    tokens: list[int]
+    first_logits: torch.Tensor
+    """fp32 logits of the prefill forward at the last prompt position (on the CPU)."""
+    divergence_gap: float | None
+    """At the first step where `other` differs: transformers' logit of its own token minus its
+    logit of `other`'s token. Small = the two implementations split a near-tie."""
 
 
 @torch.inference_mode()
-def hf_greedy(model, prompt: list[int], max_tokens: int, device: str
-              ) -> tuple[list[int], torch.Tensor]:
-    """Exact greedy continuation with the KV cache, and the prefill's last-position logits."""
+def hf_greedy(model, prompt: list[int], max_tokens: int, device: str,
+              other: list[int] | None = None) -> HfRun:
+    """Exact greedy continuation with the KV cache, compared step by step with `other`."""
     # Newer transformers call the KV cache argument `cache`, older ones `past_key_values`.
     key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    ids = torch.tensor([prompt], device=device)
-    out = model(input_ids=ids, use_cache=True)
-    first_logits = out.logits[0, -1].float()
-    past, tokens = getattr(out, key), []
-    nxt = int(first_logits.argmax())
-    for _ in range(max_tokens):
+    out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+    logits = out.logits[0, -1].float()
+    first_logits, past, tokens, gap = logits.cpu(), getattr(out, key), [], None
+    while True:
+        nxt = int(logits.argmax())
+        step = len(tokens)
+        if gap is None and other is not None and step < len(other) and other[step] != nxt:
+            gap = float(logits[nxt] - logits[other[step]])
         tokens.append(nxt)
         if len(tokens) == max_tokens:
-            break
+            return HfRun(tokens, first_logits, gap)
         out = model(input_ids=torch.tensor([[nxt]], device=device), use_cache=True,
                     **{key: past})
         past = getattr(out, key)
-        nxt = int(out.logits[0, -1].float().argmax())
-    return tokens, first_logits.cpu()
+        logits = out.logits[0, -1].float()
+
+
+def match_fraction(a: dict[int, list[int]], b: dict[int, list[int]]) -> float:
+    return sum(a[i] == b[i] for i in a) / len(a)
+
+
+def run_baselines(args, model_dir: str, prompts: list[list[int]], reference: dict,
+                  nano: dict) -> list[dict]:
+    """Other correct implementations (transformers with another attention or dtype) against
+    the reference: how often do two implementations that are both right agree on all tokens?"""
+    rows = []
+    for spec in args.baseline:
+        attn, _, dtype = spec.partition(":")
+        model = load_hf(model_dir, dtype or args.dtype, attn, args.device)
+        t0 = time.perf_counter()
+        out = {i: hf_greedy(model, p, args.max_tokens, args.device).tokens
+               for i, p in enumerate(prompts)}
+        del model
+        free_device_memory(args.device)
+        row = dict(baseline=f"transformers attn={attn} dtype={dtype or args.dtype}",
+                   vs_reference=round(match_fraction(out, reference), 4),
+                   vs_nanopipe=round(match_fraction(out, nano), 4),
+                   seconds=round(time.perf_counter() - t0, 1))
+        print(f"baseline {row['baseline']}: all {args.max_tokens} tokens equal the reference's "
+              f"on {row['vs_reference']:.1%} of prompts, nanopipe's on {row['vs_nanopipe']:.1%}")
+        rows.append(row)
+    return rows
 
 
 # ------------------------------------------------------------------ comparison
@@ -236,6 +279,9 @@ def main() -> int:
                     help="how many prompts' prefill logits to compare (default 8)")
     ap.add_argument("--logit-rtol", type=float, default=0.05)
     ap.add_argument("--min-match-fraction", type=float, default=0.95)
+    ap.add_argument("--baseline", action="append", default=[], metavar="ATTN[:DTYPE]",
+                    help="also run transformers with this attention (sdpa|eager) and dtype, and "
+                         "report how often it agrees with the reference (repeatable)")
     args = ap.parse_args()
     lo, hi = args.prompt_len_range
     if not 1 <= lo <= hi:
@@ -255,26 +301,32 @@ def main() -> int:
 
     nano_out, nano_logits, info = run_nanopipe(args, model_dir, prompts)
 
-    hf = load_hf(args, model_dir)
+    hf = load_hf(model_dir, args.dtype, args.hf_attn, args.device)
     print(f"transformers: {type(hf).__name__}, dtype={hf.dtype}, attn={args.hf_attn}")
     n_logits = min(args.logit_prompts, len(prompts))
     t0 = time.perf_counter()
-    rows, logit_rows = [], []
+    rows, logit_rows, reference = [], [], {}
     for i, p in enumerate(prompts):
-        ref, ref_logits = hf_greedy(hf, p, args.max_tokens, args.device)
         got = nano_out[i]
-        lead = leading_matches(got, ref)
-        rows.append(dict(prompt=i, prompt_len=len(p), match=got == ref, leading=lead))
+        ref = hf_greedy(hf, p, args.max_tokens, args.device, other=got)
+        reference[i] = ref.tokens
+        rows.append(dict(prompt=i, prompt_len=len(p), match=got == ref.tokens,
+                         leading=leading_matches(got, ref.tokens), gap=ref.divergence_gap))
         if i < n_logits:
-            logit_rows.append(dict(prompt=i, **compare_logits(nano_logits[i], ref_logits,
+            logit_rows.append(dict(prompt=i, **compare_logits(nano_logits[i],
+                                                              ref.first_logits,
                                                               args.logit_rtol)))
     sync(args.device)
     hf_s = time.perf_counter() - t0
+    del hf
+    free_device_memory(args.device)
+    baselines = run_baselines(args, model_dir, prompts, reference, nano_out)
 
-    print(f"\n{'prompt':>6} {'len':>5} {'match':>5} {'leading':>8}")
+    print(f"\n{'prompt':>6} {'len':>5} {'match':>5} {'leading':>8} {'gap':>8}")
     for r in rows:
+        gap = "" if r["gap"] is None else f"{r['gap']:.4g}"
         print(f"{r['prompt']:>6} {r['prompt_len']:>5} {'yes' if r['match'] else 'NO':>5} "
-              f"{r['leading']:>5}/{args.max_tokens}")
+              f"{r['leading']:>5}/{args.max_tokens} {gap:>8}")
     print(f"\n{'prompt':>6} {'max|d|':>9} {'mean|d|':>9} {'max/std':>8} {'mean/std':>9} "
           f"{'tol':>8} {'top1':>5} {'top5':>5} {'ok':>4}")
     for r in logit_rows:
@@ -288,6 +340,8 @@ def main() -> int:
     logits_ok = all(r["within"] for r in logit_rows)
     tokens_ok = fraction >= args.min_match_fraction
     passed = tokens_ok and logits_ok
+    gaps = [r["gap"] for r in rows if r["gap"] is not None]
+    noise = max(r["max_abs"] for r in logit_rows)
     summary = dict(
         model=model_dir, device=args.device, dtype=args.dtype, num_prompts=len(prompts),
         max_tokens=args.max_tokens, prompt_len_range=[lo, hi],
@@ -304,7 +358,9 @@ def main() -> int:
         logits_top5_exact_agree=round(sum(r["top5_exact"] for r in logit_rows)
                                       / len(logit_rows), 4),
         logit_rtol=args.logit_rtol, logits_within_tolerance=logits_ok,
-        tokens_ok=tokens_ok, passed=passed,
+        divergence_gaps_max=round(max(gaps), 6) if gaps else None,
+        divergences_within_logit_noise=sum(g <= noise for g in gaps), divergences=len(gaps),
+        baselines=baselines, tokens_ok=tokens_ok, passed=passed,
     )
     print(f"\nGreedy tokens: {sum(r['match'] for r in rows)}/{len(rows)} prompts match all "
           f"{args.max_tokens} tokens ({fraction:.1%}; need {args.min_match_fraction:.0%}); "
@@ -315,6 +371,11 @@ def main() -> int:
           f"exact top-5 {summary['logits_top5_exact_agree']:.0%}; within tolerance "
           f"(max|d| <= {args.logit_rtol} * max|logit|, top-5 up to tol): "
           f"{'yes' if logits_ok else 'NO'}")
+    if gaps:
+        print(f"Divergences: at the first differing token, transformers preferred its own token "
+              f"by {min(gaps):.4g}..{max(gaps):.4g} logits (median "
+              f"{sorted(gaps)[len(gaps) // 2]:.4g}); {summary['divergences_within_logit_noise']}/"
+              f"{len(gaps)} within the prefill logits' max|d| {noise:.4g}, i.e. near-ties")
     print(f"RESULT: {'PASS' if passed else 'FAIL'}")
     print(json.dumps(summary))
     return 0 if passed else 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -74,3 +76,32 @@ def test_small_ops_real_shape():
     store_kv_triton(k, v, kc, vc, slots)
     store_kv_ref(k, v, kc2, vc2, slots)
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None, reason="needs flash-attn")
+@pytest.mark.parametrize(
+    "q_lens,ctx_lens",
+    [
+        ([1000, 1, 37, 513], [0, 700, 300, 2000]),  # mixed extend batch: varlen path
+        ([1] * 64, list(range(0, 6400, 100))),  # decode batch: kvcache path
+    ],
+)
+def test_flash_attn_backend_matches_reference(q_lens, ctx_lens, paged_case):
+    """The flash-attn backend reads our paged cache layout and block tables correctly."""
+    from gpu_workers.layers.attention import AttentionBatch, PagedAttention
+
+    case = paged_case(q_lens, ctx_lens, H, HKV, D, BS, dtype=torch.bfloat16, device="cuda")
+    tables = case["block_tables"].clamp(min=0)  # padding slots hold a real block, as in serving
+    lens = case["seq_lens_k"]
+    cu_k = torch.zeros(len(q_lens) + 1, dtype=torch.int32, device="cuda")
+    cu_k[1:] = lens.cumsum(0)
+    layer = PagedAttention(H, HKV, D, case["scale"], backend="flash_attn")
+    layer.k_cache, layer.v_cache = case["k_cache"], case["v_cache"]
+    batch = AttentionBatch(
+        slot_mapping=torch.empty(0, dtype=torch.int32, device="cuda"), block_tables=tables,
+        cu_seqlens_q=case["cu_seqlens_q"], seq_lens_k=lens, cu_seqlens_k=cu_k,
+        max_seqlen_q=max(q_lens), max_seqlen_k=int(lens.max()),
+        decode=all(n == 1 for n in q_lens),
+    )
+    out = layer._flash(case["q"], batch)
+    torch.testing.assert_close(out, paged_attention_ref(**case), **BF16)
