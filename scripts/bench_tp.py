@@ -27,6 +27,8 @@ import json
 import math
 import random
 import shutil
+import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +39,7 @@ from bench_pipeline import param_count, timed_w1, write_synthetic_tokenizer
 from frontend import LLM, SamplingParams
 from gpu_workers import ModelConfig
 
+ROOT = Path(__file__).resolve().parent.parent
 PARITY_MIN_LEN, PARITY_MAX_LEN = 16, 256
 
 
@@ -85,7 +88,8 @@ def leading_match(a: list[int], b: list[int]) -> int:
     return n
 
 
-def compare(ref_tp: int, ref: list[list[int]], tp: int, got: list[list[int]]) -> float:
+def compare(ref_tp: int, ref: list[list[int]], tp: int, got: list[list[int]],
+            what: str = "parity") -> float:
     per_prompt = []
     for k, (a, b) in enumerate(zip(ref, got, strict=True)):
         lead = leading_match(a, b)
@@ -95,12 +99,51 @@ def compare(ref_tp: int, ref: list[list[int]], tp: int, got: list[list[int]]) ->
               f"(leading match {lead}/{len(a)})", flush=True)
     fraction = sum(p["full_match"] for p in per_prompt) / len(per_prompt)
     mean_lead = sum(p["leading_match"] for p in per_prompt) / len(per_prompt)
-    print(f"parity TP={tp} vs TP={ref_tp}: {fraction:.3f} of prompts match fully; "
+    print(f"{what} TP={tp} vs TP={ref_tp}: {fraction:.3f} of prompts match fully; "
           f"mean leading match {mean_lead:.2f} of {len(ref[0])} tokens", flush=True)
-    emit(result="parity", tp=tp, reference_tp=ref_tp, num_prompts=len(per_prompt),
+    emit(result=what, tp=tp, reference_tp=ref_tp, num_prompts=len(per_prompt),
          match_fraction=round(fraction, 4), mean_leading_match=round(mean_lead, 3),
          per_prompt=per_prompt)
     return fraction
+
+
+def serve_check(model_dir: str, tp: int, args: argparse.Namespace,
+                prompts: list[list[int]]) -> list[list[int]]:
+    """Serve as a user does — scripts/launch.sh --tp N — and send every prompt through a Client
+    (all in flight at once); SIGTERM must then stop every process with exit status 0."""
+    from frontend import Client
+
+    max_model_len = max(len(p) for p in prompts) + args.max_tokens
+    cmd = [str(ROOT / "scripts" / "launch.sh"), "--model", model_dir, "--tp", str(tp),
+           "--device", args.device, "--max-model-len", str(max_model_len)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        address = None
+        for line in proc.stdout:
+            print(f"  launch.sh: {line.rstrip()}", flush=True)
+            if line.startswith("clients connect to: "):
+                address = line.split(": ", 1)[1].strip()
+                break
+        if address is None:
+            raise SystemExit(f"launch.sh --tp {tp} exited with {proc.wait()} before serving")
+        print(f"serve TP={tp}: ready in {time.perf_counter() - t0:.1f} s at {address}",
+              flush=True)
+        params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+        with Client(address) as client:
+            streams = [client.stream(prompt_token_ids=p, params=params) for p in prompts]
+            served = [[t for delta in s for t in delta.token_ids] for s in streams]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=120)[0]
+    for line in rest.splitlines():
+        print(f"  launch.sh: {line}", flush=True)
+    print(f"serve TP={tp}: {len(served)} requests answered; launch.sh exited with "
+          f"{proc.returncode} after SIGTERM", flush=True)
+    emit(result="serve", tp=tp, requests=len(served), exit_status=proc.returncode)
+    if proc.returncode != 0:
+        raise SystemExit(f"launch.sh --tp {tp} exited with {proc.returncode} after SIGTERM")
+    return served
 
 
 def run_w1(model_dir: str, tp: int, args: argparse.Namespace, work,
@@ -145,6 +188,9 @@ def main() -> None:
     ap.add_argument("--no-overlap", action="store_true")
     ap.add_argument("--skip-w1", action="store_true")
     ap.add_argument("--skip-parity", action="store_true")
+    ap.add_argument("--serve-check", action="store_true",
+                    help="also serve with scripts/launch.sh --tp N (largest N) and send the "
+                         "parity prompts through a Client")
     args = ap.parse_args()
 
     tps = [int(t) for t in args.tp.split(",") if t.strip()]
@@ -207,6 +253,10 @@ def bench(model_dir: str, tps: list[int], args: argparse.Namespace) -> int:
         for tp in tps:
             tokens[tp], elapsed = run_greedy(model_dir, tp, args, prompts)
             print(f"greedy TP={tp}: {elapsed:.2f} s", flush=True)
+        if args.serve_check:
+            served = serve_check(model_dir, max(tps), args, prompts)
+            compare(max(tps), tokens[max(tps)], max(tps), served,
+                    what="launch.sh+Client vs LLM")
         for tp in tps[1:]:
             fraction = compare(tps[0], tokens[tps[0]], tp, tokens[tp])
             if fraction < args.min_match:
