@@ -201,7 +201,7 @@ def match_fraction(a: dict[int, list[int]], b: dict[int, list[int]]) -> float:
 
 
 def run_baselines(args, model_dir: str, prompts: list[list[int]], reference: dict,
-                  nano: dict) -> list[dict]:
+                  nano: dict, reference_logits: dict[int, torch.Tensor]) -> list[dict]:
     """Other correct implementations (transformers with another attention or dtype) against
     the reference: how often do two implementations that are both right agree on all tokens?"""
     rows = []
@@ -209,16 +209,25 @@ def run_baselines(args, model_dir: str, prompts: list[list[int]], reference: dic
         attn, _, dtype = spec.partition(":")
         model = load_hf(model_dir, dtype or args.dtype, attn, args.device)
         t0 = time.perf_counter()
-        out = {i: hf_greedy(model, p, args.max_tokens, args.device).tokens
-               for i, p in enumerate(prompts)}
+        runs = {i: hf_greedy(model, p, args.max_tokens, args.device)
+                for i, p in enumerate(prompts)}
+        out = {i: r.tokens for i, r in runs.items()}
+        diffs = [(runs[i].first_logits - ref).abs() for i, ref in reference_logits.items()]
+        stds = [float(ref.std()) for ref in reference_logits.values()]
         del model
         free_device_memory(args.device)
         row = dict(baseline=f"transformers attn={attn} dtype={dtype or args.dtype}",
                    vs_reference=round(match_fraction(out, reference), 4),
                    vs_nanopipe=round(match_fraction(out, nano), 4),
+                   logits_max_abs=round(max(float(d.max()) for d in diffs), 6),
+                   logits_mean_abs=round(sum(float(d.mean()) for d in diffs) / len(diffs), 6),
+                   logits_max_rel_std=round(max(float(d.max()) / s
+                                                for d, s in zip(diffs, stds, strict=True)), 6),
                    seconds=round(time.perf_counter() - t0, 1))
         print(f"baseline {row['baseline']}: all {args.max_tokens} tokens equal the reference's "
-              f"on {row['vs_reference']:.1%} of prompts, nanopipe's on {row['vs_nanopipe']:.1%}")
+              f"on {row['vs_reference']:.1%} of prompts, nanopipe's on {row['vs_nanopipe']:.1%}; "
+              f"prefill logits vs the reference: max|d| {row['logits_max_abs']:.4g}, mean|d| "
+              f"{row['logits_mean_abs']:.4g}, max|d|/std {row['logits_max_rel_std']:.3g}")
         rows.append(row)
     return rows
 
@@ -305,7 +314,7 @@ def main() -> int:
     print(f"transformers: {type(hf).__name__}, dtype={hf.dtype}, attn={args.hf_attn}")
     n_logits = min(args.logit_prompts, len(prompts))
     t0 = time.perf_counter()
-    rows, logit_rows, reference = [], [], {}
+    rows, logit_rows, reference, reference_logits = [], [], {}, {}
     for i, p in enumerate(prompts):
         got = nano_out[i]
         ref = hf_greedy(hf, p, args.max_tokens, args.device, other=got)
@@ -313,6 +322,7 @@ def main() -> int:
         rows.append(dict(prompt=i, prompt_len=len(p), match=got == ref.tokens,
                          leading=leading_matches(got, ref.tokens), gap=ref.divergence_gap))
         if i < n_logits:
+            reference_logits[i] = ref.first_logits
             logit_rows.append(dict(prompt=i, **compare_logits(nano_logits[i],
                                                               ref.first_logits,
                                                               args.logit_rtol)))
@@ -320,7 +330,7 @@ def main() -> int:
     hf_s = time.perf_counter() - t0
     del hf
     free_device_memory(args.device)
-    baselines = run_baselines(args, model_dir, prompts, reference, nano_out)
+    baselines = run_baselines(args, model_dir, prompts, reference, nano_out, reference_logits)
 
     print(f"\n{'prompt':>6} {'len':>5} {'match':>5} {'leading':>8} {'gap':>8}")
     for r in rows:
