@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+import pytest
 import torch.multiprocessing as mp
 from rt_helpers import BLOCK_SIZE, make_runner, prompts
 from rt_planner import Planner
@@ -47,10 +48,13 @@ def _tp_worker(rank: int, model_dir: str, init_file: str, out_path: str) -> None
     dist.destroy_process_group()
 
 
-def test_tp2_equals_tp1(tiny_qwen3_dir, tmp_path):
-    single = _plan_and_run(make_runner(tiny_qwen3_dir), 0, lambda r: r)
+@pytest.mark.parametrize("model", ["tiny_qwen3_dir", "tiny_llama_dir"])
+def test_tp2_equals_tp1(model, request, tmp_path):
+    """Qwen3 ties its embeddings; Llama has its own vocab-parallel lm_head."""
+    model_dir = request.getfixturevalue(model)
+    single = _plan_and_run(make_runner(model_dir), 0, lambda r: r)
     out_path = tmp_path / "tp2.json"
-    mp.spawn(_tp_worker, args=(tiny_qwen3_dir, str(tmp_path / "init"), str(out_path)),
+    mp.spawn(_tp_worker, args=(model_dir, str(tmp_path / "init"), str(out_path)),
              nprocs=2, join=True)
     tp2 = {int(k): v for k, v in json.loads(out_path.read_text()).items()}
     assert tp2 == single
