@@ -38,6 +38,13 @@ def make_decode_fn(tokenizer: Any) -> DecodeFn:
     )
 
 
+def context_anchor(tokenizer: Any) -> list[int]:
+    """One ordinary token to decode in front of text whose real context is unknown (a watcher
+    that never saw the prompt, or joined mid-request): sentencepiece strips the leading space
+    of whatever comes first in a decode, so the first word would otherwise lose its space."""
+    return tokenizer.encode("a", add_special_tokens=False)[-1:]
+
+
 class IncrementalDetokenizer:
     """Decoding state of one request."""
 

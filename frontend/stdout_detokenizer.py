@@ -14,11 +14,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from typing import TextIO
 
 import zmq
 
-from frontend.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
+from frontend.incremental_detok import (
+    DecodeFn,
+    IncrementalDetokenizer,
+    context_anchor,
+    make_decode_fn,
+)
 from protocol import ProtocolError, TokenDeltas
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 
@@ -32,8 +38,11 @@ def resolve_address(address: str) -> str:
 
 
 class StdoutPrinter:
-    def __init__(self, decode: DecodeFn, out: TextIO, skip_special_tokens: bool = True) -> None:
+    def __init__(self, decode: DecodeFn, out: TextIO, skip_special_tokens: bool = True,
+                 context: Sequence[int] = ()) -> None:
         self.decode = decode
+        self.context = list(context)
+        """Decoded ahead of every request's tokens (it never sees the prompt): context_anchor."""
         self.out = out
         self.skip = skip_special_tokens
         self.detoks: dict[int, IncrementalDetokenizer] = {}
@@ -45,7 +54,7 @@ class StdoutPrinter:
             detok = self.detoks.get(request_id)
             if detok is None:
                 detok = self.detoks[request_id] = IncrementalDetokenizer(
-                    self.decode, skip_special_tokens=self.skip)
+                    self.decode, self.context, skip_special_tokens=self.skip)
             finish, error = msg.finish_reasons[i], msg.errors[i]
             text = detok.add(msg.token_ids[i])
             if finish is not None or error is not None:
@@ -82,7 +91,9 @@ def run_attached(model: str, address: str, skip_special_tokens: bool = True,
     out = out or sys.stdout
     rt = ProcessRuntime("stdout_detokenizer")
     try:
-        printer = StdoutPrinter(make_decode_fn(load_tokenizer(model)), out, skip_special_tokens)
+        tokenizer = load_tokenizer(model)
+        printer = StdoutPrinter(make_decode_fn(tokenizer), out, skip_special_tokens,
+                                context=context_anchor(tokenizer))
         sub = rt.socket(zmq.SUB, address, bind=False, accepts=(TokenDeltas,))
         while rt.stop_reason is None:
             if not sub.poll(POLL_MS):

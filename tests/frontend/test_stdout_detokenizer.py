@@ -13,7 +13,7 @@ from pathlib import Path
 import zmq
 from transformers import AutoTokenizer
 
-from frontend.incremental_detok import make_decode_fn
+from frontend.incremental_detok import context_anchor, make_decode_fn
 from frontend.stdout_detokenizer import StdoutPrinter, resolve_address
 from protocol import Endpoints, TokenDeltas
 from protocol.sockets import MessageSocket
@@ -81,3 +81,17 @@ def test_cli_prints_published_deltas(tiny_qwen3_dir):
     printed = "".join(lines)
     assert "] The capital of Italy is Rome.\n" in printed
     assert "<finish: length>" in printed
+
+
+def test_printer_keeps_the_first_words_space_with_sentencepiece(sp_tokenizer_dir):
+    """The printer never sees the prompt; the first generated word still keeps its space."""
+    tok = AutoTokenizer.from_pretrained(sp_tokenizer_dir)
+    prompt = tok.encode("Hello there", add_special_tokens=False)
+    full = tok.encode("Hello there import the model", add_special_tokens=False)
+    gen = full[len(prompt):]
+    assert tok.convert_ids_to_tokens(gen[:1])[0].startswith("▁")
+    out = io.StringIO()
+    printer = StdoutPrinter(make_decode_fn(tok), out, context=context_anchor(tok))
+    for i, t in enumerate(gen):
+        printer.on_deltas(deltas(i, {3: ([t], "length" if i == len(gen) - 1 else None)}))
+    assert out.getvalue() == "[3]  import the model\n[3] <finish: length>\n"
