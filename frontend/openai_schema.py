@@ -123,12 +123,6 @@ class _SamplingRequest(BaseModel):
     def _check_unsupported(self) -> None:
         if self.n not in (None, 1):
             raise invalid("n must be 1: one choice per request is supported", "n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise invalid(f"{name} is not supported (must be 0 or absent)", name)
-        if self.repetition_penalty not in (None, 1, 1.0):
-            raise invalid("repetition_penalty is not supported (must be 1 or absent)",
-                          "repetition_penalty")
         if self.logit_bias:
             raise invalid("logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
@@ -144,7 +138,9 @@ class _SamplingRequest(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         kwargs: dict[str, Any] = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-            "min_p": self.min_p, "seed": self.seed,
+            "min_p": self.min_p, "seed": self.seed, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
         }
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         kwargs["max_tokens"] = max_tokens

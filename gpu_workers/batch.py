@@ -16,6 +16,7 @@ import torch
 
 from gpu_workers.layers.attention import AttentionBatch
 from gpu_workers.mirror import SequenceTable
+from gpu_workers.penalties import gather_penalties
 from gpu_workers.sampler import SamplingBatch, row_seed
 
 
@@ -115,5 +116,6 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
             use_top_p=bool(np.any(top_p[random_rows] < 1.0)),
             use_min_p=bool(np.any(min_p[random_rows] > 0.0)),
             seeded=seeded, logprobs=bool(table.logprobs[sample_rows].any()),
+            penalties=gather_penalties(table, sample_rows, device),
         )
     return StepBatch(d_ids, d_pos, attn, d_logits, sample_entries, sample_rows, sampling, n)

@@ -35,10 +35,14 @@ class SequenceTable:
         self.top_k = np.zeros(0, np.int32)
         self.seed = np.zeros(0, np.int64)  # -1 = unseeded
         self.logprobs = np.zeros(0, bool)
+        self.presence = np.zeros(0, np.float32)
+        self.frequency = np.zeros(0, np.float32)
+        self.repetition = np.zeros(0, np.float32)
         self._grow(capacity)
 
     _COLUMNS = ("tokens", "block_tables", "num_tokens", "num_prompt", "num_computed",
-                "num_blocks", "temperature", "top_p", "min_p", "top_k", "seed", "logprobs")
+                "num_blocks", "temperature", "top_p", "min_p", "top_k", "seed", "logprobs",
+                "presence", "frequency", "repetition")
 
     def _grow(self, extra: int) -> None:
         old = len(self.num_tokens)
@@ -104,6 +108,9 @@ class SequenceTable:
         self.top_k[row] = p.top_k if p.top_k > 0 else 0
         self.seed[row] = -1 if p.seed is None else p.seed
         self.logprobs[row] = p.logprobs
+        self.presence[row] = p.presence_penalty
+        self.frequency[row] = p.frequency_penalty
+        self.repetition[row] = p.repetition_penalty
         return row
 
     def _append_blocks(self, row: int, blocks: list[int]) -> None:

@@ -1,4 +1,5 @@
-"""Batched sampling on the device: greedy, temperature, top-k, top-p, min-p, per-request seeds.
+"""Batched sampling on the device: penalties, greedy, temperature, top-k, top-p, min-p and
+per-request seeds.
 
 Random rows use the exponential race (argmax of p / E with E ~ Exp(1) is a sample from p), so
 every row of a batch is drawn with one kernel chain and no host sync. A seeded request draws its
@@ -12,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from gpu_workers.penalties import PenaltyBatch, apply_penalties
 
 _MASK64 = (1 << 63) - 1
 
@@ -39,6 +42,8 @@ class SamplingBatch:
     seeded: list[tuple[int, int]]
     """(row, generator seed) for each seeded random row."""
     logprobs: bool
+    penalties: PenaltyBatch | None = None
+    """Token histories of the rows that use a penalty; None when no row does."""
 
 
 class Sampler:
@@ -49,7 +54,12 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor,
                  b: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits [R, V] fp32 -> (token ids [R] int64, logprob of each sampled token or None)."""
+        """logits [R, V] fp32 -> (token ids [R] int64, logprob of each sampled token or None).
+
+        Logprobs are those of the model's raw distribution, before penalties and temperature."""
+        raw = logits
+        if b.penalties is not None:
+            logits = apply_penalties(logits, b.penalties)
         greedy = logits.argmax(dim=-1) if b.any_greedy else None
         if b.all_greedy:
             tokens = greedy
@@ -59,7 +69,7 @@ class Sampler:
                 tokens = torch.where(b.temperature == 0, greedy, tokens)
         logprobs = None
         if b.logprobs:
-            logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+            logprobs = torch.log_softmax(raw, dim=-1).gather(1, tokens[:, None]).squeeze(1)
         return tokens, logprobs
 
     def _sample(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:

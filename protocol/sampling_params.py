@@ -10,6 +10,7 @@ from protocol.codec import struct
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
+MAX_ABS_PENALTY = 2.0
 
 
 class SamplingParamsError(ValueError):
@@ -40,9 +41,17 @@ class SamplingParams:
     logprobs: bool = False
     """Return the log-probability of each sampled token."""
     skip_special_tokens: bool = True
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the request has generated (OpenAI)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time the request has generated it (OpenAI)."""
+    repetition_penalty: float = 1.0
+    """Tokens in the prompt or the output: positive logits divided by it, negative ones
+    multiplied (as in transformers); 1 is off, above 1 discourages repeating."""
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "min_p"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise SamplingParamsError(f"{name} must be a number, got {value!r}")
@@ -61,6 +70,14 @@ class SamplingParams:
             raise SamplingParamsError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_ABS_PENALTY <= getattr(self, name) <= MAX_ABS_PENALTY:
+                raise SamplingParamsError(
+                    f"{name} must be in [-{MAX_ABS_PENALTY}, {MAX_ABS_PENALTY}], "
+                    f"got {getattr(self, name)}")
+        if self.repetition_penalty <= 0:
+            raise SamplingParamsError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise SamplingParamsError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and (
@@ -95,3 +112,8 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)

@@ -61,7 +61,9 @@ def test_completion_prompt_forms():
 @pytest.mark.parametrize("body,param", [
     ({"n": 2}, "n"), ({"n": 0}, "n"), ({"best_of": 3}, "best_of"), ({"echo": True}, "echo"),
     ({"suffix": "x"}, "suffix"), ({"logprobs": 5}, "logprobs"),
-    ({"presence_penalty": 0.5}, "presence_penalty"), ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+    ({"presence_penalty": 2.5}, "presence_penalty"), ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"), ({"top_k": -2}, "top_k"), ({"min_p": 2}, "min_p"),
     ({"seed": -1}, "seed"), ({"stop": [""]}, "stop"), ({"stop_token_ids": [-1]}, "stop_token_ids"),
@@ -69,6 +71,14 @@ def test_completion_prompt_forms():
 ])
 def test_completion_refusals_name_the_field(body, param):
     refused(lambda: completion(**body).sampling_params(), param)
+
+
+def test_penalties_reach_the_sampling_params():
+    params = completion(presence_penalty=0.5, frequency_penalty=-0.25,
+                        repetition_penalty=1.1).sampling_params()
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (
+        0.5, -0.25, 1.1)
+    assert chat(frequency_penalty=1.0).sampling_params().frequency_penalty == 1.0
 
 
 def test_n_one_is_accepted():

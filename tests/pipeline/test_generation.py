@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 
 import pytest
-from hf_reference import hf_greedy
+from hf_reference import hf_generate, hf_greedy
 from pipeline_config import tiny_engine
 from transformers import AutoTokenizer
 
@@ -92,3 +92,15 @@ def test_64_concurrent_streams(qwen3_pipeline):
         assert deltas[-1].finish_reason == "length"
     # A seeded request is reproducible whatever else is in the batch.
     assert [t for d in results[5] for t in d.token_ids] == again.token_ids
+
+
+def test_repetition_penalty_through_the_pipeline(qwen3_pipeline, tiny_qwen3_dir):
+    """A penalty reaches the worker's sampler and equals transformers' repetition_penalty."""
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    prompt = tok(PROMPTS[1])["input_ids"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.8)
+    with Client(qwen3_pipeline.address) as client:
+        out = client.generate(prompt_token_ids=prompt, params=params)
+        plain = client.generate(prompt_token_ids=prompt, params=GREEDY)
+    assert out.token_ids == hf_generate(tiny_qwen3_dir, prompt, 24, repetition_penalty=1.8)
+    assert out.token_ids != plain.token_ids
