@@ -161,7 +161,7 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model)
-        params = body.sampling_params()
+        params = body.choice_params(body.sampling_params())
         fmt = CompletionFormat(model_name, body.include_usage)
         return await _respond(request, client, body.prompt_kwargs(), params, body.stream, fmt)
 
@@ -169,7 +169,7 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
         # Without a max_tokens, a chat answer may fill the context (OpenAI's default).
-        params = body.sampling_params()
+        params = body.choice_params(body.sampling_params())
         fmt = ChatFormat(model_name, body.include_usage)
         kwargs = {"messages": body.wire_messages()}
         return await _respond(request, client, kwargs, params, body.stream, fmt)
@@ -183,7 +183,7 @@ def _is_dead(client: AsyncClient) -> bool:
 
 
 async def _respond(request: Request, client: AsyncClient, kwargs: dict[str, Any],
-                   params: SamplingParams, stream: bool,
+                   params: list[SamplingParams], stream: bool,
                    fmt: CompletionFormat | ChatFormat) -> Response:
     if _is_dead(client):
         raise EngineDeadError("the pipeline is not running")
@@ -191,33 +191,78 @@ async def _respond(request: Request, client: AsyncClient, kwargs: dict[str, Any]
 
 
 async def _attempt(request: Request, client: AsyncClient, kwargs: dict[str, Any],
-                   params: SamplingParams, stream: bool,
+                   params: list[SamplingParams], stream: bool,
                    fmt: CompletionFormat | ChatFormat) -> Response:
+    """One engine request per choice (`n`); the shared prompt is a prefix-cache hit."""
     if not stream:
-        out = await _until_disconnected(request, client.generate(**kwargs, params=params))
-        return JSONResponse(fmt.response(out))
-    deltas = client.stream(**kwargs, params=params)
+        outs = await _until_disconnected(request, _all_or_none(
+            [client.generate(**kwargs, params=p) for p in params]))
+        return JSONResponse(fmt.response(outs))
+    streams = [client.stream(**kwargs, params=p) for p in params]
     try:
-        # Wait for the first delta before answering 200, so a rejection is a plain 400.
-        first = await _until_disconnected(request, anext(deltas, None))
+        # Wait for each choice's first delta before answering 200, so a rejection is a 400.
+        firsts = await _until_disconnected(request, _all_or_none(
+            [anext(s, None) for s in streams]))
     except BaseException:
-        await _close(deltas)
+        await _close_all(*streams)
         raise
-    events = _sse(fmt, first, deltas)
+    events = _sse(fmt, len(streams), _merged(firsts, streams))
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS,
-                             background=BackgroundTask(_close_all, events, deltas))
+                             background=BackgroundTask(_close_all, events, *streams))
 
 
-async def _sse(fmt: CompletionFormat | ChatFormat, first: Any,
-               deltas: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+async def _all_or_none(works: list[Awaitable[T]]) -> list[T]:
+    """Every result, or the first failure with the rest cancelled (which aborts them)."""
+    tasks = [asyncio.ensure_future(w) for w in works]
     try:
-        for chunk in fmt.start_chunks():
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _merged(firsts: list[Any], streams: list[AsyncIterator[Any]]
+                  ) -> AsyncIterator[tuple[int, Any]]:
+    """(choice index, delta) from every stream in arrival order; a failure ends it."""
+    queue: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, delta: Any, stream: AsyncIterator[Any]) -> None:
+        try:
+            while delta is not None:
+                await queue.put((index, delta, None))
+                delta = await anext(stream, None)
+        except Exception as exc:
+            await queue.put((index, None, exc))
+            return
+        await queue.put((index, None, None))
+
+    tasks = [asyncio.ensure_future(pump(i, first, stream))
+             for i, (first, stream) in enumerate(zip(firsts, streams, strict=True))]
+    try:
+        running = len(tasks)
+        while running:
+            index, delta, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if delta is None:
+                running -= 1
+            else:
+                yield index, delta
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _sse(fmt: CompletionFormat | ChatFormat, num_choices: int,
+               deltas: AsyncIterator[tuple[int, Any]]) -> AsyncIterator[bytes]:
+    try:
+        for chunk in fmt.start_chunks(num_choices):
             yield _event(chunk)
-        delta = first
-        while delta is not None:
-            for chunk in fmt.delta_chunks(delta):
+        async for index, delta in deltas:
+            for chunk in fmt.delta_chunks(delta, index):
                 yield _event(chunk)
-            delta = await anext(deltas, None)
         for chunk in fmt.end_chunks():
             yield _event(chunk)
     except Exception as exc:

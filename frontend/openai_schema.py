@@ -7,9 +7,11 @@ Unknown fields (user, metadata, ...) are ignored, as OpenAI's own server does.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +29,11 @@ except ImportError:  # pragma: no cover - orjson is optional
 
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+MAX_CHOICES = 16
+"""Largest `n`: each choice is a request of its own in the engine."""
+_SEED_MODULUS = 2**63
 
 
 class ApiError(Exception):
@@ -121,12 +128,24 @@ class _SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
 
     def _check_unsupported(self) -> None:
-        if self.n not in (None, 1):
-            raise invalid("n must be 1: one choice per request is supported", "n")
+        if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
+            raise invalid(f"n must be between 1 and {MAX_CHOICES}, got {self.n}", "n")
         if self.logit_bias:
             raise invalid("logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
             raise invalid("stream_options is only allowed with stream=true", "stream_options")
+
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
+
+    def choice_params(self, params: SamplingParams) -> list[SamplingParams]:
+        """One SamplingParams per choice; a seeded request seeds choice i with seed + i, so the
+        choices differ from each other and the whole response still reproduces."""
+        if params.seed is None:
+            return [params] * self.num_choices
+        return [dataclasses.replace(params, seed=(params.seed + i) % _SEED_MODULUS)
+                for i in range(self.num_choices)]
 
     @property
     def include_usage(self) -> bool:
@@ -254,7 +273,7 @@ def _token_name(token_id: int) -> str:
 
 
 class _Format:
-    """One response's id, timestamp and usage, shared by its chunks."""
+    """One response's id, timestamp and usage, shared by its chunks and choices."""
 
     prefix = "cmpl"
     object = "text_completion"
@@ -266,12 +285,14 @@ class _Format:
         self.model = model
         self.include_usage = include_usage
         self.prompt_tokens = 0
-        self.completion_tokens = 0
+        self.completion_tokens: dict[int, int] = {}
+        """Per choice index: the prompt is counted once, every choice's tokens are added."""
 
-    def _usage(self, out: Any) -> dict[str, int]:
+    def _usage(self, out: Any, index: int = 0) -> dict[str, int]:
         # completion_tokens is cumulative in every delta, so the last one seen is the total.
         self.prompt_tokens = out.prompt_tokens or self.prompt_tokens
-        self.completion_tokens = out.completion_tokens or self.completion_tokens
+        previous = self.completion_tokens.get(index, 0)
+        self.completion_tokens[index] = out.completion_tokens or previous
         return self._usage_totals()
 
     def _head(self, obj: str) -> dict[str, Any]:
@@ -284,7 +305,19 @@ class _Format:
             chunk["usage"] = None
         return chunk
 
-    def start_chunks(self) -> list[dict[str, Any]]:
+    def response(self, outs: Sequence[Any]) -> dict[str, Any]:
+        """The whole body from each choice's final output, in choice order."""
+        body = self._head(self.object)
+        body["choices"] = [self._choice(i, out) for i, out in enumerate(outs)]
+        for i, out in enumerate(outs):
+            self._usage(out, i)
+        body["usage"] = self._usage_totals()
+        return body
+
+    def _choice(self, index: int, out: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def start_chunks(self, num_choices: int = 1) -> list[dict[str, Any]]:
         return []
 
     def end_chunks(self) -> list[dict[str, Any]]:
@@ -296,9 +329,9 @@ class _Format:
         return [chunk]
 
     def _usage_totals(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+        completion = sum(self.completion_tokens.values())
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
 
 
 class CompletionFormat(_Format):
@@ -309,19 +342,15 @@ class CompletionFormat(_Format):
         return {"tokens": [_token_name(t) for t in out.token_ids],
                 "token_logprobs": list(out.logprobs), "top_logprobs": None, "text_offset": None}
 
-    def response(self, out: Any) -> dict[str, Any]:
-        body = self._head(self.object)
-        body["choices"] = [{"index": 0, "text": out.text, "logprobs": self._logprobs(out),
-                            "finish_reason": out.finish_reason}]
-        body["usage"] = self._usage(out)
-        return body
+    def _choice(self, index: int, out: Any) -> dict[str, Any]:
+        return {"index": index, "text": out.text, "logprobs": self._logprobs(out),
+                "finish_reason": out.finish_reason}
 
-    def delta_chunks(self, delta: Any) -> list[dict[str, Any]]:
-        self._usage(delta)
+    def delta_chunks(self, delta: Any, index: int = 0) -> list[dict[str, Any]]:
+        self._usage(delta, index)
         if not (delta.text or delta.token_ids or delta.finish_reason):
             return []
-        return [self._chunk({"index": 0, "text": delta.text, "logprobs": self._logprobs(delta),
-                             "finish_reason": delta.finish_reason})]
+        return [self._chunk(self._choice(index, delta))]
 
 
 class ChatFormat(_Format):
@@ -336,25 +365,23 @@ class ChatFormat(_Format):
         return {"content": [{"token": _token_name(t), "logprob": lp, "bytes": None,
                              "top_logprobs": []} for t, lp in zip(out.token_ids, out.logprobs)]}
 
-    def response(self, out: Any) -> dict[str, Any]:
-        body = self._head(self.object)
-        body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                            "logprobs": self._logprobs(out), "finish_reason": out.finish_reason}]
-        body["usage"] = self._usage(out)
-        return body
+    def _choice(self, index: int, out: Any) -> dict[str, Any]:
+        return {"index": index, "message": {"role": "assistant", "content": out.text},
+                "logprobs": self._logprobs(out), "finish_reason": out.finish_reason}
 
-    def start_chunks(self) -> list[dict[str, Any]]:
-        return [self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None})]
+    def start_chunks(self, num_choices: int = 1) -> list[dict[str, Any]]:
+        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None})
+                for i in range(num_choices)]
 
-    def delta_chunks(self, delta: Any) -> list[dict[str, Any]]:
-        self._usage(delta)
+    def delta_chunks(self, delta: Any, index: int = 0) -> list[dict[str, Any]]:
+        self._usage(delta, index)
         chunks = []
         if delta.text or delta.token_ids:
-            chunks.append(self._chunk({"index": 0, "delta": {"content": delta.text},
+            chunks.append(self._chunk({"index": index, "delta": {"content": delta.text},
                                        "logprobs": self._logprobs(delta),
                                        "finish_reason": None}))
         if delta.finish_reason:
-            chunks.append(self._chunk({"index": 0, "delta": {}, "logprobs": None,
+            chunks.append(self._chunk({"index": index, "delta": {}, "logprobs": None,
                                        "finish_reason": delta.finish_reason}))
         return chunks

@@ -39,6 +39,8 @@ class FakeClient:
     max_model_len: int = 512
     dead: bool = False
     token_delay_s: float = 0.0
+    fail_seed: int | None = None
+    """A request with this seed dies after two tokens (one choice of several failing)."""
     calls: list[Call] = field(default_factory=list)
 
     @property
@@ -69,7 +71,9 @@ class FakeClient:
                 for i in range(params.max_tokens):
                     if self.token_delay_s:
                         await asyncio.sleep(self.token_delay_s)
-                    if call.kwargs.get("prompt") == DIE_MIDWAY and i == 2:
+                    dies = (call.kwargs.get("prompt") == DIE_MIDWAY
+                            or (self.fail_seed is not None and params.seed == self.fail_seed))
+                    if dies and i == 2:
                         raise EngineDeadError("scheduler exited with code 1")
                     last = i == params.max_tokens - 1
                     yield RequestDelta(

@@ -40,6 +40,7 @@ def http(base_url):
 def _reset(fake):
     fake.dead = False
     fake.token_delay_s = 0.0
+    fake.fail_seed = None
     yield
 
 
@@ -159,8 +160,30 @@ def test_chat_stream_framing(http):
     assert [e["choices"][0]["finish_reason"] for e in events] == [None, None, None, "length"]
 
 
+def test_a_failing_choice_aborts_the_others(http, fake):
+    """n requests: when one fails, the response is the error and no sibling keeps running."""
+    before = len(fake.calls)
+    resp = http.post("/v1/completions", json={"model": "fake-model", "prompt": "p",
+                                              "max_tokens": 2, "n": 3, "seed": 1})
+    assert resp.status_code == 200 and len(resp.json()["choices"]) == 3
+    assert [c.params.seed for c in fake.calls[before:]] == [1, 2, 3]
+    fake.token_delay_s, fake.fail_seed = 0.02, 2  # choice 1 dies after two tokens
+    for stream in (False, True):
+        before = len(fake.calls)
+        resp = http.post("/v1/completions", json={"model": "fake-model", "prompt": "p",
+                                                  "max_tokens": 50, "n": 3, "seed": 1,
+                                                  "stream": stream})
+        if stream:  # the failure arrives as an error event after the first deltas
+            assert resp.status_code == 200
+            assert "engine_dead" in resp.text and resp.text.endswith("data: [DONE]\n\n")
+        else:
+            assert_error(resp, 503)
+        calls = fake.calls[before:]
+        assert len(calls) == 3 and all(c.aborted for c in calls), calls
+
+
 @pytest.mark.parametrize("path,body,param", [
-    ("/v1/completions", {"prompt": "p", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "p", "n": 17}, "n"),
     ("/v1/completions", {"prompt": "p", "temperature": -1}, "temperature"),
     ("/v1/completions", {"prompt": "p", "temperature": "hot"}, "temperature"),
     ("/v1/completions", {"prompt": "p", "top_p": 0}, "top_p"),
@@ -168,7 +191,7 @@ def test_chat_stream_framing(http):
     ("/v1/completions", {"prompt": "p", "stop": [""]}, "stop"),
     ("/v1/completions", {}, "prompt"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "user"}], "n": 4}, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}], "n": 0}, "n"),
     ("/v1/chat/completions", {"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role"),
 ])
 def test_invalid_requests_are_400_naming_the_field(http, fake, path, body, param):

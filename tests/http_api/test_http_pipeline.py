@@ -115,6 +115,41 @@ def test_streamed_completion_equals_client_library(oai, direct, model):
     assert chunks[-1].usage.prompt_tokens == expected.prompt_tokens
 
 
+def test_n_choices_sampled_and_greedy(oai, direct, model):
+    """n choices are n engine requests: greedy ones agree, seeded ones reproduce and differ."""
+    expected = direct.generate(PROMPTS[1], params=GREEDY)
+    got = oai.completions.create(model=model, prompt=PROMPTS[1], n=3, **GREEDY_BODY)
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    assert [c.text for c in got.choices] == [expected.text] * 3
+    assert got.usage.prompt_tokens == expected.prompt_tokens
+    assert got.usage.completion_tokens == 3 * 20
+    sampled = dict(model=model, prompt=PROMPTS[1], n=4, temperature=1.0, seed=5, max_tokens=20,
+                   extra_body={"ignore_eos": True})
+    first = [c.text for c in oai.completions.create(**sampled).choices]
+    assert [c.text for c in oai.completions.create(**sampled).choices] == first
+    assert len(set(first)) > 1
+    one = direct.generate(PROMPTS[1], params=SamplingParams(
+        temperature=1.0, seed=6, max_tokens=20, ignore_eos=True))
+    assert first[1] == one.text  # choice i is seeded with seed + i
+
+
+def test_n_choices_streamed(oai, direct, model):
+    expected = direct.generate(messages=MESSAGES, params=GREEDY)
+    chunks = list(oai.chat.completions.create(model=model, messages=MESSAGES, n=2, stream=True,
+                                              stream_options={"include_usage": True},
+                                              **GREEDY_BODY))
+    texts, roles, finishes = ["", ""], [None, None], [None, None]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            roles[choice.index] = roles[choice.index] or choice.delta.role
+            finishes[choice.index] = finishes[choice.index] or choice.finish_reason
+    assert texts == [expected.text] * 2
+    assert roles == ["assistant"] * 2 and finishes == ["length"] * 2
+    assert chunks[-1].usage.completion_tokens == 40
+    assert chunks[-1].usage.prompt_tokens == expected.prompt_tokens
+
+
 def test_token_id_prompt(oai, direct, model):
     ids = direct.generate(PROMPTS[0], params=GREEDY).token_ids[:8]
     expected = direct.generate(prompt_token_ids=ids, params=GREEDY)
@@ -159,7 +194,7 @@ def test_engine_rejections_are_400(oai, model):
         oai.completions.create(model=model, prompt="hi", max_tokens=10_000, stream=True)
     assert "max_tokens" in info.value.message and info.value.param == "max_tokens"
     with pytest.raises(openai.BadRequestError) as info:
-        oai.completions.create(model=model, prompt="hi", n=2)
+        oai.completions.create(model=model, prompt="hi", n=17)
     assert info.value.body["param"] == "n"
 
 

@@ -59,7 +59,7 @@ def test_completion_prompt_forms():
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"n": 2}, "n"), ({"n": 0}, "n"), ({"best_of": 3}, "best_of"), ({"echo": True}, "echo"),
+    ({"n": 17}, "n"), ({"n": 0}, "n"), ({"best_of": 3}, "best_of"), ({"echo": True}, "echo"),
     ({"suffix": "x"}, "suffix"), ({"logprobs": 5}, "logprobs"),
     ({"presence_penalty": 2.5}, "presence_penalty"), ({"logit_bias": {"1": 2.0}}, "logit_bias"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
@@ -81,6 +81,14 @@ def test_penalties_reach_the_sampling_params():
     assert chat(frequency_penalty=1.0).sampling_params().frequency_penalty == 1.0
 
 
+def test_choices_get_their_own_seeds():
+    body = completion(n=3, seed=2**63 - 2, temperature=1.0)
+    seeds = [p.seed for p in body.choice_params(body.sampling_params())]
+    assert seeds == [2**63 - 2, 2**63 - 1, 0]
+    unseeded = completion(n=2)
+    assert unseeded.choice_params(unseeded.sampling_params()) == [SamplingParams()] * 2
+
+
 def test_n_one_is_accepted():
     assert completion(n=1).sampling_params() == SamplingParams()
 
@@ -100,7 +108,7 @@ def test_chat_maps_messages_and_max_completion_tokens():
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"n": 3}, "n"), ({"top_logprobs": 2}, "top_logprobs"),
+    ({"n": -1}, "n"), ({"top_logprobs": 2}, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
