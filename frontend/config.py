@@ -29,6 +29,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     enable_prefix_caching: bool = True
     overlap: bool = True
+    worker_lookahead: bool = False
+    """Workers launch step N+1 before step N's tokens reached the host (with overlap only)."""
     transport: str = "ipc"
     """"ipc" (unix sockets in a private run directory) or "tcp"."""
     host: str = "127.0.0.1"
@@ -114,6 +116,7 @@ class EngineConfig:
             attention_backend=self.attention_backend,
             dist_init_method=dist_init_method,
             seed=self.seed,
+            lookahead=self.worker_lookahead and self.overlap,
         )
 
     def scheduler_config(self, num_kv_blocks: int):

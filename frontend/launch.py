@@ -29,6 +29,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--no-overlap", action="store_true",
                    help="wait for each step's result before planning the next")
+    p.add_argument("--worker-lookahead", action="store_true",
+                   help="workers launch the next step before the current step's tokens reach "
+                        "the host (with overlap)")
     p.add_argument("--transport", choices=("ipc", "tcp"), default="ipc")
     p.add_argument("--host", default="127.0.0.1",
                    help="interface of the public socket with --transport tcp")
@@ -50,6 +53,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_bytes=args.kv_cache_bytes,
         enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
         enable_prefix_caching=not args.no_prefix_caching, overlap=not args.no_overlap,
+        worker_lookahead=args.worker_lookahead,
         transport=args.transport, host=args.host, port=args.port, stdout=args.stdout,
     )
 

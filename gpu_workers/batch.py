@@ -18,6 +18,7 @@ from gpu_workers.layers.attention import AttentionBatch
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.penalties import gather_penalties
 from gpu_workers.sampler import SamplingBatch, row_seed
+from gpu_workers.transfer import to_device
 
 
 @dataclass(slots=True)
@@ -87,10 +88,7 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
     for p, n, pn in zip(parts, sizes, padded, strict=True):
         flat[offset:offset + n] = p
         offset += pn
-    host = torch.from_numpy(flat)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    dev = host.to(device, non_blocking=True)
+    dev = to_device(flat, device)
     views = [v[:n] for v, n in zip(dev.split(padded), sizes, strict=True)]
     (d_ids, d_pos, d_slots, d_cu_q, d_lens, d_cu_k, d_tables, d_logits,
      d_top_k, d_temp, d_top_p, d_min_p) = views

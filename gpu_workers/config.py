@@ -46,6 +46,9 @@ class WorkerConfig:
     attention_backend: str = "auto"
     dist_init_method: str | None = None
     seed: int = 0
+    lookahead: bool = False
+    """Launch a plan that is already waiting before the previous step's tokens reached the
+    host, so the device runs the two back to back (needs the scheduler's overlap)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):

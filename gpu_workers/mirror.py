@@ -1,7 +1,13 @@
 """The worker's mirror of running sequences, kept as numpy columns (one row per sequence).
 
 Rows are changed only by StepPlans (drop, new, cached deltas) and by the tokens this worker
-samples, so a continuing sequence never needs its tokens or block table re-sent. Column storage
+samples, so a continuing sequence never needs its tokens or block table re-sent.
+
+A sampled token takes its place in two moves, so that the next step can be prepared while the
+device still computes it: `append_placeholders` reserves the position when the step is
+launched (the token's value is still on the device; `pending_pos` / `pending_slot` say where),
+and `fill_tokens` writes the value once it reached the host. A row's `epoch` changes whenever
+it is given to another sequence, so a late value never lands in a row that moved on. Column storage
 lets the batch builder gather positions, slots and block tables without Python loops.
 """
 
@@ -38,17 +44,23 @@ class SequenceTable:
         self.presence = np.zeros(0, np.float32)
         self.frequency = np.zeros(0, np.float32)
         self.repetition = np.zeros(0, np.float32)
+        self.epoch = np.zeros(0, np.int64)
+        self.pending_pos = np.zeros(0, np.int64)
+        """Position of the row's newest token whose value is still on the device; -1 = none."""
+        self.pending_slot = np.zeros(0, np.int64)
+        """Where that value is in its step's sampled-token tensor."""
         self._grow(capacity)
 
     _COLUMNS = ("tokens", "block_tables", "num_tokens", "num_prompt", "num_computed",
                 "num_blocks", "temperature", "top_p", "min_p", "top_k", "seed", "logprobs",
-                "presence", "frequency", "repetition")
+                "presence", "frequency", "repetition", "epoch", "pending_pos", "pending_slot")
 
     def _grow(self, extra: int) -> None:
         old = len(self.num_tokens)
         for name in self._COLUMNS:
             col = getattr(self, name)
             setattr(self, name, np.concatenate([col, np.zeros((extra, *col.shape[1:]), col.dtype)]))
+        self.pending_pos[old:] = -1
         self.params.extend([None] * extra)
         self.free.extend(range(old + extra - 1, old - 1, -1))
 
@@ -94,6 +106,8 @@ class SequenceTable:
             self._grow(max(16, len(self.num_tokens)))
         row = self.free.pop()
         self.rows[seq.seq_id] = row
+        self.epoch[row] += 1
+        self.pending_pos[row] = -1
         self.tokens[row, :n] = seq.token_ids
         self.num_tokens[row] = n
         self.num_prompt[row] = seq.num_prompt_tokens
@@ -121,10 +135,28 @@ class SequenceTable:
         self.block_tables[row, start:end] = blocks
         self.num_blocks[row] = end
 
-    def append_tokens(self, rows: np.ndarray, tokens: np.ndarray) -> None:
-        """Append one sampled token to each row (the next decode step's input)."""
+    def uses_penalties(self, rows: np.ndarray) -> np.ndarray:
+        return (self.presence[rows] != 0) | (self.frequency[rows] != 0) | (
+            self.repetition[rows] != 1)
+
+    def append_placeholders(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Reserve the next position of each row for the token being sampled; its value is
+        slot i of the step's sampled tokens. Returns (positions, epochs) for fill_tokens."""
         pos = self.num_tokens[rows]
         if np.any(pos >= self.max_tokens):
             raise MirrorError("a sequence grew past max_model_len")
-        self.tokens[rows, pos] = tokens
+        self.tokens[rows, pos] = 0
         self.num_tokens[rows] = pos + 1
+        self.pending_pos[rows] = pos
+        self.pending_slot[rows] = np.arange(len(rows))
+        return pos, self.epoch[rows].copy()
+
+    def fill_tokens(self, rows: np.ndarray, pos: np.ndarray, epochs: np.ndarray,
+                    tokens: np.ndarray) -> None:
+        """Write sampled values into their reserved positions, skipping rows that were given
+        to another sequence since."""
+        same = self.epoch[rows] == epochs
+        rows, pos = rows[same], pos[same]
+        self.tokens[rows, pos] = tokens[same]
+        settled = rows[self.pending_pos[rows] == pos]
+        self.pending_pos[settled] = -1

@@ -8,6 +8,8 @@ The only host sync per step is the copy of the sampled ids.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -22,6 +24,7 @@ from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
 from gpu_workers.sampler import Sampler
+from gpu_workers.transfer import to_device
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
 
 # With overlap scheduling a finished sequence may run one step more than it needs.
@@ -55,6 +58,9 @@ class ModelRunner:
             load_weights(self.model, config.model)
         self.sampler = Sampler(self.device, config.seed)
         self.graphs: DecodeGraphs | None = None
+        self.table: SequenceTable | None = None
+        self._unsettled: list[PendingStep] = []
+        """Launched steps of self.table whose tokens are not in the mirror yet, oldest first."""
         self.num_kv_blocks = self._size_kv_cache()
         self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size,
                                 self.device)
@@ -152,12 +158,43 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult | None:
-        return self._run(plan, self.table)
+        """Run one step to the end (rank 0 returns its result, other ranks None)."""
+        return self.finish(self.launch(plan))
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Queue one step on the device and return without waiting for its tokens.
+
+        The plan may continue sequences whose newest token the step still in flight is
+        sampling: that token's value is copied on the device into this step's inputs, so the
+        two steps run back to back with no host round trip between them."""
+        return self._launch(plan, self.table)
+
+    def finish(self, pending: PendingStep) -> StepResult | None:
+        """Wait for a launched step's tokens, settle them in the mirror, make the result."""
+        self._settle(pending)
+        if self.rank != 0:
+            return None
+        tokens = pending.host_tokens.tolist() if pending.host_tokens is not None else []
+        logprobs = pending.host_logprobs.tolist() if pending.host_logprobs is not None else None
+        return StepResult(pending.step_id, pending.seq_ids, tokens, logprobs)
 
     def _run(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
+        with torch.inference_mode():
+            return self.finish(self._launch(plan, table))
+
+    def _launch(self, plan: StepPlan, table: SequenceTable) -> PendingStep:
+        in_flight = None
+        if table is self.table and self._unsettled:
+            for older in self._unsettled[:-1]:  # only the newest step's tokens are patched in
+                self._settle(older)
+            in_flight = self._unsettled[-1]
         seq_ids, rows, num_new = table.apply(plan)
         if len(rows) == 0:
-            return self._result(plan.step_id, [], [], None)
+            return PendingStep.empty(plan.step_id, table)
+        if in_flight is not None and np.any(
+                table.uses_penalties(rows) & (table.pending_pos[rows] >= 0)):
+            self._settle(in_flight)  # penalties read the token history on the host
         bs, width = None, None
         if self.device.type == "cuda":
             # A static block-table width: Triton specialises kernels on integer arguments such
@@ -167,47 +204,114 @@ class ModelRunner:
             if (self.graphs is not None and len(rows) <= self.graphs.max_bs
                     and table is self.table and bool(np.all(num_new == 1))):
                 bs = self.graphs.bucket(len(rows))
+        start = table.num_computed[rows]
         batch = build_batch(table, rows, num_new, self.config.block_size, self.device,
                             pad_to=bs, block_width=width)
+        if in_flight is not None:
+            self._take_pending_inputs(batch, table, rows, start, num_new, in_flight)
         table.num_computed[rows] += num_new
         if bs is not None:
             hidden = self.graphs.run(batch, bs)
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch.attn)
         if len(batch.sample_rows) == 0:
-            return self._result(plan.step_id, [], [], None)
+            return PendingStep.empty(plan.step_id, table)
         tokens, logprobs = self._sample(hidden, batch)
-        table.append_tokens(batch.sample_rows, tokens)
-        ids = [seq_ids[i] for i in batch.sample_entries]
-        return self._result(plan.step_id, ids, tokens.tolist(), logprobs)
+        pos, epochs = table.append_placeholders(batch.sample_rows)
+        pending = PendingStep(
+            step_id=plan.step_id, table=table,
+            seq_ids=[seq_ids[i] for i in batch.sample_entries], rows=batch.sample_rows,
+            positions=pos, epochs=epochs, tokens=tokens, logprobs=logprobs)
+        pending.copy_to_host(self.device)
+        if table is self.table:
+            self._unsettled.append(pending)
+        return pending
+
+    def _take_pending_inputs(self, batch: StepBatch, table: SequenceTable, rows: np.ndarray,
+                             start: np.ndarray, num_new: np.ndarray,
+                             in_flight: PendingStep) -> None:
+        """Inputs whose value the step in flight is still sampling: copy them on the device."""
+        pend = table.pending_pos[rows]
+        k = np.flatnonzero((pend >= start) & (pend < start + num_new))
+        if len(k) == 0:
+            return
+        offsets = np.concatenate([[0], np.cumsum(num_new)[:-1]])
+        flat = offsets[k] + (pend[k] - start[k])
+        slots = table.pending_slot[rows[k]]
+        dst = to_device(flat, self.device)
+        src = to_device(slots, self.device)
+        values = in_flight.tokens.index_select(0, src).to(batch.input_ids.dtype)
+        batch.input_ids.index_copy_(0, dst, values)
+
+    def _settle(self, pending: PendingStep) -> None:
+        if pending.settled:
+            return
+        pending.wait()
+        pending.table.fill_tokens(pending.rows, pending.positions, pending.epochs,
+                                  pending.host_tokens)
+        pending.settled = True
+        if pending in self._unsettled:
+            self._unsettled.remove(pending)
 
     def _sample(self, hidden: torch.Tensor,
-                batch: StepBatch) -> tuple[np.ndarray, list[float] | None]:
+                batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sampled ids [R] int64 and their logprobs (rank 0 only), on the device."""
         logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         n = len(batch.sample_rows)
-        logprobs = None
+        lp = None
         if self.rank == 0:
             tokens, lp = self.sampler(logits, batch.sampling)
         else:
-            tokens, lp = torch.empty(n, dtype=torch.int64, device=self.device), None
+            tokens = torch.empty(n, dtype=torch.int64, device=self.device)
         if self.world_size > 1:
             dist.broadcast(tokens, src=0)
-        if self.device.type == "cuda":
-            host = torch.empty(n, dtype=torch.int64, pin_memory=True)
-            host.copy_(tokens, non_blocking=True)
-            host_lp = None
-            if lp is not None:
-                host_lp = torch.empty(n, dtype=torch.float32, pin_memory=True)
-                host_lp.copy_(lp, non_blocking=True)
-            torch.cuda.current_stream().synchronize()
-        else:
-            host, host_lp = tokens, lp
-        if host_lp is not None:
-            logprobs = host_lp.tolist()
-        return host.numpy(), logprobs
+        return tokens, lp
 
-    def _result(self, step_id: int, ids: list[int], tokens: list[int],
-                logprobs: list[float] | None) -> StepResult | None:
-        if self.rank != 0:
-            return None
-        return StepResult(step_id, ids, tokens, logprobs)
+
+@dataclass(eq=False)
+class PendingStep:
+    """A launched step: its sampled ids on the device and, once copied, on the host."""
+
+    step_id: int
+    table: SequenceTable
+    seq_ids: list[int]
+    rows: np.ndarray
+    positions: np.ndarray
+    epochs: np.ndarray
+    tokens: torch.Tensor | None
+    logprobs: torch.Tensor | None
+    host_tokens: np.ndarray | None = None
+    host_logprobs: np.ndarray | None = None
+    event: torch.cuda.Event | None = None
+    settled: bool = False
+
+    @classmethod
+    def empty(cls, step_id: int, table: SequenceTable) -> PendingStep:
+        none = np.zeros(0, np.int64)
+        return cls(step_id, table, [], none, none, none, None, None, host_tokens=none,
+                   settled=True)
+
+    def copy_to_host(self, device: torch.device) -> None:
+        """Start the device-to-host copy (pinned memory, so it does not block)."""
+        if device.type != "cuda":
+            self.host_tokens = self.tokens.numpy()
+            if self.logprobs is not None:
+                self.host_logprobs = self.logprobs.numpy()
+            return
+        host = torch.empty(self.tokens.shape, dtype=torch.int64, pin_memory=True)
+        host.copy_(self.tokens, non_blocking=True)
+        self.host_tokens = host.numpy()
+        if self.logprobs is not None:
+            host_lp = torch.empty(self.logprobs.shape, dtype=torch.float32, pin_memory=True)
+            host_lp.copy_(self.logprobs, non_blocking=True)
+            self.host_logprobs = host_lp.numpy()
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def done(self) -> bool:
+        """Whether the host copy has arrived (never blocks)."""
+        return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()

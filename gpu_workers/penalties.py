@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from gpu_workers.mirror import SequenceTable
+from gpu_workers.transfer import to_device
 
 
 @dataclass(slots=True)
@@ -53,7 +54,7 @@ def gather_penalties(table: SequenceTable, sample_rows: np.ndarray,
     presence = table.presence[sample_rows]
     frequency = table.frequency[sample_rows]
     repetition = table.repetition[sample_rows]
-    active = np.flatnonzero((presence != 0) | (frequency != 0) | (repetition != 1))
+    active = np.flatnonzero(table.uses_penalties(sample_rows))
     if len(active) == 0:
         return None
     rows = sample_rows[active]
@@ -64,7 +65,7 @@ def gather_penalties(table: SequenceTable, sample_rows: np.ndarray,
     output = _padded(table, rows, num_prompt, num_tokens)
 
     def dev(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)
+        return to_device(a, device)
 
     return PenaltyBatch(rows=dev(active.astype(np.int64)), prompt_tokens=dev(prompt),
                         output_tokens=dev(output), presence=dev(presence[active]),

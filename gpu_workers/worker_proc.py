@@ -2,13 +2,16 @@
 
 Start-up: join the torch.distributed group, build the ModelRunner (weights, KV pool, CUDA
 graphs), then report Ready (with the number of KV blocks) or StartupFailed to the launcher.
-Serving: receive a StepPlan, execute it, and on rank 0 send the StepResult to the scheduler.
+Serving: receive a StepPlan, execute it, and on rank 0 send the StepResult to the scheduler
+(with lookahead, a plan that is already waiting is launched before the previous step is
+finished).
 It stops on Shutdown, SIGTERM/SIGINT, or when its parent dies.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,6 +23,7 @@ from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import MessageSocket
 
 log = logging.getLogger("nanopipe.worker")
+LOOKAHEAD_POLL_S = 20e-6
 
 
 def init_distributed(config: WorkerConfig, rank: int, world_size: int) -> None:
@@ -55,7 +59,7 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
         info = (f"device={runner.device} backend={runner.backend} "
                 f"dtype={runner.model_config.dtype} kv_blocks={runner.num_kv_blocks}")
         rt.report_ready(endpoints.control, info, num_kv_blocks=runner.num_kv_blocks)
-        _serve(runner, steps, results, rt)
+        _serve(runner, steps, results, rt, lookahead=config.lookahead)
     finally:
         rt.close()
         if dist.is_initialized():
@@ -63,13 +67,42 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
 
 
 def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
-           rt: ProcessRuntime) -> None:
+           rt: ProcessRuntime, lookahead: bool = False) -> None:
+    """Execute plans in order. With lookahead a step stays in flight while the next plan is
+    awaited: if that plan arrives before the step's tokens reach the host, it is launched
+    first, so the device goes from one step to the next without waiting for the host."""
+    in_flight = None
+
+    def send(result) -> None:
+        if results is not None and result is not None:
+            results.send(result)
+
     while rt.stop_reason is None:
-        if not steps.poll(POLL_MS):
+        if in_flight is None:
+            if not steps.poll(POLL_MS):
+                continue
+        elif not _plan_before_tokens(steps, in_flight):
+            send(runner.finish(in_flight))
+            in_flight = None
             continue
         msg = steps.recv()
         if isinstance(msg, Shutdown):
             return
-        result = runner.execute(msg)
-        if results is not None and result is not None:
-            results.send(result)
+        launched = runner.launch(msg)
+        if in_flight is not None:
+            send(runner.finish(in_flight))
+        in_flight = None
+        if lookahead:
+            in_flight = launched
+        else:
+            send(runner.finish(launched))
+
+
+def _plan_before_tokens(steps: MessageSocket, in_flight) -> bool:
+    """Wait until the next plan arrives (True) or the step in flight is done (False)."""
+    while True:
+        if steps.poll(0):
+            return True
+        if in_flight.done():
+            return steps.poll(0)
+        time.sleep(LOOKAHEAD_POLL_S)

@@ -243,6 +243,8 @@ def main() -> None:
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                     help="overlap scheduling in the pipeline (default on)")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--worker-lookahead", action="store_true",
+                    help="workers launch the next step before this one's tokens reach the host")
     ap.add_argument("--hop-iters", type=int, default=5000)
     ap.add_argument("--hop-plan-seqs", type=int, default=256)
     args = ap.parse_args()
@@ -277,7 +279,7 @@ def main() -> None:
         base = EngineConfig(model=model_dir, device=device, max_model_len=max_model_len,
                             enforce_eager=args.enforce_eager)
         engine_cfg = dataclasses.replace(
-            base, overlap=args.overlap,
+            base, overlap=args.overlap, worker_lookahead=args.worker_lookahead,
             max_num_batched_tokens=max(base.resolved_max_num_batched_tokens, max_model_len))
         reqs = prompts(args.reps, args.prompt_len, mc.vocab_size, first_seed=1)
         warm_p, warm_d = prompts(2, args.prompt_len, mc.vocab_size, first_seed=1_000_000)

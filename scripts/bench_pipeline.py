@@ -47,8 +47,10 @@ def timed_w1(llm: LLM, work) -> tuple[int, float]:
     return sum(len(o["token_ids"]) for o in outputs), elapsed
 
 
-def run_mode(model_dir: str, args: argparse.Namespace, overlap: bool, work) -> dict:
-    llm = LLM(model_dir, device=args.device, overlap=overlap, max_num_seqs=args.max_num_seqs,
+def run_mode(model_dir: str, args: argparse.Namespace, mode: str, work) -> dict:
+    """mode: "off" (no overlap), "on" (scheduler overlap), "ahead" (and worker lookahead)."""
+    llm = LLM(model_dir, device=args.device, overlap=mode != "off",
+              worker_lookahead=mode == "ahead", max_num_seqs=args.max_num_seqs,
               max_model_len=args.max_input_len + args.max_output_len,
               max_num_batched_tokens=args.max_num_batched_tokens,
               enforce_eager=args.enforce_eager)
@@ -56,7 +58,7 @@ def run_mode(model_dir: str, args: argparse.Namespace, overlap: bool, work) -> d
         produced, elapsed = timed_w1(llm, work)
     finally:
         llm.close()
-    return dict(overlap=overlap, output_tokens=produced, seconds=round(elapsed, 3),
+    return dict(mode=mode, output_tokens=produced, seconds=round(elapsed, 3),
                 output_tok_s=round(produced / elapsed, 1))
 
 
@@ -72,7 +74,8 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--enforce-eager", action="store_true")
-    ap.add_argument("--modes", default="on,off", help="overlap modes to run: on,off")
+    ap.add_argument("--modes", default="on,off",
+                    help="comma-separated: on (overlap), off, ahead (overlap + worker lookahead)")
     args = ap.parse_args()
 
     model_dir = args.model
@@ -90,12 +93,12 @@ def main() -> None:
         work = [([t % mc.vocab_size for t in p], m) for p, m in work]
     bound_s, parts = hardware_bound_s(mc, param_count(model_dir), work)
     for mode in args.modes.split(","):
-        result = run_mode(model_dir, args, mode == "on", work)
+        result = run_mode(model_dir, args, mode, work)
         bound = result["output_tokens"] / bound_s
         result.update(hardware_bound_tok_s=round(bound, 1),
                       ratio_to_bound=round(result["output_tok_s"] / bound, 4))
         print(json.dumps(result), flush=True)
-        print(f"pipeline W1 overlap={mode}: {result['output_tok_s']:.1f} output tok/s; "
+        print(f"pipeline W1 mode={mode}: {result['output_tok_s']:.1f} output tok/s; "
               f"hardware bound {bound:.0f} tok/s (H200 figures); "
               f"ratio {result['ratio_to_bound']:.3f}", flush=True)
 

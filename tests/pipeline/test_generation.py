@@ -61,18 +61,19 @@ def test_offline_llm_overlap_on_and_off_match_transformers(arch, request):
     model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
     expected = _expected(model_dir)
     outputs = {}
-    for overlap in (True, False):
+    for mode in ("overlap", "lookahead", "off"):
         # Small token budget and KV pool: chunked prefill and preemption are exercised too.
-        cfg = tiny_engine(model_dir, overlap=overlap, max_num_batched_tokens=32)
+        cfg = tiny_engine(model_dir, overlap=mode != "off", worker_lookahead=mode == "lookahead",
+                          max_num_batched_tokens=32)
         with LLM(**cfg) as llm:
-            outputs[overlap] = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert outputs[True] == outputs[False]
-    assert [o["token_ids"] for o in outputs[True]] == expected
+            outputs[mode] = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert outputs["overlap"] == outputs["lookahead"] == outputs["off"]
+    assert [o["token_ids"] for o in outputs["overlap"]] == expected
 
 
 def test_tensor_parallel_2_matches_transformers(tiny_qwen3_dir, capfd):
     expected = _expected(tiny_qwen3_dir)
-    cfg = tiny_engine(tiny_qwen3_dir, tensor_parallel_size=2)
+    cfg = tiny_engine(tiny_qwen3_dir, tensor_parallel_size=2, worker_lookahead=True)
     with LLM(**cfg) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=True)
     assert [o["token_ids"] for o in outputs] == expected

@@ -1,0 +1,123 @@
+"""Launching step N+1 before step N's tokens reached the host gives the same tokens.
+
+The real Scheduler (overlap on: plan N+1 leaves before result N is processed) drives a real
+ModelRunner on the CPU. With lookahead the runner launches N+1 first and only then finishes
+N, so every decode input that step N is still sampling is copied on the device, and rows that
+were dropped, preempted or re-sent in between must not receive a late token.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from rt_helpers import make_runner
+
+from protocol import AddRequest, SamplingParams
+from scheduler_proc import Scheduler, SchedulerConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
+from fake_worker import Collector, drive  # noqa: E402
+
+MAX_MODEL_LEN = 96
+
+
+class LazyResult:
+    """A StepResult that finishes its step only when the scheduler first reads it."""
+
+    def __init__(self, runner, pending) -> None:
+        self._runner, self._pending, self._result = runner, pending, None
+
+    def __getattr__(self, name: str):
+        if self._result is None:
+            self._result = self._runner.finish(self._pending)
+        return getattr(self._result, name)
+
+
+class SyncWorker:
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.resent = 0
+        self.seen: set[int] = set()
+
+    def execute(self, plan):
+        for seq in plan.new_seqs:
+            self.resent += seq.seq_id in self.seen
+            self.seen.add(seq.seq_id)
+        return self.run(plan)
+
+    def run(self, plan):
+        return self.runner.execute(plan)
+
+
+class LookaheadWorker(SyncWorker):
+    """Launches each plan at once; its result is finished after the next plan launched."""
+
+    def run(self, plan):
+        return LazyResult(self.runner, self.runner.launch(plan))
+
+
+def requests(seed: int, n: int = 14) -> list[AddRequest]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, 600) for _ in range(20)]
+    out = []
+    for rid in range(n):
+        prompt = shared[: rng.choice([0, 16, 20])] + [rng.randrange(3, 600)
+                                                       for _ in range(rng.randint(1, 30))]
+        kind = rid % 4
+        params = SamplingParams(
+            temperature=0.0 if kind in (0, 2) else 1.0,
+            seed=None if kind != 1 else 100 + rid, top_k=-1 if kind != 3 else 40,
+            max_tokens=rng.randint(4, MAX_MODEL_LEN - len(prompt) - 2), ignore_eos=kind == 0,
+            frequency_penalty=0.8 if kind == 2 else 0.0)
+        out.append(AddRequest(rid, prompt, params, [2]))
+    return out
+
+
+def generate(model_dir: str, reqs: list[AddRequest], worker_cls, kv_bytes: int) -> dict:
+    runner = make_runner(model_dir, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=kv_bytes,
+                         max_num_seqs=8, max_num_batched_tokens=64)
+    sched = Scheduler(SchedulerConfig(runner.num_kv_blocks, runner.config.block_size,
+                                      max_num_seqs=8, max_num_batched_tokens=64,
+                                      max_model_len=MAX_MODEL_LEN, overlap=True))
+    for r in reqs:
+        sched.add_request(r)
+    worker = worker_cls(runner)
+    out = drive(sched, worker, Collector()).outputs
+    assert not runner._unsettled
+    return {rid: (o.token_ids, o.finish_reason) for rid, o in out.items()}, worker.resent
+
+
+@pytest.mark.parametrize("kv_bytes", [1 << 20, 12 * 8192])  # roomy; 12 blocks: preemptions
+def test_lookahead_equals_step_by_step(tiny_qwen3_dir, kv_bytes):
+    reqs = requests(kv_bytes)
+    sync, _ = generate(tiny_qwen3_dir, reqs, SyncWorker, kv_bytes)
+    ahead, resent = generate(tiny_qwen3_dir, reqs, LookaheadWorker, kv_bytes)
+    assert ahead == sync
+    assert all(reason is not None for _, reason in ahead.values())
+    assert (resent > 0) == (kv_bytes < 1 << 20)  # the tight pool preempts and re-sends
+
+
+def test_a_late_token_never_lands_in_a_row_given_to_another_sequence():
+    import numpy as np
+
+    from gpu_workers.mirror import SequenceTable
+    from protocol import CachedSequences, NewSequence, StepPlan
+
+    def plan(step, drops=(), new=()):
+        return StepPlan(step, list(drops), list(new), CachedSequences([], [], []))
+
+    greedy = SamplingParams(temperature=0.0)
+    table = SequenceTable(4, 64, 4)
+    table.apply(plan(0, new=[NewSequence(1, [5] * 10, 10, 0, 10, [0], greedy)]))
+    row = table.rows[1]
+    pos, epochs = table.append_placeholders(np.array([row]))  # step 0 samples seq 1
+    assert table.pending_pos[row] == 10
+    # Step 1 is planned before that token is known: seq 1 leaves, seq 2 takes its row.
+    table.apply(plan(1, drops=[1], new=[NewSequence(2, list(range(20)), 20, 0, 20, [1, 2],
+                                                    greedy)]))
+    assert table.rows[2] == row and table.pending_pos[row] == -1
+    table.fill_tokens(np.array([row]), pos, epochs, np.array([999]))
+    assert table.tokens[row, :20].tolist() == list(range(20))
