@@ -76,9 +76,11 @@ def requests(seed: int, n: int = 14) -> list[AddRequest]:
     return out
 
 
-def generate(model_dir: str, reqs: list[AddRequest], worker_cls, kv_bytes: int) -> dict:
-    runner = make_runner(model_dir, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=kv_bytes,
-                         max_num_seqs=8, max_num_batched_tokens=64)
+def generate(model_dir: str, reqs: list[AddRequest], worker_cls, kv_bytes: int,
+             **runner_kw) -> dict:
+    runner = make_runner(model_dir, **{"max_model_len": MAX_MODEL_LEN, "kv_cache_bytes": kv_bytes,
+                                       "max_num_seqs": 8, "max_num_batched_tokens": 64,
+                                       **runner_kw})
     sched = Scheduler(SchedulerConfig(runner.num_kv_blocks, runner.config.block_size,
                                       max_num_seqs=8, max_num_batched_tokens=64,
                                       max_model_len=MAX_MODEL_LEN, overlap=True))
@@ -98,6 +100,29 @@ def test_lookahead_equals_step_by_step(tiny_qwen3_dir, kv_bytes):
     assert ahead == sync
     assert all(reason is not None for _, reason in ahead.values())
     assert (resent > 0) == (kv_bytes < 1 << 20)  # the tight pool preempts and re-sends
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_lookahead_equals_step_by_step_on_cuda(tiny_qwen3_dir, enforce_eager):
+    """The same on a GPU, where step N really is still running when N+1 is launched (CUDA
+    graphs for decode, or eager kernels)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import gc
+
+    reqs = requests(7)
+    out = []
+    for worker_cls in (SyncWorker, LookaheadWorker):
+        gc.collect()
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()  # a small pool on top of what is in use
+        util = min(0.95, (total - free) / total + 0.02)
+        out.append(generate(tiny_qwen3_dir, reqs, worker_cls, None, device="cuda",
+                            gpu_memory_utilization=util, enforce_eager=enforce_eager)[0])
+    assert out[1] == out[0]
 
 
 def test_a_late_token_never_lands_in_a_row_given_to_another_sequence():
