@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 import uuid
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,39 +108,38 @@ class Client:
     """Talks to the pipeline whose tokenizer listens at `address`.
 
     timeout: seconds to wait for each result delta before the request is aborted with
-    TimeoutError (None: wait as long as the pipeline is alive).
+    TimeoutError (None: wait as long as the pipeline is alive). Use it as a context manager or
+    call close(); a Client dropped without either is closed when it is garbage-collected.
     """
 
     def __init__(self, address: str, timeout: float | None = None, *,
                  connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
         self.address = address
         self.timeout = timeout
-        self.client_id = uuid.uuid4().hex
-        self.welcome: ClientWelcome | None = None
-        self._lock = threading.Lock()
-        self._queues: dict[str, queue.SimpleQueue] = {}
-        self._dead: str | None = None
-        self._closed = False
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        self._ctx = zmq.Context()
-        configure_context(self._ctx)
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._io_main, name="nanopipe-client-io",
-                                        daemon=True)
-        self._thread.start()
-        if not self._ready.wait(connect_timeout) or self.welcome is None:
-            reason = self._dead or f"no pipeline answered at {address} within {connect_timeout}s"
+        self._conn = _Connection(address)
+        # The I/O thread holds the connection, never the Client: dropping the Client frees it.
+        self._finalizer = weakref.finalize(self, self._conn.close)
+        self._conn.start()
+        if not self._conn.ready.wait(connect_timeout) or self._conn.welcome is None:
+            reason = (self._conn.dead
+                      or f"no pipeline answered at {address} within {connect_timeout}s")
             self.close()
             raise EngineDeadError(reason)
 
     # ---------------------------------------------------------- public API
 
     @property
+    def client_id(self) -> str:
+        return self._conn.client_id
+
+    @property
+    def welcome(self) -> ClientWelcome | None:
+        return self._conn.welcome
+
+    @property
     def dead(self) -> bool:
         """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
-        return self._dead is not None
+        return self._conn.dead is not None
 
     @property
     def model(self) -> str:
@@ -175,25 +175,12 @@ class Client:
 
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop a request; it then finishes with finish_reason "abort"."""
-        if not self._closed:
-            self._command(encode(AbortRequest(request_id)))
+        if not self._conn.closed:
+            self._conn.command(encode(AbortRequest(request_id)))
 
     def close(self) -> None:
         """Abort whatever is in flight and release the sockets."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            pending = list(self._queues.items())
-            self._queues.clear()
-        for request_id, q in pending:
-            self._command(encode(AbortRequest(request_id)))
-            q.put(ClientClosedError(f"request {request_id}: the client was closed"))
-        self._command(None)
-        self._thread.join()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
-        self._ctx.term()
+        self._finalizer()
 
     def __enter__(self) -> Client:
         return self
@@ -208,13 +195,14 @@ class Client:
         request_id = uuid.uuid4().hex
         frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream)
         q: queue.SimpleQueue = queue.SimpleQueue()
-        with self._lock:
-            if self._closed:
+        conn = self._conn
+        with conn.lock:
+            if conn.closed:
                 raise ClientClosedError("the client is closed")
-            if self._dead is not None:
-                raise EngineDeadError(self._dead)
-            self._queues[request_id] = q
-        self._command(frame)
+            if conn.dead is not None:
+                raise EngineDeadError(conn.dead)
+            conn.queues[request_id] = q
+        conn.command(frame)
         return request_id, q
 
     def _next(self, request_id: str, q: queue.SimpleQueue) -> RequestDelta:
@@ -230,38 +218,93 @@ class Client:
         return item
 
     def _forget(self, request_id: str) -> None:
-        with self._lock:
-            self._queues.pop(request_id, None)
+        with self._conn.lock:
+            self._conn.queues.pop(request_id, None)
 
-    def _command(self, frame: bytes | None) -> None:
-        self._commands.put(frame)
-        try:
-            os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # the pipe is full (the I/O thread will drain it) or already closed
 
-    # ---------------------------------------------------------- I/O thread
+class _Connection:
+    """What the I/O thread shares with its Client: request queues, the command pipe, the
+    zmq context. Sockets live on the I/O thread only; the thread tears everything down when
+    it stops, so close() works from any thread (a finalizer may run on the I/O thread)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.client_id = uuid.uuid4().hex
+        self.welcome: ClientWelcome | None = None
+        self.lock = threading.Lock()
+        self.queues: dict[str, queue.SimpleQueue] = {}
+        self.dead: str | None = None
+        self.closed = False
+        self._released = False
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self.ctx = zmq.Context()
+        configure_context(self.ctx)
+        self.ready = threading.Event()
+        self._thread = threading.Thread(target=self._io_main, name="nanopipe-client-io",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def command(self, frame: bytes | None) -> None:
+        self.commands.put(frame)
+        with self.lock:
+            if self._released:
+                return
+            try:
+                os.write(self._wake_w, b"\0")
+            except (BlockingIOError, OSError):
+                pass  # the pipe is full: the I/O thread will drain it
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            pending = list(self.queues.items())
+            self.queues.clear()
+        for request_id, q in pending:
+            self.command(encode(AbortRequest(request_id)))
+            q.put(ClientClosedError(f"request {request_id}: the client was closed"))
+        self.command(None)
+        if threading.current_thread() is not self._thread and self._thread.ident is not None:
+            self._thread.join()
+        elif self._thread.ident is None:  # never started
+            self._release()
 
     def _io_main(self) -> None:
         try:
             _ClientIO(self).run()
         except Exception as exc:  # never leave callers waiting on a thread that died
-            self._fail_all(f"client I/O failed: {exc!r}")
+            self.fail_all(f"client I/O failed: {exc!r}")
         finally:
-            self._ready.set()
+            self.ready.set()
+            self._release()
 
-    def _route(self, msg: Any) -> None:
+    def _release(self) -> None:
+        """Close the pipe and the context (the thread's sockets are closed already)."""
+        with self.lock:
+            if self._released:
+                return
+            self._released = True
+            os.close(self.wake_r)
+            os.close(self._wake_w)
+        self.ctx.term()
+
+    def route(self, msg: Any) -> None:
         if isinstance(msg, EngineDead):
-            self._fail_all(msg.reason)
+            self.fail_all(msg.reason)
             return
         if isinstance(msg, ResultDeltaBatch):
             for delta in msg.deltas:
-                self._route(delta)
+                self.route(delta)
             return
-        with self._lock:
-            q = self._queues.get(msg.client_request_id)
+        with self.lock:
+            q = self.queues.get(msg.client_request_id)
             if q is not None and msg.finish_reason is not None:
-                del self._queues[msg.client_request_id]
+                del self.queues[msg.client_request_id]
         if q is None:
             return  # aborted or timed out already
         if msg.error is not None:
@@ -269,12 +312,12 @@ class Client:
         else:
             q.put(to_delta(msg))
 
-    def _fail_all(self, reason: str) -> None:
-        with self._lock:
-            if self._dead is None:
-                self._dead = reason
-            pending = list(self._queues.values())
-            self._queues.clear()
+    def fail_all(self, reason: str) -> None:
+        with self.lock:
+            if self.dead is None:
+                self.dead = reason
+            pending = list(self.queues.values())
+            self.queues.clear()
         for q in pending:
             q.put(EngineDeadError(reason))
 
@@ -282,22 +325,22 @@ class Client:
 class _ClientIO:
     """The I/O thread's state: sockets are made, used and closed on this thread only."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
+    def __init__(self, conn: _Connection) -> None:
+        self.conn = conn
         self.decoder = make_decoder()
         self.poller = zmq.Poller()
         self.monitors: list[zmq.Socket] = []
         self.sockets: list[zmq.Socket] = []
-        self.requests = self._dealer(client.address)
+        self.requests = self._dealer(conn.address)
         self.results: zmq.Socket | None = None
-        self.poller.register(client._wake_r, zmq.POLLIN)
+        self.poller.register(conn.wake_r, zmq.POLLIN)
 
     def _dealer(self, address: str) -> zmq.Socket:
-        sock = self.client._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self.client.client_id.encode())
+        sock = self.conn.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.conn.client_id.encode())
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.connect(address)
-        sock.send(encode(ClientHello(self.client.client_id)))
+        sock.send(encode(ClientHello(self.conn.client_id)))
         self.poller.register(sock, zmq.POLLIN)
         self.poller.register(monitor, zmq.POLLIN)
         self.sockets.append(sock)
@@ -313,22 +356,22 @@ class _ClientIO:
 
     def _step(self) -> bool:
         for sock, _ in self.poller.poll():
-            if sock == self.client._wake_r:
+            if sock == self.conn.wake_r:
                 if not self._drain_commands():
                     return False
             elif sock in self.monitors:
                 if is_disconnect(sock.recv_multipart()):
-                    self.client._fail_all(f"lost the connection to the pipeline at "
-                                          f"{self.client.address}")
+                    self.conn.fail_all(f"lost the connection to the pipeline at "
+                                          f"{self.conn.address}")
             else:
                 self._on_frame(sock)
         return True
 
     def _drain_commands(self) -> bool:
-        os.read(self.client._wake_r, 4096)
+        os.read(self.conn.wake_r, 4096)
         while True:
             try:
-                frame = self.client._commands.get_nowait()
+                frame = self.conn.commands.get_nowait()
             except queue.Empty:
                 return True
             if frame is None:
@@ -346,19 +389,19 @@ class _ClientIO:
             return  # not ours to crash on; the engine never sends these
         if isinstance(msg, ClientWelcome):
             self._on_welcome(sock, msg)
-        elif isinstance(msg, EngineDead) and not self.client._ready.is_set():
-            self.client._fail_all(msg.reason)
-            self.client._ready.set()
+        elif isinstance(msg, EngineDead) and not self.conn.ready.is_set():
+            self.conn.fail_all(msg.reason)
+            self.conn.ready.set()
         else:
-            self.client._route(msg)
+            self.conn.route(msg)
 
     def _on_welcome(self, sock: zmq.Socket, msg: ClientWelcome) -> None:
         if sock is self.requests and self.results is None:
             self.results = self._dealer(msg.results_address)
             self.welcome = msg
-        elif sock is self.results and not self.client._ready.is_set():
-            self.client.welcome = self.welcome
-            self.client._ready.set()
+        elif sock is self.results and not self.conn.ready.is_set():
+            self.conn.welcome = self.welcome
+            self.conn.ready.set()
 
     def _close(self) -> None:
         for sock in self.sockets:
@@ -366,7 +409,7 @@ class _ClientIO:
         for monitor in self.monitors:
             monitor.close(linger=0)
         # Once connected, the tokenizer socket lingers briefly so close()'s aborts get out.
-        self.requests.close(linger=CLOSE_LINGER_MS if self.client.welcome else 0)
+        self.requests.close(linger=CLOSE_LINGER_MS if self.conn.welcome else 0)
         if self.results is not None:
             self.results.close(linger=0)
 

@@ -211,10 +211,12 @@ def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int
             loop._emit(loop.sched.fail_all(f"scheduler error: {exc}"))
             raise
     finally:
-        if loop is not None:
-            loop.close()
-        rt.close()
-        if not rt.parent_alive:
-            # The launcher was killed and cannot clean up: remove the run directory (socket
-            # files, rendezvous file) for it.
-            endpoints.cleanup()
+        try:
+            if loop is not None:
+                loop.close()
+            rt.close()
+        finally:
+            if not rt.parent_alive:
+                # The launcher was killed and cannot clean up: remove the run directory (socket
+                # files, rendezvous file) for it, even if closing the sockets failed.
+                endpoints.cleanup()

@@ -250,6 +250,25 @@ def test_close_aborts_in_flight_requests(pipe):
         pipe.scheduler.paused = False
 
 
+def test_a_dropped_client_closes_itself(pipe):
+    """Neither closed nor used as a context manager: collecting it stops its I/O thread,
+    releases its pipe and aborts what it left in flight."""
+    pipe.scheduler.paused = True
+    try:
+        client = Client(pipe.address)
+        conn = client._conn
+        client.generate_in_flight = client.stream(PROMPT, params=SamplingParams(max_tokens=50))
+        wait_for(lambda: pipe.scheduler.running() == 1)
+        rid = pipe.scheduler.added[-1].request_id
+        del client  # the stream and the client refer to each other: only the cycle GC frees them
+        gc.collect()
+        wait_for(lambda: aborted(pipe, rid))
+        conn._thread.join(timeout=10)
+        assert not conn._thread.is_alive() and conn.closed and conn._released
+    finally:
+        pipe.scheduler.paused = False
+
+
 def raw_dealer(address: str) -> zmq.Socket:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
