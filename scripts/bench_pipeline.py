@@ -1,12 +1,14 @@
 """W1 offline throughput through the whole pipeline (tokenizer, scheduler, workers,
-detokenizer, client), with overlap scheduling on and off.
+detokenizer, client) in several modes: overlap scheduling on, off, and on with worker
+lookahead ("ahead").
 
     python scripts/bench_pipeline.py --make-random qwen3-0.6b      # on the GPU machine
+    python scripts/bench_pipeline.py --make-random qwen3-0.6b --modes ahead,on
     python scripts/bench_pipeline.py --model DIR --device cpu --num-seqs 8 \
         --max-input-len 64 --max-output-len 32                     # CPU smoke run
 
 Prints output tok/s for each mode and its ratio to the hardware bound of the workload
-(the same bound as scripts/bench_offline.py computes).
+(the same bound as scripts/bench_offline.py computes), then each mode against the first.
 """
 
 from __future__ import annotations
@@ -92,8 +94,9 @@ def main() -> None:
     if mc.vocab_size <= 10000:
         work = [([t % mc.vocab_size for t in p], m) for p, m in work]
     bound_s, parts = hardware_bound_s(mc, param_count(model_dir), work)
+    results = {}
     for mode in args.modes.split(","):
-        result = run_mode(model_dir, args, mode, work)
+        result = results[mode] = run_mode(model_dir, args, mode, work)
         bound = result["output_tokens"] / bound_s
         result.update(hardware_bound_tok_s=round(bound, 1),
                       ratio_to_bound=round(result["output_tok_s"] / bound, 4))
@@ -101,6 +104,10 @@ def main() -> None:
         print(f"pipeline W1 mode={mode}: {result['output_tok_s']:.1f} output tok/s; "
               f"hardware bound {bound:.0f} tok/s (H200 figures); "
               f"ratio {result['ratio_to_bound']:.3f}", flush=True)
+    modes = list(results)
+    for mode in modes[1:]:  # same run, same workload: each mode against the first
+        speedup = results[mode]["output_tok_s"] / results[modes[0]]["output_tok_s"]
+        print(f"same run: mode={mode} / mode={modes[0]} = {speedup:.3f}x", flush=True)
 
 
 def param_count(model_dir: str) -> int:
