@@ -1,0 +1,145 @@
+"""W3 shared prefix: many requests behind one long common prefix (a system prompt), run with
+the prefix cache on and off in the same run, through the scheduler and the runtime.
+
+    python scripts/bench_prefix.py                                    # embedded SmolLM2, CPU
+    python scripts/bench_prefix.py --make-random qwen3-0.6b --num-requests 256 \\
+        --prefix-len 2048 --max-tokens 128                            # on the GPU machine
+
+One request goes first (it computes the prefix and leaves it in the cache, as an earlier
+conversation would), then all the others at once. Each request is the shared prefix plus its
+own seeded suffix and asks for --max-tokens greedy tokens (ignore_eos). Measured per mode:
+prompt tokens the runtime computed (counted from the plans it executed), wall time, output
+tok/s; then the prefill tokens the cache saved and the speed-up, same run, same requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from bench_offline import SHAPES, make_random
+
+from gpu_workers import ModelRunner, WorkerConfig
+from protocol import AddRequest, SamplingParams
+from scheduler_proc import Scheduler, SchedulerConfig
+
+
+class CountingRunner:
+    """Counts the tokens each executed plan computed."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.computed = 0
+
+    def execute(self, plan):
+        self.computed += sum(s.num_new for s in plan.new_seqs) + sum(plan.cached.num_new)
+        return self.runner.execute(plan)
+
+
+def drain(scheduler: Scheduler, runner: CountingRunner) -> int:
+    produced = 0
+    while scheduler.has_unfinished():
+        plan = scheduler.schedule()
+        if plan is None:
+            raise RuntimeError("the scheduler has unfinished requests but planned nothing")
+        deltas = scheduler.process_result(runner.execute(plan))
+        produced += sum(len(t) for t in deltas.token_ids)
+        if any(deltas.errors):
+            raise RuntimeError(f"request failed: {[e for e in deltas.errors if e]}")
+    return produced
+
+
+def run_mode(runner: ModelRunner, caching: bool, requests: list[AddRequest],
+             args: argparse.Namespace) -> dict:
+    cfg = runner.config
+    scheduler = Scheduler(SchedulerConfig(
+        num_kv_blocks=runner.num_kv_blocks, block_size=cfg.block_size,
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=cfg.max_model_len, enable_prefix_caching=caching, overlap=False))
+    counting = CountingRunner(runner)
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    scheduler.add_request(requests[0])
+    produced = drain(scheduler, counting)
+    for req in requests[1:]:
+        scheduler.add_request(req)
+    produced += drain(scheduler, counting)
+    sync()
+    elapsed = time.perf_counter() - start
+    # Every output token but each request's first is a one-token decode computation.
+    prefill = counting.computed - (produced - len(requests))
+    return dict(prefix_cache=caching, requests=len(requests),
+                prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
+                prefill_tokens_computed=prefill, output_tokens=produced,
+                seconds=round(elapsed, 3), output_tok_s=round(produced / elapsed, 1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--model", help="a Hugging Face model directory (default: embedded model)")
+    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--prefix-len", type=int, default=512)
+    ap.add_argument("--suffix-len-range", type=int, nargs=2, default=[16, 64],
+                    metavar=("MIN", "MAX"))
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    lo, hi = args.suffix_len_range
+    if args.num_requests < 2 or args.prefix_len < 1 or not 1 <= lo <= hi:
+        ap.error("need --num-requests >= 2, --prefix-len >= 1 and 1 <= MIN <= MAX")
+
+    model_dir = args.model
+    if args.make_random:
+        out = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
+        model_dir = str(make_random(args.make_random, out, args.device))
+    elif model_dir is None:
+        from frontend.default_model import default_model_dir
+
+        model_dir = default_model_dir()
+    max_model_len = args.prefix_len + hi + args.max_tokens
+    block_size = args.block_size or (256 if args.device == "cuda" else 16)
+    runner = ModelRunner(WorkerConfig(
+        model=model_dir, device=args.device, max_model_len=max_model_len, block_size=block_size,
+        max_num_seqs=args.num_requests, max_num_batched_tokens=max(8192, max_model_len),
+        kv_cache_bytes=None if args.device == "cuda" else 1 << 30))
+    vocab = runner.model_config.vocab_size
+    rng = random.Random(args.seed)
+    top = min(vocab, 10000)
+    prefix = [rng.randrange(top) for _ in range(args.prefix_len)]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    eos = list(runner.model_config.eos_token_ids)
+    requests = [AddRequest(k, prefix + [rng.randrange(top) for _ in range(rng.randint(lo, hi))],
+                           params, eos) for k in range(args.num_requests)]
+    print(f"W3 shared prefix: {Path(model_dir).name} on {args.device}, {len(requests)} requests, "
+          f"prefix {args.prefix_len} + suffix {lo}-{hi} tokens, {args.max_tokens} output tokens "
+          f"each, block size {block_size}; {time.strftime('%Y-%m-%d')}", flush=True)
+    warm = [AddRequest((1 << 40) + k, [1, 2, 3, 4], params, eos) for k in range(2)]
+    run_mode(runner, False, warm, args)  # compile / warm the kernels, off the clock
+    results = {}
+    for caching in (True, False):
+        r = results[caching] = run_mode(runner, caching, requests, args)
+        print(f"prefix cache {'on ' if caching else 'off'}: {r['prefill_tokens_computed']} of "
+              f"{r['prompt_tokens']} prompt tokens computed, {r['output_tok_s']:.1f} output "
+              f"tok/s ({r['seconds']:.2f} s)", flush=True)
+        print(json.dumps(r), flush=True)
+    on, off = results[True], results[False]
+    saved = 1 - on["prefill_tokens_computed"] / off["prefill_tokens_computed"]
+    speedup = off["seconds"] / on["seconds"]
+    print(f"the prefix cache saved {saved:.1%} of the prefill tokens; {speedup:.2f}x faster "
+          f"end to end (same run)", flush=True)
+    print(json.dumps(dict(result="w3", prefill_saved=round(saved, 4),
+                          speedup=round(speedup, 3))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

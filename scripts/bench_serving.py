@@ -1,0 +1,171 @@
+"""W2 online serving: requests arrive as a Poisson process at several rates and stream
+through the whole pipeline (AsyncClient -> tokenizer -> scheduler -> workers -> detokenizer).
+
+    python scripts/bench_serving.py                                   # embedded SmolLM2, CPU
+    python scripts/bench_serving.py --make-random qwen3-0.6b --rates 4,16,64 \\
+        --num-requests 256 --max-tokens 256                           # on the GPU machine
+
+Per rate: TTFT (arrival to first streamed text) and inter-token latency (the gap between
+two deltas, divided by the tokens the later one carried) at p50 and p99, output tok/s over
+the span from the first arrival to the last finish, and how many requests completed. Every
+request sends seeded random token ids (lengths uniform in --prompt-len-range) and asks for
+exactly --max-tokens greedy tokens (ignore_eos). Arrivals are seeded, so a rerun replays
+the same schedule. Human lines, then one JSON line per rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench_offline import SHAPES, make_random
+from bench_pipeline import write_synthetic_tokenizer
+
+from frontend import AsyncClient, SamplingParams
+from frontend.config import EngineConfig
+from frontend.launcher import Pipeline
+
+
+@dataclass
+class Trace:
+    arrival: float
+    first: float | None = None
+    done: float | None = None
+    tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+    """Per-token inter-token latencies (seconds)."""
+    error: str | None = None
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def one_request(client: AsyncClient, start: float, trace: Trace, prompt: list[int],
+                      params: SamplingParams) -> None:
+    await asyncio.sleep(max(0.0, start + trace.arrival - time.perf_counter()))
+    last = time.perf_counter()
+    try:
+        async for delta in client.stream(prompt_token_ids=prompt, params=params):
+            now = time.perf_counter()
+            if not delta.token_ids:
+                continue
+            if trace.first is None:
+                trace.first = now
+            else:
+                trace.gaps.extend([(now - last) / len(delta.token_ids)] * len(delta.token_ids))
+            trace.tokens += len(delta.token_ids)
+            last = now
+    except Exception as exc:  # reported, not fatal: the other requests go on
+        trace.error = repr(exc)
+    trace.done = time.perf_counter()
+
+
+async def run_rate(client: AsyncClient, rate: float, args: argparse.Namespace,
+                   vocab: int) -> dict:
+    rng = random.Random(f"{args.seed}-{rate}")
+    lo, hi = args.prompt_len_range
+    top = min(vocab, 10000)
+    prompts = [[rng.randrange(top) for _ in range(rng.randint(lo, hi))]
+               for _ in range(args.num_requests)]
+    t, traces = 0.0, []
+    for _ in prompts:
+        traces.append(Trace(arrival=t))
+        t += rng.expovariate(rate)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    await asyncio.gather(*(one_request(client, start, tr, p, params)
+                           for tr, p in zip(traces, prompts, strict=True)))
+    ok = [tr for tr in traces if tr.error is None and tr.first is not None]
+    ttft = [tr.first - (start + tr.arrival) for tr in ok]
+    itl = [g for tr in ok for g in tr.gaps]
+    span = max(tr.done for tr in traces) - start
+    produced = sum(tr.tokens for tr in traces)
+    return dict(rate_req_s=rate, requests=len(traces), completed=len(ok),
+                errors=[tr.error for tr in traces if tr.error][:3],
+                output_tokens=produced, seconds=round(span, 3),
+                output_tok_s=round(produced / span, 1),
+                ttft_ms_p50=round(percentile(ttft, 0.5) * 1e3, 2),
+                ttft_ms_p99=round(percentile(ttft, 0.99) * 1e3, 2),
+                itl_ms_p50=round(percentile(itl, 0.5) * 1e3, 2),
+                itl_ms_p99=round(percentile(itl, 0.99) * 1e3, 2),
+                mean_ttft_ms=round(statistics.fmean(ttft) * 1e3, 2) if ttft else None)
+
+
+async def serve_all(config: EngineConfig, args: argparse.Namespace) -> list[dict]:
+    with Pipeline(config) as pipeline:
+        async with AsyncClient(pipeline.address) as client:
+            vocab = json.loads((Path(config.model_dir) / "config.json").read_text())["vocab_size"]
+            warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+            await client.generate(prompt_token_ids=[1, 2, 3, 4], params=warm)
+            results = []
+            for rate in args.rates:
+                r = await run_rate(client, rate, args, vocab)
+                results.append(r)
+                print(f"rate {rate:g} req/s: {r['completed']}/{r['requests']} completed, "
+                      f"{r['output_tok_s']:.1f} output tok/s; TTFT p50 {r['ttft_ms_p50']:.1f} ms "
+                      f"p99 {r['ttft_ms_p99']:.1f} ms; ITL p50 {r['itl_ms_p50']:.2f} ms "
+                      f"p99 {r['itl_ms_p99']:.2f} ms", flush=True)
+                print(json.dumps(r), flush=True)
+            return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--model", help="a Hugging Face model directory (default: embedded model)")
+    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--rates", default="0.5,1,2",
+                    type=lambda s: [float(x) for x in s.split(",")],
+                    help="arrival rates in requests per second, comma-separated")
+    ap.add_argument("--num-requests", type=int, default=24, help="requests per rate")
+    ap.add_argument("--prompt-len-range", type=int, nargs=2, default=[32, 256],
+                    metavar=("MIN", "MAX"))
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--worker-lookahead", action="store_true")
+    args = ap.parse_args()
+    lo, hi = args.prompt_len_range
+    if not 1 <= lo <= hi or args.num_requests < 1 or args.max_tokens < 1:
+        ap.error("need 1 <= MIN <= MAX, --num-requests >= 1 and --max-tokens >= 1")
+    if not args.rates or min(args.rates) <= 0:
+        ap.error("--rates must be positive")
+
+    made = None
+    model = args.model
+    if args.make_random:
+        import torch
+
+        made = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        make_random(args.make_random, made, device)
+        write_synthetic_tokenizer(made, SHAPES[args.make_random]["vocab_size"])
+        model = str(made)
+    try:
+        config = EngineConfig(model=model, device=args.device, max_num_seqs=args.max_num_seqs,
+                              max_model_len=hi + args.max_tokens,
+                              worker_lookahead=args.worker_lookahead)
+        print(f"W2 serving: {config.model_name} on {config.resolved_device}, "
+              f"{args.num_requests} requests per rate, prompts {lo}-{hi} tokens, "
+              f"{args.max_tokens} output tokens each; {time.strftime('%Y-%m-%d')}", flush=True)
+        asyncio.run(serve_all(config, args))
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
