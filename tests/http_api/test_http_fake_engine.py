@@ -256,18 +256,21 @@ def test_engine_death_mid_stream_is_an_error_event(http):
     assert events[-1]["error"]["type"] == "engine_dead"
 
 
-def test_disconnect_mid_stream_aborts_the_request(http, fake):
+@pytest.mark.parametrize("n", [1, 3])
+def test_disconnect_mid_stream_aborts_the_request(http, fake, n):
     fake.token_delay_s = 0.01
+    before = len(fake.calls)
     with http.stream("POST", "/v1/completions", json={
-            "model": "fake-model", "prompt": "long", "max_tokens": 500,
+            "model": "fake-model", "prompt": "long", "max_tokens": 500, "n": n,
             "stream": True}) as resp:
         lines = resp.iter_lines()
         assert next(lines).startswith("data: ")
-        call = fake.calls[-1]
+        calls = fake.calls[before:]
+    assert len(calls) == n
     deadline = time.monotonic() + 5
-    while not call.aborted and time.monotonic() < deadline:
+    while not all(c.aborted for c in calls) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert call.aborted and not call.finished
+    assert all(c.aborted and not c.finished for c in calls)
 
 
 def test_disconnect_while_not_streaming_aborts_the_request(base_url, fake):
