@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -46,133 +47,56 @@ from protocol import (
 
 
 class AsyncClient:
-    """Connects on first use (or `await client.start()` / `async with`)."""
+    """Connects on first use (or `await client.start()` / `async with`). Close it, or use it as
+    an async context manager; one dropped while its loop still runs is closed on that loop."""
 
     def __init__(self, address: str, timeout: float | None = None, *,
                  connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
         self.address = address
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self.client_id = uuid.uuid4().hex
-        self.welcome: ClientWelcome | None = None
-        self._decoder = make_decoder()
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sockets: list[zmq.asyncio.Socket] = []
-        self._monitors: list[zmq.asyncio.Socket] = []
-        self._requests: zmq.asyncio.Socket | None = None
-        self._queues: dict[str, asyncio.Queue] = {}
-        self._reader: asyncio.Task | None = None
+        self._conn = _AsyncConnection(address)
+        # The reader task holds the connection, never the client: dropping the client frees it.
+        self._finalizer = weakref.finalize(self, self._conn.close_soon)
         self._start_lock: asyncio.Lock | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._dead: str | None = None
-        self._closed = False
+
+    @property
+    def client_id(self) -> str:
+        return self._conn.client_id
+
+    @property
+    def welcome(self) -> ClientWelcome | None:
+        return self._conn.welcome
 
     @property
     def dead(self) -> bool:
         """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
-        return self._dead is not None
+        return self._conn.dead is not None
 
     # ---------------------------------------------------------- connection
 
     async def start(self) -> None:
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
+        conn = self._conn
         async with self._start_lock:
-            if self.welcome is not None:
+            if conn.welcome is not None:
                 return
-            if self._closed:
+            if conn.closed:
                 raise ClientClosedError("the client is closed")
-            if self._dead is not None:
-                raise EngineDeadError(self._dead)
-            self._loop = asyncio.get_running_loop()
-            self._ctx = zmq.asyncio.Context()
-            configure_context(self._ctx)
+            if conn.dead is not None:
+                raise EngineDeadError(conn.dead)
+            conn.open(asyncio.get_running_loop())
             try:
-                await asyncio.wait_for(self._handshake(), self.connect_timeout)
+                await asyncio.wait_for(conn.handshake(), self.connect_timeout)
             except (asyncio.TimeoutError, EngineDeadError) as exc:
                 reason = (str(exc) if isinstance(exc, EngineDeadError) else
                           f"no pipeline answered at {self.address} "
                           f"within {self.connect_timeout}s")
-                self._dead = reason
-                self._release()
+                conn.dead = reason
+                conn.release()
                 raise EngineDeadError(reason) from None
-            self._reader = asyncio.ensure_future(self._read_loop())
-
-    async def _handshake(self) -> None:
-        self._requests = self._dealer(self.address)
-        welcome = await self._await_welcome(self._requests)
-        results = self._dealer(welcome.results_address)
-        await self._await_welcome(results)
-        self.welcome = welcome
-
-    def _dealer(self, address: str) -> zmq.asyncio.Socket:
-        assert self._ctx is not None
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self.client_id.encode())
-        self._monitors.append(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))
-        sock.connect(address)
-        sock.send(encode(ClientHello(self.client_id)), zmq.NOBLOCK)
-        self._sockets.append(sock)
-        return sock
-
-    async def _await_welcome(self, sock: zmq.asyncio.Socket) -> ClientWelcome:
-        while True:
-            frames = await sock.recv_multipart()
-            try:
-                msg = self._decoder.decode(frames[-1])
-            except ProtocolError:
-                continue
-            if isinstance(msg, ClientWelcome):
-                return msg
-            if isinstance(msg, EngineDead):
-                raise EngineDeadError(msg.reason)
-
-    async def _read_loop(self) -> None:
-        poller = zmq.asyncio.Poller()
-        for sock in (*self._sockets, *self._monitors):
-            poller.register(sock, zmq.POLLIN)
-        try:
-            while True:
-                for sock, _ in await poller.poll():
-                    frames = await sock.recv_multipart()
-                    if sock in self._monitors:
-                        if is_disconnect(frames):
-                            self._fail_all(f"lost the connection to the pipeline at "
-                                           f"{self.address}")
-                    else:
-                        self._on_frame(frames[-1])
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # never leave callers waiting on a dead reader
-            self._fail_all(f"client I/O failed: {exc!r}")
-
-    def _on_frame(self, frame: bytes) -> None:
-        try:
-            msg = self._decoder.decode(frame)
-        except ProtocolError:
-            return
-        if isinstance(msg, EngineDead):
-            self._fail_all(msg.reason)
-        elif isinstance(msg, ResultDeltaBatch):
-            for delta in msg.deltas:
-                self._on_delta(delta)
-        elif isinstance(msg, ResultDelta):
-            self._on_delta(msg)
-
-    def _on_delta(self, msg: ResultDelta) -> None:
-        q = self._queues.get(msg.client_request_id)
-        if q is None:
-            return
-        if msg.finish_reason is not None:
-            del self._queues[msg.client_request_id]
-        q.put_nowait(error_for(msg.error) if msg.error is not None else to_delta(msg))
-
-    def _fail_all(self, reason: str) -> None:
-        if self._dead is None:
-            self._dead = reason
-        for q in self._queues.values():
-            q.put_nowait(EngineDeadError(reason))
-        self._queues.clear()
+            conn.reader = asyncio.ensure_future(conn.read_loop())
 
     # ---------------------------------------------------------- public API
 
@@ -201,32 +125,8 @@ class AsyncClient:
         self._abort_nowait(request_id)
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for request_id, q in list(self._queues.items()):
-            self._abort_nowait(request_id)
-            q.put_nowait(ClientClosedError(f"request {request_id}: the client was closed"))
-        self._queues.clear()
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        self._release()
-
-    def _release(self) -> None:
-        for sock in self._sockets:
-            sock.disable_monitor()
-        for monitor in self._monitors:
-            monitor.close(linger=0)
-        for sock in self._sockets:
-            connected = sock is self._requests and self.welcome is not None
-            sock.close(linger=CLOSE_LINGER_MS if connected else 0)
-        self._sockets.clear()
-        self._monitors.clear()
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+        self._finalizer.detach()
+        await self._conn.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         await self.start()
@@ -242,14 +142,15 @@ class AsyncClient:
         await self.start()
         request_id = uuid.uuid4().hex
         frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream)
-        if self._closed:
+        conn = self._conn
+        if conn.closed:
             raise ClientClosedError("the client is closed")
-        if self._dead is not None:
-            raise EngineDeadError(self._dead)
+        if conn.dead is not None:
+            raise EngineDeadError(conn.dead)
         q: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = q
-        assert self._requests is not None
-        self._requests.send(frame, zmq.NOBLOCK)
+        conn.queues[request_id] = q
+        assert conn.requests is not None
+        conn.requests.send(frame, zmq.NOBLOCK)
         return request_id, q
 
     async def _next(self, request_id: str, q: asyncio.Queue) -> RequestDelta:
@@ -263,8 +164,112 @@ class AsyncClient:
         return item
 
     def _abort_nowait(self, request_id: str) -> None:
+        self._conn.abort_nowait(request_id)
+
+
+class _AsyncConnection:
+    """The sockets, queues and reader of one AsyncClient, on the loop that opened them."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.client_id = uuid.uuid4().hex
+        self.welcome: ClientWelcome | None = None
+        self.decoder = make_decoder()
+        self.ctx: zmq.asyncio.Context | None = None
+        self.sockets: list[zmq.asyncio.Socket] = []
+        self.monitors: list[zmq.asyncio.Socket] = []
+        self.requests: zmq.asyncio.Socket | None = None
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.reader: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.dead: str | None = None
+        self.closed = False
+        self._closing: asyncio.Task | None = None
+
+    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.ctx = zmq.asyncio.Context()
+        configure_context(self.ctx)
+
+    async def handshake(self) -> None:
+        self.requests = self._dealer(self.address)
+        welcome = await self._await_welcome(self.requests)
+        results = self._dealer(welcome.results_address)
+        await self._await_welcome(results)
+        self.welcome = welcome
+
+    def _dealer(self, address: str) -> zmq.asyncio.Socket:
+        assert self.ctx is not None
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.client_id.encode())
+        self.monitors.append(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+        sock.connect(address)
+        sock.send(encode(ClientHello(self.client_id)), zmq.NOBLOCK)
+        self.sockets.append(sock)
+        return sock
+
+    async def _await_welcome(self, sock: zmq.asyncio.Socket) -> ClientWelcome:
+        while True:
+            frames = await sock.recv_multipart()
+            try:
+                msg = self.decoder.decode(frames[-1])
+            except ProtocolError:
+                continue
+            if isinstance(msg, ClientWelcome):
+                return msg
+            if isinstance(msg, EngineDead):
+                raise EngineDeadError(msg.reason)
+
+    async def read_loop(self) -> None:
+        poller = zmq.asyncio.Poller()
+        for sock in (*self.sockets, *self.monitors):
+            poller.register(sock, zmq.POLLIN)
+        try:
+            while True:
+                for sock, _ in await poller.poll():
+                    frames = await sock.recv_multipart()
+                    if sock in self.monitors:
+                        if is_disconnect(frames):
+                            self.fail_all(f"lost the connection to the pipeline at "
+                                          f"{self.address}")
+                    else:
+                        self._on_frame(frames[-1])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never leave callers waiting on a dead reader
+            self.fail_all(f"client I/O failed: {exc!r}")
+
+    def _on_frame(self, frame: bytes) -> None:
+        try:
+            msg = self.decoder.decode(frame)
+        except ProtocolError:
+            return
+        if isinstance(msg, EngineDead):
+            self.fail_all(msg.reason)
+        elif isinstance(msg, ResultDeltaBatch):
+            for delta in msg.deltas:
+                self._on_delta(delta)
+        elif isinstance(msg, ResultDelta):
+            self._on_delta(msg)
+
+    def _on_delta(self, msg: ResultDelta) -> None:
+        q = self.queues.get(msg.client_request_id)
+        if q is None:
+            return
+        if msg.finish_reason is not None:
+            del self.queues[msg.client_request_id]
+        q.put_nowait(error_for(msg.error) if msg.error is not None else to_delta(msg))
+
+    def fail_all(self, reason: str) -> None:
+        if self.dead is None:
+            self.dead = reason
+        for q in self.queues.values():
+            q.put_nowait(EngineDeadError(reason))
+        self.queues.clear()
+
+    def abort_nowait(self, request_id: str) -> None:
         """Forget the request and tell the engine; safe from finalizers and other threads."""
-        loop = self._loop
+        loop = self.loop
         if loop is None or loop.is_closed():
             return
         try:
@@ -272,12 +277,51 @@ class AsyncClient:
         except RuntimeError:
             running = None
         if running is not loop:
-            loop.call_soon_threadsafe(self._abort_nowait, request_id)
+            loop.call_soon_threadsafe(self.abort_nowait, request_id)
             return
-        self._queues.pop(request_id, None)
-        if self._requests is not None and not self._requests.closed and self._dead is None:
+        self.queues.pop(request_id, None)
+        if self.requests is not None and not self.requests.closed and self.dead is None:
             with contextlib.suppress(zmq.ZMQError):
-                self._requests.send(encode(AbortRequest(request_id)), zmq.NOBLOCK)
+                self.requests.send(encode(AbortRequest(request_id)), zmq.NOBLOCK)
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for request_id, q in list(self.queues.items()):
+            self.abort_nowait(request_id)
+            q.put_nowait(ClientClosedError(f"request {request_id}: the client was closed"))
+        self.queues.clear()
+        if self.reader is not None:
+            self.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.reader
+        self.release()
+
+    def close_soon(self) -> None:
+        """The client was dropped unclosed: close on its loop, if that loop still runs."""
+        loop = self.loop
+        if self.closed or loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
+            loop.call_soon_threadsafe(self._begin_close)
+
+    def _begin_close(self) -> None:
+        self._closing = asyncio.ensure_future(self.aclose())  # the loop keeps only weak refs
+
+    def release(self) -> None:
+        for sock in self.sockets:
+            sock.disable_monitor()
+        for monitor in self.monitors:
+            monitor.close(linger=0)
+        for sock in self.sockets:
+            connected = sock is self.requests and self.welcome is not None
+            sock.close(linger=CLOSE_LINGER_MS if connected else 0)
+        self.sockets.clear()
+        self.monitors.clear()
+        if self.ctx is not None:
+            self.ctx.term()
+            self.ctx = None
 
 
 class AsyncResultStream(AsyncIterator[RequestDelta]):

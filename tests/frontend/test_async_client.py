@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 
 import pytest
 from transformers import AutoTokenizer
@@ -104,6 +106,32 @@ def test_close_aborts_in_flight(pipe):
             with pytest.raises(ClientClosedError):
                 await task
             await until(lambda: aborted(pipe, rid))
+        finally:
+            pipe.scheduler.paused = False
+
+    run(main())
+
+
+def test_a_dropped_client_closes_itself(pipe):
+    """Neither closed nor used with `async with`: the abandoned stream's request is aborted,
+    and once the client is collected its reader stops and its sockets close."""
+    async def main() -> None:
+        pipe.scheduler.paused = True
+        try:
+            client = AsyncClient(pipe.address)
+            stream = client.stream(PROMPT, params=SamplingParams(max_tokens=50))
+            first = asyncio.ensure_future(anext(stream))
+            await until(lambda: pipe.scheduler.running() == 1)
+            rid = pipe.scheduler.added[-1].request_id
+            conn = client._conn
+            first.cancel()  # the caller gives up on the stream and drops both objects
+            with contextlib.suppress(asyncio.CancelledError):
+                await first
+            del client, stream, first
+            gc.collect()
+            await until(lambda: aborted(pipe, rid))
+            await until(lambda: conn.closed and conn.ctx is None)
+            assert conn.reader.done()
         finally:
             pipe.scheduler.paused = False
 
