@@ -81,10 +81,15 @@ def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, mes
 
 
 def to_delta(msg: ResultDelta) -> RequestDelta:
+    top = None
+    if msg.top_token_ids is not None and msg.top_logprobs is not None:
+        top = [list(zip(ids, lps, strict=True))
+               for ids, lps in zip(msg.top_token_ids, msg.top_logprobs, strict=True)]
     return RequestDelta(request_id=msg.client_request_id, text=msg.text,
                         token_ids=msg.token_ids, finish_reason=msg.finish_reason,
                         prompt_tokens=msg.prompt_tokens,
-                        completion_tokens=msg.completion_tokens, logprobs=msg.logprobs)
+                        completion_tokens=msg.completion_tokens, logprobs=msg.logprobs,
+                        top_logprobs=top)
 
 
 ENGINE_DEAD_PREFIX = "engine dead"

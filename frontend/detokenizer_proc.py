@@ -58,6 +58,35 @@ class _Request:
     # Accumulated only when not streaming: the single final delta carries everything.
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
+    top: Top | None = None
+
+
+@dataclass(slots=True)
+class Top:
+    """Per token, its step's most likely tokens and their logprobs, best first."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+
+    def cut(self, k: int) -> Top | None:
+        """The first k of each token's alternatives (the step may carry more)."""
+        if k <= 0:
+            return None
+        return Top([ids[:k] for ids in self.token_ids], [lps[:k] for lps in self.logprobs])
+
+    def extend(self, other: Top | None) -> None:
+        if other is not None:
+            self.token_ids.extend(other.token_ids)
+            self.logprobs.extend(other.logprobs)
+
+
+def _joined(acc: Top | None, new: Top | None) -> Top | None:
+    if new is None:
+        return acc
+    if acc is None:
+        return Top(list(new.token_ids), list(new.logprobs))
+    acc.extend(new)
+    return acc
 
 
 class DetokenizerActor:
@@ -156,17 +185,21 @@ class DetokenizerActor:
 
     def _on_deltas(self, msg: TokenDeltas) -> None:
         logprobs = msg.logprobs
+        top_ids, top_lps = msg.top_token_ids, msg.top_logprobs
         n = len(msg.request_ids)
         if not (len(msg.token_ids) == len(msg.finish_reasons) == len(msg.errors) == n
-                and (logprobs is None or len(logprobs) == n)):
+                and (logprobs is None or len(logprobs) == n)
+                and (top_ids is None or (top_lps is not None
+                                         and len(top_ids) == len(top_lps) == n))):
             log.error("detokenizer: dropped TokenDeltas %d: its columns differ in length",
                       msg.step_id)
             return
         self._batch = {}
         try:
             for i, request_id in enumerate(msg.request_ids):
+                top = Top(top_ids[i], top_lps[i]) if top_ids is not None and top_ids[i] else None
                 self._on_delta(request_id, msg.token_ids[i], msg.finish_reasons[i],
-                               msg.errors[i], logprobs[i] if logprobs is not None else None)
+                               msg.errors[i], logprobs[i] if logprobs is not None else None, top)
         finally:
             batch, self._batch = self._batch, None
             self._flush(batch)
@@ -184,12 +217,13 @@ class DetokenizerActor:
                 self.to_scheduler.send(AbortRequests(request_ids=gone, reason="abort"))
 
     def _on_delta(self, request_id: int, token_ids: list[int], finish: str | None,
-                  error: str | None, logprobs: list[float] | None) -> None:
+                  error: str | None, logprobs: list[float] | None,
+                  top: Top | None = None) -> None:
         req = self.requests.get(request_id)
         if req is None:
             if request_id > self.max_announced:
                 self.early.setdefault(request_id, []).append(
-                    (request_id, token_ids, finish, error, logprobs))
+                    (request_id, token_ids, finish, error, logprobs, top))
             return
         info = req.info
         if error is not None:
@@ -197,8 +231,9 @@ class DetokenizerActor:
             self._send(info, error_delta(info.client_request_id, error))
             return
         req.completion_tokens += len(token_ids)
+        top = top.cut(info.top_logprobs) if top is not None and info.logprobs else None
         if not info.stream and not info.stop:
-            self._accumulate(req, request_id, token_ids, finish, logprobs)
+            self._accumulate(req, request_id, token_ids, finish, logprobs, top)
             return
         # A request stopped by EOS or a stop token id keeps that token but not its text.
         text_ids = token_ids[:-1] if finish == "stop" and token_ids else token_ids
@@ -216,25 +251,31 @@ class DetokenizerActor:
             req.token_ids.extend(token_ids)
             if logprobs is not None:
                 req.logprobs = (req.logprobs or []) + logprobs
+            req.top = _joined(req.top, top)
             if finish is None:
                 return
-            text, token_ids, logprobs = req.detok.text, req.token_ids, req.logprobs
+            text, token_ids, logprobs, top = (req.detok.text, req.token_ids, req.logprobs,
+                                              req.top)
         delta = ResultDelta(
             client_request_id=info.client_request_id, text=text, token_ids=token_ids,
             finish_reason=finish, prompt_tokens=info.num_prompt_tokens,
-            completion_tokens=req.completion_tokens, logprobs=logprobs, error=None)
+            completion_tokens=req.completion_tokens, logprobs=logprobs, error=None,
+            top_token_ids=top.token_ids if top else None,
+            top_logprobs=top.logprobs if top else None)
         if not self._send(info, delta) and finish is None:
             # The client is gone: free the request's KV blocks now, not at max_tokens.
             del self.requests[request_id]
             self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason="abort"))
 
     def _accumulate(self, req: _Request, request_id: int, token_ids: list[int],
-                    finish: str | None, logprobs: list[float] | None) -> None:
+                    finish: str | None, logprobs: list[float] | None,
+                    top: Top | None) -> None:
         """A non-streaming request with no stop strings needs no text until it ends: decode
         once then, instead of once per step."""
         req.token_ids.extend(token_ids)
         if req.info.logprobs and logprobs is not None:
             req.logprobs = (req.logprobs or []) + logprobs
+        req.top = _joined(req.top, top)
         if finish is None:
             return
         del self.requests[request_id]
@@ -244,7 +285,9 @@ class DetokenizerActor:
         self._send(req.info, ResultDelta(
             client_request_id=req.info.client_request_id, text=text, token_ids=ids,
             finish_reason=finish, prompt_tokens=req.info.num_prompt_tokens,
-            completion_tokens=req.completion_tokens, logprobs=req.logprobs, error=None))
+            completion_tokens=req.completion_tokens, logprobs=req.logprobs, error=None,
+            top_token_ids=req.top.token_ids if req.top else None,
+            top_logprobs=req.top.logprobs if req.top else None))
 
     def _send(self, info: DetokRequestInfo, delta: Any) -> bool:
         peer = self.peers.get(info.client_id)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol import ChatMessage, SamplingParams, SamplingParamsError
+from protocol.sampling_params import MAX_TOP_LOGPROBS
 
 try:
     import orjson
@@ -151,7 +152,8 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _params(self, max_tokens: int | None, logprobs: bool) -> SamplingParams:
+    def _params(self, max_tokens: int | None, logprobs: bool,
+                top_logprobs: int = 0) -> SamplingParams:
         """max_tokens None: until the context is full."""
         self._check_unsupported()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -169,7 +171,7 @@ class _SamplingRequest(BaseModel):
             return SamplingParams(
                 **kwargs, ignore_eos=self.ignore_eos, stop=stop,
                 stop_token_ids=list(self.stop_token_ids or []), logprobs=logprobs,
-                skip_special_tokens=self.skip_special_tokens,
+                skip_special_tokens=self.skip_special_tokens, top_logprobs=top_logprobs,
             )
         except SamplingParamsError as exc:
             raise params_error(exc) from None
@@ -178,7 +180,7 @@ class _SamplingRequest(BaseModel):
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: bool | int | None = None
-    """OpenAI's top-logprob count; only the sampled token's logprob (0 or true) is offered."""
+    """None/false: none; true or 0: the sampled tokens' logprobs; N: also the N most likely."""
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -204,11 +206,13 @@ class CompletionRequest(_SamplingRequest):
         if self.suffix:
             raise invalid("suffix is not supported", "suffix")
         lp = self.logprobs
-        if not isinstance(lp, bool) and lp not in (None, 0):
-            raise invalid("logprobs: only the sampled token's logprob is returned; "
-                          "pass logprobs=0 or true", "logprobs")
         enabled = lp is not None and lp is not False
-        return self._params(self.max_tokens if self.max_tokens is not None else 16, enabled)
+        top = 0 if isinstance(lp, bool) or lp is None else lp
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise invalid(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {lp}",
+                          "logprobs")
+        return self._params(self.max_tokens if self.max_tokens is not None else 16, enabled,
+                            top)
 
 
 class TextPart(BaseModel):
@@ -254,13 +258,17 @@ class ChatCompletionRequest(_SamplingRequest):
             raise invalid("tool_choice is not supported", "tool_choice")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise invalid("only the text response_format is supported", "response_format")
-        if self.top_logprobs:
-            raise invalid("top_logprobs is not supported; logprobs=true returns the "
-                          "sampled token's logprob", "top_logprobs")
+        top = self.top_logprobs or 0
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise invalid(
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}",
+                "top_logprobs")
+        if top and not self.logprobs:
+            raise invalid("top_logprobs needs logprobs=true", "top_logprobs")
         max_tokens = self.max_completion_tokens
         if max_tokens is None:
             max_tokens = self.max_tokens
-        return self._params(max_tokens, self.logprobs)
+        return self._params(max_tokens, self.logprobs, top)
 
 
 # ------------------------------------------------------------------ responses
@@ -339,8 +347,11 @@ class CompletionFormat(_Format):
     def _logprobs(out: Any) -> dict[str, Any] | None:
         if out.logprobs is None:
             return None
+        top = None
+        if out.top_logprobs is not None:
+            top = [{_token_name(t): lp for t, lp in alts} for alts in out.top_logprobs]
         return {"tokens": [_token_name(t) for t in out.token_ids],
-                "token_logprobs": list(out.logprobs), "top_logprobs": None, "text_offset": None}
+                "token_logprobs": list(out.logprobs), "top_logprobs": top, "text_offset": None}
 
     def _choice(self, index: int, out: Any) -> dict[str, Any]:
         return {"index": index, "text": out.text, "logprobs": self._logprobs(out),
@@ -362,8 +373,12 @@ class ChatFormat(_Format):
     def _logprobs(out: Any) -> dict[str, Any] | None:
         if out.logprobs is None:
             return None
-        return {"content": [{"token": _token_name(t), "logprob": lp, "bytes": None,
-                             "top_logprobs": []} for t, lp in zip(out.token_ids, out.logprobs)]}
+        tops = out.top_logprobs or [[] for _ in out.token_ids]
+        return {"content": [
+            {"token": _token_name(t), "logprob": lp, "bytes": None,
+             "top_logprobs": [{"token": _token_name(a), "logprob": alp, "bytes": None}
+                              for a, alp in alts]}
+            for t, lp, alts in zip(out.token_ids, out.logprobs, tops, strict=True)]}
 
     def _choice(self, index: int, out: Any) -> dict[str, Any]:
         return {"index": index, "message": {"role": "assistant", "content": out.text},

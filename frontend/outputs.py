@@ -29,6 +29,8 @@ class RequestDelta:
     completion_tokens: int
     """Cumulative count of generated tokens so far."""
     logprobs: list[float] | None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per token: (token id, logprob) of the most likely tokens at its step, best first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,18 +44,20 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     logprobs: list[float] | None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class OutputCollector:
     """Folds a request's deltas into its RequestOutput."""
 
-    __slots__ = ("request_id", "_text", "_token_ids", "_logprobs", "_last")
+    __slots__ = ("request_id", "_text", "_token_ids", "_logprobs", "_top", "_last")
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self._text: list[str] = []
         self._token_ids: list[int] = []
         self._logprobs: list[float] | None = None
+        self._top: list[list[tuple[int, float]]] | None = None
         self._last: RequestDelta | None = None
 
     def add(self, delta: RequestDelta) -> None:
@@ -63,6 +67,8 @@ class OutputCollector:
             if self._logprobs is None:
                 self._logprobs = []
             self._logprobs.extend(delta.logprobs)
+        if delta.top_logprobs is not None:
+            self._top = (self._top or []) + delta.top_logprobs
         self._last = delta
 
     def output(self) -> RequestOutput:
@@ -75,4 +81,5 @@ class OutputCollector:
             prompt_tokens=last.prompt_tokens if last else 0,
             completion_tokens=last.completion_tokens if last else 0,
             logprobs=self._logprobs,
+            top_logprobs=self._top,
         )

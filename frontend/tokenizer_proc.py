@@ -200,7 +200,7 @@ class TokenizerActor:
             client_request_id=req.client_request_id,
             prompt_tail_token_ids=ids[-PROMPT_TAIL_TOKENS:], num_prompt_tokens=len(ids),
             stop=list(params.stop), skip_special_tokens=params.skip_special_tokens,
-            stream=req.stream, logprobs=params.logprobs))
+            stream=req.stream, logprobs=params.logprobs, top_logprobs=params.top_logprobs))
         self.to_scheduler.send(AddRequest(request_id=request_id, prompt_token_ids=ids,
                                           params=params, eos_token_ids=self.eos_ids))
         key = (peer, req.client_request_id)

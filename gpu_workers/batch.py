@@ -115,5 +115,6 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
             use_min_p=bool(np.any(min_p[random_rows] > 0.0)),
             seeded=seeded, logprobs=bool(table.logprobs[sample_rows].any()),
             penalties=gather_penalties(table, sample_rows, device),
+            top_logprobs=int(table.top_logprobs[sample_rows].max(initial=0)),
         )
     return StepBatch(d_ids, d_pos, attn, d_logits, sample_entries, sample_rows, sampling, n)

@@ -44,6 +44,7 @@ class SequenceTable:
         self.presence = np.zeros(0, np.float32)
         self.frequency = np.zeros(0, np.float32)
         self.repetition = np.zeros(0, np.float32)
+        self.top_logprobs = np.zeros(0, np.int32)
         self.epoch = np.zeros(0, np.int64)
         self.pending_pos = np.zeros(0, np.int64)
         """Position of the row's newest token whose value is still on the device; -1 = none."""
@@ -53,7 +54,8 @@ class SequenceTable:
 
     _COLUMNS = ("tokens", "block_tables", "num_tokens", "num_prompt", "num_computed",
                 "num_blocks", "temperature", "top_p", "min_p", "top_k", "seed", "logprobs",
-                "presence", "frequency", "repetition", "epoch", "pending_pos", "pending_slot")
+                "presence", "frequency", "repetition", "top_logprobs", "epoch", "pending_pos",
+                "pending_slot")
 
     def _grow(self, extra: int) -> None:
         old = len(self.num_tokens)
@@ -125,6 +127,7 @@ class SequenceTable:
         self.presence[row] = p.presence_penalty
         self.frequency[row] = p.frequency_penalty
         self.repetition[row] = p.repetition_penalty
+        self.top_logprobs[row] = p.top_logprobs
         return row
 
     def _append_blocks(self, row: int, blocks: list[int]) -> None:

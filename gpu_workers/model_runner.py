@@ -23,7 +23,7 @@ from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
-from gpu_workers.sampler import Sampler
+from gpu_workers.sampler import Sampler, top_logprobs
 from gpu_workers.transfer import to_device
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
 
@@ -175,9 +175,12 @@ class ModelRunner:
         self._settle(pending)
         if self.rank != 0:
             return None
-        tokens = pending.host_tokens.tolist() if pending.host_tokens is not None else []
-        logprobs = pending.host_logprobs.tolist() if pending.host_logprobs is not None else None
-        return StepResult(pending.step_id, pending.seq_ids, tokens, logprobs)
+        def listed(a: np.ndarray | None) -> list | None:
+            return None if a is None else a.tolist()
+
+        return StepResult(pending.step_id, pending.seq_ids, listed(pending.host_tokens) or [],
+                          listed(pending.host_logprobs), listed(pending.host_top_ids),
+                          listed(pending.host_top_logprobs))
 
     def _run(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
         with torch.inference_mode():
@@ -216,12 +219,12 @@ class ModelRunner:
             hidden = self.model(batch.input_ids, batch.positions, batch.attn)
         if len(batch.sample_rows) == 0:
             return PendingStep.empty(plan.step_id, table)
-        tokens, logprobs = self._sample(hidden, batch)
+        tokens, logprobs, top = self._sample(hidden, batch)
         pos, epochs = table.append_placeholders(batch.sample_rows)
         pending = PendingStep(
             step_id=plan.step_id, table=table,
             seq_ids=[seq_ids[i] for i in batch.sample_entries], rows=batch.sample_rows,
-            positions=pos, epochs=epochs, tokens=tokens, logprobs=logprobs)
+            positions=pos, epochs=epochs, tokens=tokens, logprobs=logprobs, top=top)
         pending.copy_to_host(self.device)
         if table is self.table:
             self._unsettled.append(pending)
@@ -253,19 +256,22 @@ class ModelRunner:
         if pending in self._unsettled:
             self._unsettled.remove(pending)
 
-    def _sample(self, hidden: torch.Tensor,
-                batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Sampled ids [R] int64 and their logprobs (rank 0 only), on the device."""
+    def _sample(self, hidden: torch.Tensor, batch: StepBatch
+                ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None]:
+        """Sampled ids [R] int64, on rank 0 their logprobs and the requested top
+        alternatives ([R, k] ids and logprobs), all on the device."""
         logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         n = len(batch.sample_rows)
-        lp = None
+        lp = top = None
         if self.rank == 0:
             tokens, lp = self.sampler(logits, batch.sampling)
+            if batch.sampling.top_logprobs:
+                top = top_logprobs(logits, batch.sampling.top_logprobs)
         else:
             tokens = torch.empty(n, dtype=torch.int64, device=self.device)
         if self.world_size > 1:
             dist.broadcast(tokens, src=0)
-        return tokens, lp
+        return tokens, lp, top
 
 
 @dataclass(eq=False)
@@ -280,8 +286,12 @@ class PendingStep:
     epochs: np.ndarray
     tokens: torch.Tensor | None
     logprobs: torch.Tensor | None
+    top: tuple[torch.Tensor, torch.Tensor] | None = None
+    """[R, k] ids and logprobs of the most likely tokens, when a row asked for them."""
     host_tokens: np.ndarray | None = None
     host_logprobs: np.ndarray | None = None
+    host_top_ids: np.ndarray | None = None
+    host_top_logprobs: np.ndarray | None = None
     event: torch.cuda.Event | None = None
     settled: bool = False
 
@@ -292,21 +302,25 @@ class PendingStep:
                    settled=True)
 
     def copy_to_host(self, device: torch.device) -> None:
-        """Start the device-to-host copy (pinned memory, so it does not block)."""
-        if device.type != "cuda":
-            self.host_tokens = self.tokens.numpy()
-            if self.logprobs is not None:
-                self.host_logprobs = self.logprobs.numpy()
-            return
-        host = torch.empty(self.tokens.shape, dtype=torch.int64, pin_memory=True)
-        host.copy_(self.tokens, non_blocking=True)
-        self.host_tokens = host.numpy()
-        if self.logprobs is not None:
-            host_lp = torch.empty(self.logprobs.shape, dtype=torch.float32, pin_memory=True)
-            host_lp.copy_(self.logprobs, non_blocking=True)
-            self.host_logprobs = host_lp.numpy()
-        self.event = torch.cuda.Event()
-        self.event.record()
+        """Start the device-to-host copies (pinned memory on CUDA, so they do not block)."""
+        cuda = device.type == "cuda"
+
+        def host(t: torch.Tensor | None) -> np.ndarray | None:
+            if t is None:
+                return None
+            if not cuda:
+                return t.numpy()
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            out.copy_(t, non_blocking=True)
+            return out.numpy()
+
+        self.host_tokens = host(self.tokens)
+        self.host_logprobs = host(self.logprobs)
+        if self.top is not None:
+            self.host_top_ids, self.host_top_logprobs = host(self.top[0]), host(self.top[1])
+        if cuda:
+            self.event = torch.cuda.Event()
+            self.event.record()
 
     def done(self) -> bool:
         """Whether the host copy has arrived (never blocks)."""

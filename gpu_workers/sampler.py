@@ -44,6 +44,14 @@ class SamplingBatch:
     logprobs: bool
     penalties: PenaltyBatch | None = None
     """Token histories of the rows that use a penalty; None when no row does."""
+    top_logprobs: int = 0
+    """The most alternatives any row asked for (0: none)."""
+
+
+def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely tokens of each row of raw logits and their logprobs, best first."""
+    values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return ids, values
 
 
 class Sampler:

@@ -66,6 +66,9 @@ class ResultDelta:
     logprobs: list[float] | None
     error: str | None
     """Set when the request was rejected or failed; finish_reason is then "error"."""
+    top_token_ids: list[list[int]] | None = None
+    """Per token: the most likely tokens at its step, best first (with top_logprobs)."""
+    top_logprobs: list[list[float]] | None = None
 
 
 @message(0x07)

@@ -41,3 +41,5 @@ class DetokRequestInfo:
     skip_special_tokens: bool
     stream: bool
     logprobs: bool
+    top_logprobs: int = 0
+    """How many alternatives of each token to pass on (the step may carry more)."""

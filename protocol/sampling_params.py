@@ -11,6 +11,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
 MAX_ABS_PENALTY = 2.0
+MAX_TOP_LOGPROBS = 20
 
 
 class SamplingParamsError(ValueError):
@@ -48,6 +49,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     """Tokens in the prompt or the output: positive logits divided by it, negative ones
     multiplied (as in transformers); 1 is off, above 1 discourages repeating."""
+    top_logprobs: int = 0
+    """With logprobs: also this many of the most likely tokens at each step, with logprobs."""
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
@@ -56,7 +59,7 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise SamplingParamsError(f"{name} must be a number, got {value!r}")
             _finite(name, float(value))
-        for name in ("top_k", "max_tokens"):
+        for name in ("top_k", "max_tokens", "top_logprobs"):
             value = getattr(self, name)
             if name == "max_tokens" and value is None:
                 continue
@@ -78,6 +81,11 @@ class SamplingParams:
         if self.repetition_penalty <= 0:
             raise SamplingParamsError(
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise SamplingParamsError(
+                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        if self.top_logprobs and not self.logprobs:
+            raise SamplingParamsError("top_logprobs needs logprobs=True")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise SamplingParamsError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and (

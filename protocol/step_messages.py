@@ -69,6 +69,9 @@ class StepResult:
     seq_ids: list[int]
     token_ids: list[int]
     logprobs: list[float] | None
+    top_token_ids: list[list[int]] | None = None
+    """Per entry, the most likely tokens (as many as the step's widest request asked for)."""
+    top_logprobs: list[list[float]] | None = None
 
 
 @message(0x22)
@@ -82,3 +85,6 @@ class TokenDeltas:
     finish_reasons: list[str | None]
     errors: list[str | None]
     logprobs: list[list[float]] | None
+    top_token_ids: list[list[list[int]]] | None = None
+    """Per request, per token: the most likely tokens (when any request asked for them)."""
+    top_logprobs: list[list[list[float]]] | None = None

@@ -277,7 +277,10 @@ class Scheduler:
         seqs = self._match(seqs, result)
         tokens = result.token_ids
         logprobs = result.logprobs
+        top_ids, top_lps = result.top_token_ids, result.top_logprobs
         deltas = self._deltas
+        if top_ids is not None:
+            deltas.pad_top()
         # Hot loop (one pass per decoding sequence per step): bound methods, no helpers.
         add_id, add_tokens = deltas.ids.append, deltas.tokens.append
         add_reason, add_error = deltas.reasons.append, deltas.errors.append
@@ -307,6 +310,9 @@ class Scheduler:
             add_reason(reason)
             add_error(None)
             add_logprobs(_NO_LOGPROBS if logprobs is None else [logprobs[k]])
+            if top_ids is not None:
+                deltas.top_ids.append([top_ids[k]])
+                deltas.top_lps.append([top_lps[k]])
             if reason is not None:
                 if seq.status is RUNNING:
                     finished_running = True
@@ -384,7 +390,7 @@ class Scheduler:
 class _DeltaBuffer:
     """Column buffers for one TokenDeltas message."""
 
-    __slots__ = ("ids", "tokens", "reasons", "errors", "logprobs")
+    __slots__ = ("ids", "tokens", "reasons", "errors", "logprobs", "top_ids", "top_lps")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
@@ -392,6 +398,14 @@ class _DeltaBuffer:
         self.reasons: list[str | None] = []
         self.errors: list[str | None] = []
         self.logprobs: list[list[float]] = []
+        # Filled only once a step brings top alternatives; padded for the rows before it.
+        self.top_ids: list[list[list[int]]] = []
+        self.top_lps: list[list[list[float]]] = []
+
+    def pad_top(self) -> None:
+        missing = len(self.ids) - len(self.top_ids)
+        self.top_ids.extend([] for _ in range(missing))
+        self.top_lps.extend([] for _ in range(missing))
 
     def add(
         self,
@@ -411,6 +425,8 @@ class _DeltaBuffer:
         """Empty the buffer into a message. with_logprobs=None: only if non-empty."""
         if with_logprobs is None and not self.ids:
             return None
+        if self.top_ids:
+            self.pad_top()
         msg = TokenDeltas(
             step_id,
             self.ids,
@@ -418,6 +434,7 @@ class _DeltaBuffer:
             self.reasons,
             self.errors,
             self.logprobs if with_logprobs else None,
+            *((self.top_ids, self.top_lps) if self.top_ids and with_logprobs else (None, None)),
         )
         self.__init__()
         return msg

@@ -81,6 +81,9 @@ class FakeClient:
                         finish_reason="length" if last else None, prompt_tokens=n_prompt,
                         completion_tokens=i + 1,
                         logprobs=[-0.5 - i] if params.logprobs else None,
+                        top_logprobs=[[(100 + i, -0.5 - i)] + [
+                            (1000 + j, -10.0 - j) for j in range(params.top_logprobs - 1)]]
+                        if params.top_logprobs else None,
                     )
                 call.finished = True
             finally:

@@ -90,6 +90,33 @@ def test_completion_response_and_params(http, fake):
                                          stop_token_ids=[9], logprobs=True)
 
 
+def test_top_logprobs_in_both_apis(http):
+    resp = http.post("/v1/completions", json={"model": "fake-model", "prompt": "p",
+                                              "max_tokens": 2, "logprobs": 2})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["logprobs"]["top_logprobs"] == [
+        {"token_id:100": -0.5, "token_id:1000": -10.0},
+        {"token_id:101": -1.5, "token_id:1000": -10.0}]
+    resp = http.post("/v1/chat/completions", json={
+        "model": "fake-model", "max_tokens": 2, "logprobs": True, "top_logprobs": 3,
+        "messages": [{"role": "user", "content": "u"}]})
+    assert resp.status_code == 200, resp.text
+    content = resp.json()["choices"][0]["logprobs"]["content"]
+    assert [[a["token"] for a in c["top_logprobs"]] for c in content] == [
+        ["token_id:100", "token_id:1000", "token_id:1001"],
+        ["token_id:101", "token_id:1000", "token_id:1001"]]
+    assert content[0]["top_logprobs"][0] == {"token": "token_id:100", "logprob": -0.5,
+                                             "bytes": None}
+    with http.stream("POST", "/v1/chat/completions", json={
+            "model": "fake-model", "max_tokens": 2, "logprobs": True, "top_logprobs": 1,
+            "stream": True, "messages": [{"role": "user", "content": "u"}]}) as stream:
+        events = [json.loads(e) for e in sse_events(stream.iter_lines())]
+    tops = [c["top_logprobs"] for e in events for ch in e["choices"]
+            if ch.get("logprobs") for c in ch["logprobs"]["content"]]
+    assert tops == [[{"token": "token_id:100", "logprob": -0.5, "bytes": None}],
+                    [{"token": "token_id:101", "logprob": -1.5, "bytes": None}]]
+
+
 def test_completion_token_id_prompt(http, fake):
     resp = http.post("/v1/completions", json={"model": "fake-model", "prompt": [5, 6, 7, 8]})
     assert resp.status_code == 200, resp.text

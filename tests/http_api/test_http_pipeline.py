@@ -150,6 +150,18 @@ def test_n_choices_streamed(oai, direct, model):
     assert chunks[-1].usage.prompt_tokens == expected.prompt_tokens
 
 
+def test_chat_top_logprobs(oai, model):
+    got = oai.chat.completions.create(model=model, messages=MESSAGES, logprobs=True,
+                                      top_logprobs=2, **GREEDY_BODY)
+    content = got.choices[0].logprobs.content
+    assert len(content) == 20
+    for entry in content:  # greedy: the sampled token is the best alternative
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
+        assert entry.top_logprobs[1].logprob <= entry.top_logprobs[0].logprob
+
+
 def test_token_id_prompt(oai, direct, model):
     ids = direct.generate(PROMPTS[0], params=GREEDY).token_ids[:8]
     expected = direct.generate(prompt_token_ids=ids, params=GREEDY)

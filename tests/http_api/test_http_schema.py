@@ -60,7 +60,7 @@ def test_completion_prompt_forms():
 
 @pytest.mark.parametrize("body,param", [
     ({"n": 17}, "n"), ({"n": 0}, "n"), ({"best_of": 3}, "best_of"), ({"echo": True}, "echo"),
-    ({"suffix": "x"}, "suffix"), ({"logprobs": 5}, "logprobs"),
+    ({"suffix": "x"}, "suffix"), ({"logprobs": 21}, "logprobs"),
     ({"presence_penalty": 2.5}, "presence_penalty"), ({"logit_bias": {"1": 2.0}}, "logit_bias"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
@@ -79,6 +79,14 @@ def test_penalties_reach_the_sampling_params():
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (
         0.5, -0.25, 1.1)
     assert chat(frequency_penalty=1.0).sampling_params().frequency_penalty == 1.0
+
+
+def test_top_logprobs_map_onto_sampling_params():
+    params = completion(logprobs=3).sampling_params()
+    assert (params.logprobs, params.top_logprobs) == (True, 3)
+    params = chat(logprobs=True, top_logprobs=4).sampling_params()
+    assert (params.logprobs, params.top_logprobs) == (True, 4)
+    refused(lambda: chat(logprobs=True, top_logprobs=21).sampling_params(), "top_logprobs")
 
 
 def test_choices_get_their_own_seeds():

@@ -105,3 +105,31 @@ def test_repetition_penalty_through_the_pipeline(qwen3_pipeline, tiny_qwen3_dir)
         plain = client.generate(prompt_token_ids=prompt, params=GREEDY)
     assert out.token_ids == hf_generate(tiny_qwen3_dir, prompt, 24, repetition_penalty=1.8)
     assert out.token_ids != plain.token_ids
+
+
+def test_top_logprobs_through_the_pipeline(qwen3_pipeline):
+    """Each greedy token is the best of its step's alternatives; each request gets as many
+    alternatives as it asked for, also when a batch-mate asked for more."""
+    wide = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=True,
+                          top_logprobs=5)
+    narrow = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=True,
+                            top_logprobs=2)
+    with Client(qwen3_pipeline.address) as client:
+        with cf.ThreadPoolExecutor(2) as pool:
+            a, b = pool.map(lambda p: client.generate(PROMPTS[0], params=p), [wide, narrow])
+        streamed = [d for d in client.stream(PROMPTS[0], params=wide)]
+        plain = client.generate(PROMPTS[0], params=SamplingParams(
+            temperature=0, max_tokens=12, ignore_eos=True, logprobs=True))
+    assert plain.top_logprobs is None
+    for out, k in ((a, 5), (b, 2)):
+        assert out.token_ids == plain.token_ids
+        assert len(out.top_logprobs) == len(out.token_ids)
+        for token, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs, strict=True):
+            assert len(top) == k and len({t for t, _ in top}) == k
+            assert top[0][0] == token and top[0][1] == pytest.approx(lp, abs=1e-5)
+            assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+    streamed_top = [t for d in streamed for t in d.top_logprobs]
+    assert [[t for t, _ in top] for top in streamed_top] == [[t for t, _ in top]
+                                                              for top in a.top_logprobs]
+    assert [v for top in streamed_top for _, v in top] == pytest.approx(
+        [v for top in a.top_logprobs for _, v in top], abs=1e-5)  # other batch, other sums
