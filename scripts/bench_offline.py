@@ -106,6 +106,11 @@ def run(scheduler: Scheduler, runner: ModelRunner, requests, first_id: int) -> i
     eos = list(runner.model_config.eos_token_ids)
     for k, (prompt, params) in enumerate(requests):
         scheduler.add_request(AddRequest(first_id + k, prompt, params, eos))
+    return drain(scheduler, runner)
+
+
+def drain(scheduler: Scheduler, runner) -> int:
+    """Step until every request finished (no overlap); returns the tokens produced."""
     produced = 0
     while scheduler.has_unfinished():
         plan = scheduler.schedule()

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_offline import SHAPES, make_random
+from bench_offline import SHAPES, drain, make_random
 
 from gpu_workers import ModelRunner, WorkerConfig
 from protocol import AddRequest, SamplingParams
@@ -39,19 +39,6 @@ class CountingRunner:
     def execute(self, plan):
         self.computed += sum(s.num_new for s in plan.new_seqs) + sum(plan.cached.num_new)
         return self.runner.execute(plan)
-
-
-def drain(scheduler: Scheduler, runner: CountingRunner) -> int:
-    produced = 0
-    while scheduler.has_unfinished():
-        plan = scheduler.schedule()
-        if plan is None:
-            raise RuntimeError("the scheduler has unfinished requests but planned nothing")
-        deltas = scheduler.process_result(runner.execute(plan))
-        produced += sum(len(t) for t in deltas.token_ids)
-        if any(deltas.errors):
-            raise RuntimeError(f"request failed: {[e for e in deltas.errors if e]}")
-    return produced
 
 
 def run_mode(runner: ModelRunner, caching: bool, requests: list[AddRequest],
