@@ -19,6 +19,7 @@ import zmq.asyncio
 from frontend.client import (
     CLOSE_LINGER_MS,
     CONNECT_TIMEOUT_S,
+    ConnectionInfo,
     configure_context,
     error_for,
     is_disconnect,
@@ -46,7 +47,7 @@ from protocol import (
 )
 
 
-class AsyncClient:
+class AsyncClient(ConnectionInfo):
     """Connects on first use (or `await client.start()` / `async with`). Close it, or use it as
     an async context manager; one dropped while its loop still runs is closed on that loop."""
 
@@ -59,19 +60,6 @@ class AsyncClient:
         # The reader task holds the connection, never the client: dropping the client frees it.
         self._finalizer = weakref.finalize(self, self._conn.close_soon)
         self._start_lock: asyncio.Lock | None = None
-
-    @property
-    def client_id(self) -> str:
-        return self._conn.client_id
-
-    @property
-    def welcome(self) -> ClientWelcome | None:
-        return self._conn.welcome
-
-    @property
-    def dead(self) -> bool:
-        """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
-        return self._conn.dead is not None
 
     # ---------------------------------------------------------- connection
 

@@ -106,10 +106,29 @@ def is_disconnect(monitor_frames: list[bytes]) -> bool:
     return parse_monitor_message(monitor_frames)["event"] == zmq.EVENT_DISCONNECTED
 
 
+class ConnectionInfo:
+    """What Client and AsyncClient report about their connection (held in `_conn`)."""
+
+    _conn: Any
+
+    @property
+    def client_id(self) -> str:
+        return self._conn.client_id
+
+    @property
+    def welcome(self) -> ClientWelcome | None:
+        return self._conn.welcome
+
+    @property
+    def dead(self) -> bool:
+        """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
+        return self._conn.dead is not None
+
+
 # ------------------------------------------------------------ Client
 
 
-class Client:
+class Client(ConnectionInfo):
     """Talks to the pipeline whose tokenizer listens at `address`.
 
     timeout: seconds to wait for each result delta before the request is aborted with
@@ -132,19 +151,6 @@ class Client:
             raise EngineDeadError(reason)
 
     # ---------------------------------------------------------- public API
-
-    @property
-    def client_id(self) -> str:
-        return self._conn.client_id
-
-    @property
-    def welcome(self) -> ClientWelcome | None:
-        return self._conn.welcome
-
-    @property
-    def dead(self) -> bool:
-        """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
-        return self._conn.dead is not None
 
     @property
     def model(self) -> str:
