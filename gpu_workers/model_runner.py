@@ -175,12 +175,9 @@ class ModelRunner:
         self._settle(pending)
         if self.rank != 0:
             return None
-        def listed(a: np.ndarray | None) -> list | None:
-            return None if a is None else a.tolist()
-
-        return StepResult(pending.step_id, pending.seq_ids, listed(pending.host_tokens) or [],
-                          listed(pending.host_logprobs), listed(pending.host_top_ids),
-                          listed(pending.host_top_logprobs))
+        return StepResult(pending.step_id, pending.seq_ids, _listed(pending.host_tokens) or [],
+                          _listed(pending.host_logprobs), _listed(pending.host_top_ids),
+                          _listed(pending.host_top_logprobs))
 
     def _run(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
         with torch.inference_mode():
@@ -272,6 +269,10 @@ class ModelRunner:
         if self.world_size > 1:
             dist.broadcast(tokens, src=0)
         return tokens, lp, top
+
+
+def _listed(a: np.ndarray | None) -> list | None:
+    return None if a is None else a.tolist()
 
 
 @dataclass(eq=False)
