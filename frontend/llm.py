@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from frontend.async_client import AsyncClient
 from frontend.config import EngineConfig
 from frontend.launcher import Pipeline
+from frontend.outputs import OutputCollector
 from protocol import SamplingParams
 
 Prompt = str | list[int]
@@ -42,7 +43,8 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[dict[str, Any]]:
-        """Results in input order: [{"text": ..., "token_ids": [...]}, ...]."""
+        """Results in input order: [{"text", "token_ids", "finish_reason"}, ...], with
+        "logprobs" (and "top_logprobs": per token [(id, logprob)] best first) when asked for."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
@@ -66,19 +68,24 @@ class LLM:
             async def one(prompt: Prompt, sp: SamplingParams) -> dict[str, Any]:
                 kwargs = ({"prompt": prompt} if isinstance(prompt, str)
                           else {"prompt_token_ids": list(prompt)})
-                text: list[str] = []
-                token_ids: list[int] = []
+                collector = OutputCollector("")
                 first = True
                 async for delta in client.stream(params=sp, **kwargs):
-                    text.append(delta.text)
-                    token_ids.extend(delta.token_ids)
+                    collector.add(delta)
                     if first and delta.token_ids:
                         meter.prefill_tokens += delta.prompt_tokens
                         first = False
                     meter.decode_tokens += len(delta.token_ids)
                 bar.update(1)
                 bar.set_postfix_str(meter.postfix(), refresh=False)
-                return {"text": "".join(text), "token_ids": token_ids}
+                out = collector.output()
+                result = {"text": out.text, "token_ids": out.token_ids,
+                          "finish_reason": out.finish_reason}
+                if sp.logprobs:
+                    result["logprobs"] = out.logprobs
+                if sp.top_logprobs:
+                    result["top_logprobs"] = out.top_logprobs
+                return result
 
             try:
                 return list(await asyncio.gather(*(one(p, s) for p, s in zip(prompts, params))))

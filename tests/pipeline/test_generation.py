@@ -71,6 +71,21 @@ def test_offline_llm_overlap_on_and_off_match_transformers(arch, request):
     assert [o["token_ids"] for o in outputs["overlap"]] == expected
 
 
+def test_offline_llm_returns_logprobs_when_asked(tiny_llama_dir):
+    plain = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    asked = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=True,
+                           top_logprobs=3)
+    with LLM(**tiny_engine(tiny_llama_dir)) as llm:
+        without, with_lp = llm.generate([PROMPTS[0]] * 2, [plain, asked], use_tqdm=False)
+    assert set(without) == {"text", "token_ids", "finish_reason"}
+    assert without["finish_reason"] == with_lp["finish_reason"] == "length"
+    assert with_lp["token_ids"] == without["token_ids"]
+    assert len(with_lp["logprobs"]) == len(with_lp["top_logprobs"]) == 6
+    for token, lp, top in zip(with_lp["token_ids"], with_lp["logprobs"],
+                              with_lp["top_logprobs"], strict=True):
+        assert len(top) == 3 and top[0][0] == token and top[0][1] == pytest.approx(lp, abs=1e-5)
+
+
 def test_tensor_parallel_2_matches_transformers(tiny_qwen3_dir, capfd):
     expected = _expected(tiny_qwen3_dir)
     cfg = tiny_engine(tiny_qwen3_dir, tensor_parallel_size=2, worker_lookahead=True)
