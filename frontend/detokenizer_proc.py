@@ -74,18 +74,13 @@ class Top:
             return None
         return Top([ids[:k] for ids in self.token_ids], [lps[:k] for lps in self.logprobs])
 
-    def extend(self, other: Top | None) -> None:
-        if other is not None:
-            self.token_ids.extend(other.token_ids)
-            self.logprobs.extend(other.logprobs)
-
 
 def _joined(acc: Top | None, new: Top | None) -> Top | None:
-    if new is None:
-        return acc
-    if acc is None:
-        return Top(list(new.token_ids), list(new.logprobs))
-    acc.extend(new)
+    """`acc` with `new`'s tokens appended (a fresh Top when there was none)."""
+    if new is None or acc is None:
+        return acc or (Top(list(new.token_ids), list(new.logprobs)) if new else None)
+    acc.token_ids.extend(new.token_ids)
+    acc.logprobs.extend(new.logprobs)
     return acc
 
 

@@ -64,12 +64,11 @@ def gather_penalties(table: SequenceTable, sample_rows: np.ndarray,
     prompt = _padded(table, rows, np.zeros_like(num_prompt), prompt_end)
     output = _padded(table, rows, num_prompt, num_tokens)
 
-    def dev(a: np.ndarray) -> torch.Tensor:
-        return to_device(a, device)
-
-    return PenaltyBatch(rows=dev(active.astype(np.int64)), prompt_tokens=dev(prompt),
-                        output_tokens=dev(output), presence=dev(presence[active]),
-                        frequency=dev(frequency[active]), repetition=dev(repetition[active]))
+    return PenaltyBatch(
+        rows=to_device(active.astype(np.int64), device), prompt_tokens=to_device(prompt, device),
+        output_tokens=to_device(output, device), presence=to_device(presence[active], device),
+        frequency=to_device(frequency[active], device),
+        repetition=to_device(repetition[active], device))
 
 
 def _counts(tokens: torch.Tensor, vocab: int, dtype: torch.dtype) -> torch.Tensor:
