@@ -39,6 +39,8 @@ class EngineConfig:
     stdout: bool = False
     """Attach a detokenizer that prints every request's text to stdout."""
     seed: int = 0
+    served_model_name: str | None = None
+    """The model id clients see; None uses the model directory's name."""
     startup_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
@@ -71,7 +73,7 @@ class EngineConfig:
 
     @cached_property
     def model_name(self) -> str:
-        return os.path.basename(os.path.normpath(self.model_dir))
+        return self.served_model_name or os.path.basename(os.path.normpath(self.model_dir))
 
     @cached_property
     def resolved_max_model_len(self) -> int:
@@ -118,6 +120,17 @@ class EngineConfig:
             seed=self.seed,
             lookahead=self.worker_lookahead and self.overlap,
         )
+
+    def tokenizer_config(self):
+        from frontend.tokenizer_proc import TokenizerConfig
+
+        return TokenizerConfig(model=self.model_dir, model_name=self.model_name,
+                               max_model_len=self.resolved_max_model_len)
+
+    def detokenizer_config(self):
+        from frontend.detokenizer_proc import DetokenizerConfig
+
+        return DetokenizerConfig(model=self.model_dir)
 
     def scheduler_config(self, num_kv_blocks: int):
         from scheduler_proc.config import SchedulerConfig

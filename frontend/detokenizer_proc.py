@@ -31,6 +31,7 @@ from protocol import (
     Shutdown,
     TokenDeltas,
 )
+from protocol.actor_start import from_plain, read_start
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import RouterSocket
 
@@ -323,3 +324,14 @@ def run_detokenizer(config: DetokenizerConfig, endpoints: Endpoints) -> None:
         actor.serve()
     finally:
         rt.close()
+
+
+def main() -> None:
+    """`python -m frontend.detokenizer_proc`, started by the launcher (spec on stdin)."""
+    start = read_start()
+    run_detokenizer(from_plain(DetokenizerConfig, start.config["detokenizer"]),
+                    from_plain(Endpoints, start.config["endpoints"]))
+
+
+if __name__ == "__main__":
+    main()

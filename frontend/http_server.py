@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import re
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -291,19 +292,38 @@ async def _close_all(*its: Any) -> None:
 
 
 def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          model_name: str | None = None, log_level: str = "info") -> None:
-    """Connect to the pipeline at `address` and serve it over HTTP until interrupted."""
+          model_name: str | None = None, log_level: str = "info", *,
+          sock: socket.socket | None = None,
+          engine_alive: Callable[[], bool] | None = None) -> None:
+    """Connect to the pipeline at `address` and serve it over HTTP until interrupted.
+
+    `sock`, when given, is an already bound listening socket (host and port are then
+    ignored). `engine_alive`, when given, is checked every half second: the server stops
+    once it returns False, so the HTTP front never outlives its engine.
+    """
     import uvicorn
 
     from frontend.async_client import AsyncClient
+
+    async def stop_with_engine(server: uvicorn.Server) -> None:
+        while not server.should_exit:
+            if not engine_alive():
+                server.should_exit = True
+            await asyncio.sleep(0.5)
 
     async def run() -> None:
         async with AsyncClient(address) as client:
             name = model_name or client.welcome.model
             app = create_app(client, name, api_key)
             config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                    lifespan="off")
-            await uvicorn.Server(config).serve()
+                                    lifespan="off", timeout_graceful_shutdown=5)
+            server = uvicorn.Server(config)
+            watch = asyncio.ensure_future(stop_with_engine(server)) if engine_alive else None
+            try:
+                await server.serve(sockets=[sock] if sock is not None else None)
+            finally:
+                if watch is not None:
+                    watch.cancel()
 
     try:
         import uvloop

@@ -1,70 +1,109 @@
 """Starts, watches and stops every process of one pipeline.
 
+Each actor is its own program (`python -m <package>.<actor>`) that reads its start-up spec
+from stdin as one msgpack message (protocol/actor_start.py): nothing is pickled and the
+user's main module is never re-imported, so a plain script, `python -`, `python -c` and a
+notebook can all start a pipeline.
+
 Start-up order: workers first (they measure how many KV blocks fit and say so in their
-READY), then the scheduler (sized from that), then the detokenizer and the tokenizer.
-Every child dies with its parent. While serving, a watcher notices any child that exits
-and tells the survivors the engine is dead, so requests fail instead of hanging. A stop
-terminates every child and removes the run directory with its socket files.
+READY), then the scheduler (sized from that), then the detokenizer and the tokenizer, then
+an attached stdout printer if asked for. Every child dies with its launcher, and the
+launcher stops the pipeline when the interpreter exits, whether or not the user closed it.
+While serving, a watcher notices any child that exits and tells the survivors the engine is
+dead, so requests fail instead of hanging. A stop terminates every child and removes the
+run directory with its socket files.
 """
 
 from __future__ import annotations
 
-import importlib
-import multiprocessing as mp
+import atexit
+import os
+import select
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import wait as wait_for_sentinels
+from pathlib import Path
 from typing import Any
 
 import zmq
 
 from frontend.config import EngineConfig
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
+from protocol.actor_start import ActorStart, encode_start, to_plain
+from protocol.control import StartupProgress
 from protocol.sockets import MessageSocket
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+"""The folder holding nanopipe's packages: children import the same code as the launcher."""
 
 
 class StartupError(RuntimeError):
     """The pipeline could not start; the message says which process and why."""
 
 
-@dataclass(frozen=True)
-class ChildSpec:
+@dataclass
+class Child:
+    """One actor process of the pipeline."""
+
     role: str
     rank: int
     module: str
-    function: str
-    args: tuple
+    proc: subprocess.Popen
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.rank}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exit_description(self) -> str:
+        code = self.proc.returncode
+        if code is None:
+            return f"{self.name} is running"
+        if code < 0:
+            try:
+                return f"{self.name} was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"{self.name} was killed by signal {-code}"
+        return f"{self.name} exited with code {code}"
 
 
-def _child_entry(spec: ChildSpec) -> None:
-    from protocol.process_runtime import die_with_parent
-
-    die_with_parent()
-    target = getattr(importlib.import_module(spec.module), spec.function)
-    target(*spec.args)
+def _print_progress(text: str) -> None:
+    print(f"nanopipe: {text}", file=sys.stderr, flush=True)
 
 
 class Pipeline:
     """One running pipeline. Use as a context manager, or call start() and stop()."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig,
+                 on_progress: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.endpoints: Endpoints | None = None
         self.num_kv_blocks = 0
-        self.dead_reason: str | None = None
-        self._children: list[tuple[ChildSpec, Any]] = []
-        self._mp = mp.get_context("spawn")
+        self._dead_reason: str | None = None
+        self._children: list[Child] = []
         self._ctx: zmq.Context | None = None
         self._control: MessageSocket | None = None
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._on_progress = on_progress
+        self._stop_lock = threading.Lock()
 
     @property
     def address(self) -> str:
         """Where clients connect (the tokenizer)."""
         assert self.endpoints is not None, "the pipeline is not started"
         return self.endpoints.tokenizer
+
+    @property
+    def children(self) -> list[Child]:
+        return list(self._children)
 
     def __enter__(self) -> Pipeline:
         self.start()
@@ -76,11 +115,24 @@ class Pipeline:
     # ------------------------------------------------------------ start-up
 
     def start(self) -> None:
+        """Check the configuration, then start every process and wait for each READY."""
+        from frontend.preflight import check_config
+
+        try:
+            check_config(self.config)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        # Registered before any child exists: the interpreter's exit stops the pipeline.
+        atexit.register(self.stop)
         try:
             self._start()
         except BaseException:
             self.stop()
             raise
+
+    def _progress(self, text: str) -> None:
+        if self._on_progress is not None:
+            self._on_progress(text)
 
     def _start(self) -> None:
         cfg = self.config
@@ -92,14 +144,16 @@ class Pipeline:
         ep = self.endpoints
         self._ctx = zmq.Context()
         self._control = MessageSocket(
-            self._ctx, zmq.PULL, ep.control, bind=True, accepts=(Ready, StartupFailed)
-        )
+            self._ctx, zmq.PULL, ep.control, bind=True,
+            accepts=(Ready, StartupFailed, StartupProgress))
         deadline = time.monotonic() + cfg.startup_timeout_s
 
-        worker_cfg = cfg.worker_config(ep.dist_init_method)
+        self._progress(f"starting {tp} worker{'s' if tp > 1 else ''} "
+                       f"({cfg.model_name} on {cfg.resolved_device})")
+        worker_cfg = to_plain(cfg.worker_config(ep.dist_init_method))
         for rank in range(tp):
-            self._spawn(ChildSpec("worker", rank, "gpu_workers.worker_proc", "run_worker",
-                                  (worker_cfg, rank, tp, ep)))
+            self._spawn("worker", rank, "gpu_workers.worker_proc",
+                        {"worker": worker_cfg, "world_size": tp})
         readies = self._await_ready({("worker", r) for r in range(tp)}, deadline)
         self.num_kv_blocks = min(r.num_kv_blocks for r in readies)
         sched_cfg = cfg.scheduler_config(self.num_kv_blocks)
@@ -108,29 +162,43 @@ class Pipeline:
         except ValueError as exc:
             raise StartupError(str(exc)) from None
 
-        from frontend.detokenizer_proc import DetokenizerConfig
-        from frontend.tokenizer_proc import TokenizerConfig
-
-        self._spawn(ChildSpec("scheduler", 0, "scheduler_proc.scheduler_loop", "run_scheduler",
-                              (sched_cfg, ep, tp)))
-        self._spawn(ChildSpec("detokenizer", 0, "frontend.detokenizer_proc", "run_detokenizer",
-                              (DetokenizerConfig(model=cfg.model_dir), ep)))
-        tok_cfg = TokenizerConfig(model=cfg.model_dir, model_name=cfg.model_name,
-                                  max_model_len=cfg.resolved_max_model_len)
-        self._spawn(ChildSpec("tokenizer", 0, "frontend.tokenizer_proc", "run_tokenizer",
-                              (tok_cfg, ep)))
+        self._spawn("scheduler", 0, "scheduler_proc.scheduler_loop",
+                    {"scheduler": to_plain(sched_cfg), "world_size": tp})
+        self._spawn("detokenizer", 0, "frontend.detokenizer_proc",
+                    {"detokenizer": to_plain(cfg.detokenizer_config())})
+        self._spawn("tokenizer", 0, "frontend.tokenizer_proc",
+                    {"tokenizer": to_plain(cfg.tokenizer_config())})
         self._await_ready({("scheduler", 0), ("detokenizer", 0), ("tokenizer", 0)}, deadline)
         if cfg.stdout:
-            self._spawn(ChildSpec("stdout", 0, "frontend.stdout_detokenizer", "run_attached",
-                                  (cfg.model_dir, ep.deltas_pub)))
+            self._spawn("stdout", 0, "frontend.stdout_detokenizer", {},
+                        argv=["--model", cfg.model_dir, ep.deltas_pub])
         self._watcher = threading.Thread(target=self._watch, name="nanopipe-watch", daemon=True)
         self._watcher.start()
 
-    def _spawn(self, spec: ChildSpec) -> None:
-        proc = self._mp.Process(target=_child_entry, args=(spec,),
-                                name=f"nanopipe-{spec.role}{spec.rank}", daemon=False)
-        proc.start()
-        self._children.append((spec, proc))
+    def _spawn(self, role: str, rank: int, module: str, config: dict[str, Any],
+               argv: list[str] | None = None) -> None:
+        """Start `python -m module`; an actor gets its spec on stdin, a tool its `argv`."""
+        assert self.endpoints is not None
+        start = ActorStart(role=role, rank=rank, launcher_pid=os.getpid(),
+                           config={**config, "endpoints": to_plain(self.endpoints)})
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        # A session of its own: a Ctrl-C in the user's terminal reaches the launcher, which
+        # then stops the children in order, instead of every process at once.
+        proc = subprocess.Popen([sys.executable, "-m", module, *(argv or [])],
+                                stdin=subprocess.PIPE, env=env, start_new_session=True,
+                                close_fds=True)
+        self._children.append(Child(role, rank, module, proc))
+        assert proc.stdin is not None
+        if argv is not None:
+            proc.stdin.close()
+            return
+        try:
+            proc.stdin.write(encode_start(start))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once; _await_ready reports its exit
 
     def _await_ready(self, expected: set[tuple[str, int]], deadline: float) -> list[Ready]:
         readies: list[Ready] = []
@@ -138,34 +206,47 @@ class Pipeline:
         assert self._control is not None
         while waiting:
             if time.monotonic() > deadline:
-                raise StartupError(f"timed out waiting for {sorted(waiting)} to start")
-            for spec, proc in self._children:
-                if proc.exitcode is not None:
-                    raise StartupError(
-                        f"{spec.role} {spec.rank} exited with code {proc.exitcode} during start-up"
-                    )
+                names = ", ".join(f"{role} {rank}" for role, rank in sorted(waiting))
+                raise StartupError(f"timed out waiting for {names} to start")
+            for child in self._children:
+                if child.proc.poll() is not None:
+                    raise StartupError(f"{child.exit_description()} during start-up")
             if not self._control.poll(200):
                 continue
             msg = self._control.recv()
             if isinstance(msg, StartupFailed):
                 raise StartupError(f"{msg.role} {msg.rank} failed to start: {msg.error}")
+            if isinstance(msg, StartupProgress):
+                self._progress(msg.text)
+                continue
             waiting.discard((msg.role, msg.rank))
             readies.append(msg)
         return readies
 
     # ------------------------------------------------------------ serving
 
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the engine died, or None while every process serves.
+
+        Read synchronously as well as by the watcher: a caller that saw a process vanish
+        (a client's connection dropped) gets the reason even before the watcher wakes.
+        """
+        if self._dead_reason is None and not self._stopping.is_set():
+            for child in self._children:
+                if child.proc.poll() is not None:
+                    self._dead_reason = child.exit_description()
+                    break
+        return self._dead_reason
+
     def _watch(self) -> None:
         """Wait for any child to exit; then tell the survivors that the engine is dead."""
-        sentinels = {proc.sentinel: (spec, proc) for spec, proc in self._children}
         while not self._stopping.is_set():
-            ready = wait_for_sentinels(list(sentinels), timeout=0.5)
-            if not ready or self._stopping.is_set():
+            exited = _wait_for_any_exit([c.proc for c in self._children], timeout=0.5)
+            if exited is None or self._stopping.is_set():
                 continue
-            spec, proc = sentinels[ready[0]]
-            proc.join(0)
-            self.dead_reason = f"{spec.role} {spec.rank} exited with code {proc.exitcode}"
-            self._announce_death(self.dead_reason)
+            reason = self.dead_reason or "a process exited"
+            self._announce_death(reason)
             return
 
     def _announce_death(self, reason: str) -> None:
@@ -185,7 +266,7 @@ class Pipeline:
 
     @property
     def alive(self) -> bool:
-        return self.dead_reason is None and all(p.is_alive() for _, p in self._children)
+        return self.dead_reason is None and bool(self._children)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until a child dies (True) or the timeout passes (False)."""
@@ -198,18 +279,27 @@ class Pipeline:
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop every child, then remove sockets and the run directory. Idempotent."""
+        with self._stop_lock:
+            self._stop(grace_s)
+
+    def _stop(self, grace_s: float) -> None:
         self._stopping.set()
-        for _, proc in reversed(self._children):
-            if proc.is_alive():
-                proc.terminate()
+        atexit.unregister(self.stop)
+        for child in reversed(self._children):
+            if child.proc.poll() is None:
+                try:
+                    child.proc.terminate()
+                except ProcessLookupError:
+                    pass
         deadline = time.monotonic() + grace_s
-        for _, proc in self._children:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        for child in self._children:
+            try:
+                child.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
         self._children.clear()
-        if self._watcher is not None:
+        if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join()
             self._watcher = None
         if self._control is not None:
@@ -220,3 +310,37 @@ class Pipeline:
             self._ctx = None
         if self.endpoints is not None:
             self.endpoints.cleanup()
+
+
+def _wait_for_any_exit(procs: list[subprocess.Popen], timeout: float) -> subprocess.Popen | None:
+    """The first of `procs` found exited within `timeout` seconds, else None.
+
+    Uses pidfds where the platform has them (woken at the exit itself), else polls.
+    """
+    for proc in procs:
+        if proc.poll() is not None:
+            return proc
+    fds: dict[int, subprocess.Popen] = {}
+    try:
+        if hasattr(os, "pidfd_open"):
+            for proc in procs:
+                try:
+                    fds[os.pidfd_open(proc.pid)] = proc
+                except OSError:
+                    pass  # already reaped: poll() below finds it
+        if fds and len(fds) == len(procs):
+            ready, _, _ = select.select(list(fds), [], [], timeout)
+            for fd in ready:
+                if fds[fd].poll() is not None:
+                    return fds[fd]
+            return None
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for proc in procs:
+                if proc.poll() is not None:
+                    return proc
+            time.sleep(0.05)
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,9 @@ class LLM:
                                    device=device, **engine_kwargs)
         self.pipeline = Pipeline(self.config)
         self.pipeline.start()
+        # Stops the processes when this LLM is garbage collected or the interpreter exits,
+        # so a script that never calls close() still exits promptly and cleanly.
+        self._finalizer = weakref.finalize(self, self.pipeline.stop)
 
     def __enter__(self) -> LLM:
         return self
@@ -35,7 +39,8 @@ class LLM:
         self.close()
 
     def close(self) -> None:
-        self.pipeline.stop()
+        """Stop every process of the engine (also done at exit if never called)."""
+        self._finalizer()
 
     def generate(
         self,

@@ -33,6 +33,7 @@ from protocol import (
     ResultDelta,
     Shutdown,
 )
+from protocol.actor_start import from_plain, read_start
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import RouterSocket
 
@@ -230,3 +231,14 @@ def run_tokenizer(config: TokenizerConfig, endpoints: Endpoints) -> None:
         actor.serve()
     finally:
         rt.close()
+
+
+def main() -> None:
+    """`python -m frontend.tokenizer_proc`, started by the launcher (spec on stdin)."""
+    start = read_start()
+    run_tokenizer(from_plain(TokenizerConfig, start.config["tokenizer"]),
+                  from_plain(Endpoints, start.config["endpoints"]))
+
+
+if __name__ == "__main__":
+    main()

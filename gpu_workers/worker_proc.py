@@ -19,6 +19,7 @@ import zmq
 
 from gpu_workers.config import WorkerConfig
 from protocol import Endpoints, Shutdown, StepPlan
+from protocol.actor_start import from_plain, read_start
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import MessageSocket
 
@@ -106,3 +107,14 @@ def _plan_before_tokens(steps: MessageSocket, in_flight) -> bool:
         if in_flight.done():
             return steps.poll(0)
         time.sleep(LOOKAHEAD_POLL_S)
+
+
+def main() -> None:
+    """`python -m gpu_workers.worker_proc`, started by the launcher (spec on stdin)."""
+    start = read_start()
+    run_worker(from_plain(WorkerConfig, start.config["worker"]), start.rank,
+               start.config["world_size"], from_plain(Endpoints, start.config["endpoints"]))
+
+
+if __name__ == "__main__":
+    main()

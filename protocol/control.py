@@ -36,3 +36,14 @@ class StartupFailed:
     role: str
     rank: int
     error: str
+
+
+@message(0x33)
+@dataclass(frozen=True, slots=True)
+class StartupProgress:
+    """What a process is doing during a long start-up (loading, profiling, capturing), so
+    the person who started the pipeline is not left with seconds of silence."""
+
+    role: str
+    rank: int
+    text: str

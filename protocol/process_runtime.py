@@ -20,7 +20,7 @@ from typing import Any
 import zmq
 
 from protocol.codec import encode
-from protocol.control import Ready, StartupFailed
+from protocol.control import Ready, StartupFailed, StartupProgress
 from protocol.sockets import MessageSocket
 
 _PR_SET_PDEATHSIG = 1
@@ -55,6 +55,7 @@ class ProcessRuntime:
             die_with_parent()
         self.ctx = zmq.Context()
         self._sockets: list[MessageSocket] = []
+        self._progress: MessageSocket | None = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stop_reason = signal.Signals(signum).name
@@ -87,6 +88,12 @@ class ProcessRuntime:
         """Tell the launcher this process serves now (and what it learned at start-up)."""
         sock = self.socket(zmq.PUSH, control_address, bind=False)
         sock.send(Ready(role=self.role, rank=self.rank, num_kv_blocks=num_kv_blocks, info=info))
+
+    def report_progress(self, control_address: str, text: str) -> None:
+        """Tell the launcher what this process is doing now (it prints it for the user)."""
+        if self._progress is None:
+            self._progress = self.socket(zmq.PUSH, control_address, bind=False)
+        self._progress.send(StartupProgress(role=self.role, rank=self.rank, text=text))
 
     def report_failure(self, control_address: str, exc: BaseException) -> None:
         """Tell the launcher why start-up failed; waits briefly so the message leaves."""

@@ -29,6 +29,7 @@ from protocol import (
     TokenDeltas,
     encode,
 )
+from protocol.actor_start import from_plain, read_start
 from protocol.process_runtime import ProcessRuntime
 from protocol.sockets import MessageSocket
 from scheduler_proc.config import SchedulerConfig
@@ -220,3 +221,14 @@ def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int
                 # The launcher was killed and cannot clean up: remove the run directory (socket
                 # files, rendezvous file) for it, even if closing the sockets failed.
                 endpoints.cleanup()
+
+
+def main() -> None:
+    """`python -m scheduler_proc.scheduler_loop`, started by the launcher (spec on stdin)."""
+    start = read_start()
+    run_scheduler(from_plain(SchedulerConfig, start.config["scheduler"]),
+                  from_plain(Endpoints, start.config["endpoints"]), start.config["world_size"])
+
+
+if __name__ == "__main__":
+    main()

@@ -23,7 +23,7 @@ ALLOWED = {
     "frontend": {"protocol"},
 }
 # Modules of the frontend that start or configure the other actors.
-STARTERS = {"frontend/launcher.py", "frontend/config.py"}
+STARTERS = {"frontend/launcher.py", "frontend/config.py", "frontend/preflight.py"}
 FORBIDDEN_THIRD_PARTY = {"scheduler_proc": {"torch", "triton"}, "protocol": {"torch", "triton"}}
 
 

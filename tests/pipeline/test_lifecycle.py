@@ -122,7 +122,7 @@ def test_a_dead_process_fails_in_flight_and_new_requests(tiny_qwen3_dir, role):
         stream = client.stream("keep going", params=SamplingParams(max_tokens=200,
                                                                    ignore_eos=True))
         next(iter(stream))
-        victim = next(p for s, p in pipeline._children if s.role == role)
+        victim = next(c for c in pipeline.children if c.role == role)
         os.kill(victim.pid, signal.SIGKILL)
         with pytest.raises(EngineDeadError):
             for _ in stream:

@@ -1,0 +1,83 @@
+"""Checks made before any process starts, each failing with one line that says what to change.
+
+A wrong model path, a GPU that is not there, a tensor-parallel size the model cannot be
+split into or a port that is taken would otherwise surface as a traceback from a child
+process after seconds of loading, or not at all.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+from frontend.config import EngineConfig
+
+
+def check_model_path(model: str) -> None:
+    """A local model directory with a config.json: nanopipe loads nothing from a hub."""
+    if not os.path.exists(model):
+        hint = (" (it looks like a hub id: nanopipe loads no weights from a hub; download the"
+                " model and pass its directory)" if _looks_like_hub_id(model) else "")
+        raise ValueError(f"model {model!r} does not exist{hint}")
+    if not os.path.isdir(model):
+        raise ValueError(f"model {model!r} is not a directory (pass the directory that holds "
+                         "config.json and the safetensors files)")
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        raise ValueError(f"model directory {model!r} has no config.json")
+
+
+def _looks_like_hub_id(model: str) -> bool:
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
+
+
+def check_device(config: EngineConfig) -> None:
+    if config.device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        built = "a CPU-only build of torch" if torch.version.cuda is None else "no visible GPU"
+        raise ValueError(f"device 'cuda' was asked for but CUDA is not available ({built}); "
+                         "use --device cpu")
+    count = torch.cuda.device_count()
+    if config.tensor_parallel_size > count:
+        raise ValueError(f"tensor parallel size {config.tensor_parallel_size} needs "
+                         f"{config.tensor_parallel_size} GPUs but {count} are visible")
+
+
+def check_model_fits_tp(config: EngineConfig) -> None:
+    """The model's type and dtype are supported and its heads can be split `tp` ways."""
+    from gpu_workers.config import ModelConfig
+
+    model = ModelConfig.from_dir(config.model_dir, config.dtype)
+    tp = config.tensor_parallel_size
+    if tp > model.num_heads:
+        raise ValueError(f"tensor parallel size {tp} exceeds the model's {model.num_heads} "
+                         f"attention heads; use at most {model.num_heads}")
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Refuse a port that something already listens on (checked by binding it briefly)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ValueError(f"{what} port {port} on {host} is already in use") from None
+            raise ValueError(f"cannot listen on {host}:{port} for {what}: "
+                             f"{exc.strerror}") from None
+
+
+def check_config(config: EngineConfig) -> None:
+    """Every check that needs no child process; raises ValueError with one line."""
+    if config.model is not None:
+        check_model_path(config.model)
+    check_device(config)
+    check_model_fits_tp(config)
+    config.resolved_max_model_len  # noqa: B018 - raises if above the model's limit
+    if config.transport == "tcp" and config.port is not None:
+        check_port_free(config.host, config.port, "the client")
