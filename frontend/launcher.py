@@ -162,6 +162,8 @@ class Pipeline:
         except ValueError as exc:
             raise StartupError(str(exc)) from None
 
+        self._progress(f"KV cache: {self.num_kv_blocks} blocks of {sched_cfg.block_size} tokens;"
+                       " starting the scheduler, tokenizer and detokenizer")
         self._spawn("scheduler", 0, "scheduler_proc.scheduler_loop",
                     {"scheduler": to_plain(sched_cfg), "world_size": tp})
         self._spawn("detokenizer", 0, "frontend.detokenizer_proc",
@@ -217,7 +219,7 @@ class Pipeline:
             if isinstance(msg, StartupFailed):
                 raise StartupError(f"{msg.role} {msg.rank} failed to start: {msg.error}")
             if isinstance(msg, StartupProgress):
-                self._progress(msg.text)
+                self._progress(f"{msg.role} {msg.rank}: {msg.text}")
                 continue
             waiting.discard((msg.role, msg.rank))
             readies.append(msg)

@@ -8,6 +8,7 @@ The only host sync per step is the copy of the sampled ids.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +33,10 @@ _SPARE_TOKENS = 2
 
 
 class ModelRunner:
-    def __init__(self, config: WorkerConfig, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, config: WorkerConfig, rank: int = 0, world_size: int = 1,
+                 progress: Callable[[str], None] | None = None) -> None:
+        """`progress` hears what start-up is doing (the launcher prints it for the user)."""
+        progress = progress or (lambda text: None)
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -52,6 +56,7 @@ class ModelRunner:
         self.backend = resolve_backend(config.attention_backend, config.device, mc.dtype,
                                        mc.head_dim, config.block_size)
         self.tp = TPInfo(rank, world_size)
+        progress(f"loading weights ({mc.dtype}, {self.backend} attention)")
         with torch.inference_mode():
             self.model = CausalLM(mc, self.tp, self.backend, self.device,
                                   config.max_model_len + _SPARE_TOKENS)
@@ -61,6 +66,8 @@ class ModelRunner:
         self.table: SequenceTable | None = None
         self._unsettled: list[PendingStep] = []
         """Launched steps of self.table whose tokens are not in the mirror yet, oldest first."""
+        progress("profiling memory to size the KV cache" if self.device.type == "cuda"
+                 else "sizing the KV cache")
         self.num_kv_blocks = self._size_kv_cache()
         self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size,
                                 self.device)
@@ -69,6 +76,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._warm_up_kernels()
         if self.device.type == "cuda" and not config.enforce_eager:
+            progress("capturing CUDA graphs for decode")
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq,
                                        config.max_model_len, self.device)
             with torch.inference_mode():

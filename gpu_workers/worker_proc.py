@@ -52,7 +52,9 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
             if rank == 0:
                 results = rt.socket(zmq.PUSH, endpoints.step_results, bind=False)
             init_distributed(config, rank, world_size)
-            runner = ModelRunner(config, rank, world_size)
+            progress = (lambda text: rt.report_progress(endpoints.control, text)) if rank == 0 \
+                else None
+            runner = ModelRunner(config, rank, world_size, progress=progress)
         except Exception as exc:
             log.exception("worker %d: start-up failed", rank)
             rt.report_failure(endpoints.control, exc)

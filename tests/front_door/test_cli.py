@@ -1,0 +1,94 @@
+"""`nanopipe serve` / `scripts/launch.sh` as a user types them: every mistake that needs no
+process is a one-line error before anything starts; every flag has help."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH = str(ROOT / "scripts" / "launch.sh")
+
+
+def _nanopipe(*args: str) -> list[str]:
+    exe = shutil.which("nanopipe")
+    return [exe, *args] if exe else [sys.executable, "-c",
+                                     "import sys; from frontend.launch import main; "
+                                     "sys.exit(main())", *args]
+
+
+def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line_error(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "starting" not in done.stderr  # no process was started
+    return lines[0]
+
+
+@pytest.mark.parametrize("model, expected", [
+    ("Qwen/Qwen3-0.6B", "loads no weights from a hub"),
+    ("/no/such/model", "does not exist"),
+    (__file__, "is not a directory"),
+])
+def test_a_wrong_model_path_is_one_line(model, expected):
+    line = _one_line_error(_run(_nanopipe("serve", model, "--device", "cpu")))
+    assert expected in line and model in line
+
+
+def test_a_directory_without_config_is_one_line(tmp_path):
+    assert "has no config.json" in _one_line_error(_run([LAUNCH, "--model", str(tmp_path)]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_is_one_line(tiny_qwen3_dir):
+    line = _one_line_error(_run([LAUNCH, "--model", tiny_qwen3_dir, "--device", "cuda"]))
+    assert "CUDA is not available" in line
+
+
+def test_a_tensor_parallel_size_beyond_the_heads_is_one_line(tiny_qwen3_dir):
+    line = _one_line_error(_run([LAUNCH, "--model", tiny_qwen3_dir, "--device", "cpu",
+                                 "--tp", "64"]))
+    assert "tensor parallel size 64" in line and "attention heads" in line
+
+
+def test_a_taken_http_port_is_one_line(tiny_qwen3_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = _one_line_error(_run(_nanopipe("serve", tiny_qwen3_dir, "--device", "cpu",
+                                              "--port", str(port))))
+    assert f"port {port}" in line and "already in use" in line
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--host", "0.0.0.0"], "--host applies to the HTTP API"),
+    (["--api-key", "k"], "--api-key applies to the HTTP API"),
+    (["--zmq-port", "5555"], "--zmq-port applies to --zmq-transport tcp"),
+    (["--port", "70000"], "--port must be in 1..65535"),
+])
+def test_a_flag_that_would_be_ignored_is_an_error(flags, expected, tiny_qwen3_dir):
+    done = _run([LAUNCH, "--model", tiny_qwen3_dir, *flags])
+    assert done.returncode == 2 and expected in done.stderr
+
+
+def test_version_and_help():
+    done = _run(_nanopipe("--version"))
+    assert done.returncode == 0 and done.stdout.startswith("nanopipe ")
+    serve_help = _run(_nanopipe("serve", "--help")).stdout
+    for flag in ("--tp", "--device", "--max-model-len", "--port", "--host", "--zmq-port",
+                 "--served-model-name", "--log-level", "--version", "--stdout", "--api-key"):
+        assert flag in serve_help
+    assert "{auto,cpu,cuda}" in serve_help and "(default: 256)" in serve_help
+    assert _run([LAUNCH, "--help"]).stdout.count("--served-model-name") >= 1

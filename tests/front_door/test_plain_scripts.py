@@ -1,0 +1,95 @@
+"""The offline API as a user's first script uses it: no main guard, no close().
+
+Each form (a script file, `python -`, `python -c`) runs `LLM` end to end on a tiny model,
+prints the pids of the engine's processes and its run directory, and simply ends. The
+interpreter must exit by itself, leaving no process and no run directory behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = """\
+import json
+from frontend import LLM, SamplingParams
+
+llm = LLM({model!r}, device="cpu", dtype="float32", max_model_len=128,
+          max_num_batched_tokens=256)
+out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                   use_tqdm=False)
+print("ENGINE", json.dumps({{"pids": [c.pid for c in llm.pipeline.children],
+                             "run_dir": llm.pipeline.endpoints.run_dir,
+                             "tokens": out[0]["token_ids"]}}), flush=True)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _engine_info(stdout: str) -> dict:
+    line = next(line for line in stdout.splitlines() if line.startswith("ENGINE "))
+    return json.loads(line.removeprefix("ENGINE "))
+
+
+def _assert_nothing_left(info: dict) -> None:
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in info["pids"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in info["pids"] if _alive(pid)]
+    assert not os.path.exists(info["run_dir"])
+
+
+@pytest.mark.parametrize("form", ["file", "stdin", "dash_c"])
+def test_a_plain_script_runs_and_exits_without_close(form, tiny_qwen3_dir, tmp_path):
+    source = SCRIPT.format(model=tiny_qwen3_dir)
+    if form == "file":
+        path = tmp_path / "first_try.py"
+        path.write_text(source)
+        cmd, stdin = [sys.executable, str(path)], None
+    elif form == "stdin":
+        cmd, stdin = [sys.executable, "-"], source
+    else:
+        cmd, stdin = [sys.executable, "-c", source], None
+    # Run from an unrelated folder, as a user's script is.
+    done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = _engine_info(done.stdout)
+    assert len(info["tokens"]) == 4
+    assert len(info["pids"]) == 4  # worker, scheduler, detokenizer, tokenizer
+    _assert_nothing_left(info)
+
+
+def test_ctrl_c_during_generate_leaves_nothing_behind(tiny_qwen3_dir, tmp_path):
+    source = SCRIPT.format(model=tiny_qwen3_dir) + """
+print("GENERATING", flush=True)
+llm.generate(["go on"] * 4, SamplingParams(max_tokens=100000 // 1000, ignore_eos=True),
+             use_tqdm=False)
+import time
+time.sleep(600)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("GENERATING"):
+            break
+    info = _engine_info("".join(lines))
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    _assert_nothing_left(info)

@@ -1,0 +1,88 @@
+"""`nanopipe serve MODEL --port N` as an operator runs it: start-up says what it is doing,
+the HTTP API answers under the served name, and the process exits (non-zero, cleaned up)
+when its engine dies instead of serving 503s forever."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def test_serve_http_reports_progress_and_exits_when_its_engine_dies(tiny_qwen3_dir):
+    port = _free_port()
+    cmd = [sys.executable, "-c", "import sys; from frontend.launch import main; sys.exit(main())",
+           "serve", tiny_qwen3_dir, "--device", "cpu", "--dtype", "float32",
+           "--max-model-len", "128", "--max-num-batched-tokens", "256",
+           "--port", str(port), "--served-model-name", "tiny-chat"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if "Uvicorn running" in line or "Application startup" in line:
+                break
+        output = "".join(seen)
+        assert "loading weights" in output and "KV cache" in output, output
+        run_dir = Path(re.search(r"clients connect to: ipc://(\S+)/tokenizer", output).group(1))
+        base = f"http://127.0.0.1:{port}"
+        models = httpx.get(f"{base}/v1/models", timeout=30).json()
+        assert [m["id"] for m in models["data"]] == ["tiny-chat"]
+        done = httpx.post(f"{base}/v1/completions", timeout=60, json={
+            "model": "tiny-chat", "prompt": "Hello", "max_tokens": 3, "temperature": 0})
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 3
+
+        children = _children_of(proc.pid)
+        worker = next(pid for pid in children
+                      if "gpu_workers.worker_proc" in Path(f"/proc/{pid}/cmdline").read_text())
+        os.kill(worker, signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    assert "engine dead: worker 0 was killed by SIGKILL" in rest
+    assert not run_dir.exists()
+    assert not [pid for pid in children if _alive(pid)]
