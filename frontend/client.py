@@ -6,6 +6,11 @@ threads only enqueue commands and read their queues, so one Client serves many t
 and many concurrent requests. A dead pipeline is noticed three ways: an EngineDead
 message, a dropped connection (socket monitor; ZMTP heartbeats turn a hung or
 unreachable peer into a dropped connection), or an optional per-request timeout.
+
+Nothing waits forever on a refusal: an ipc address without a socket file, or one where the
+connection is refused (ipc or tcp: zmq reports CONNECT_RETRIED), fails the handshake at once;
+a request too big for any pipeline to read is refused before it is sent; and an error the
+server could not attribute fails the requests it may belong to (ORPHAN_ERROR).
 """
 
 from __future__ import annotations

@@ -3,6 +3,14 @@
 It greets clients, validates and tokenizes their requests, assigns request ids, and tells
 the detokenizer about a request before the scheduler hears of it (so results always find
 their route). Bad input is answered on the spot and never reaches the rest of the pipeline.
+
+No client can stall another: the I/O loop only measures and classifies request frames; a
+prompt too large to fit max_model_len is refused by its size (frontend/prompt_limits.py), and
+the rest is decoded, validated and tokenized by a small pool of threads
+(frontend/tokenize_pool.py). An abort that arrives while its request is still being
+tokenized is honoured: the request never reaches the scheduler and ends with "abort".
+Every error a client can cause carries its request id whenever the frame's first bytes hold
+one; a REQ peer gets its error inside the envelope it can read.
 """
 
 from __future__ import annotations
