@@ -19,12 +19,17 @@ import zmq.asyncio
 from frontend.client import (
     CLOSE_LINGER_MS,
     CONNECT_TIMEOUT_S,
+    MONITOR_EVENTS,
+    ORPHAN_ERROR,
     ConnectionInfo,
+    HandshakeWatch,
+    check_address,
     configure_context,
     error_for,
-    is_disconnect,
     make_decoder,
     make_request,
+    monitor_event,
+    refused,
     to_delta,
 )
 from frontend.outputs import (
@@ -33,6 +38,7 @@ from frontend.outputs import (
     OutputCollector,
     RequestDelta,
     RequestOutput,
+    RequestRejected,
 )
 from protocol import (
     AbortRequest,
@@ -74,6 +80,7 @@ class AsyncClient(ConnectionInfo):
                 raise ClientClosedError("the client is closed")
             if conn.dead is not None:
                 raise EngineDeadError(conn.dead)
+            check_address(self.address)
             conn.open(asyncio.get_running_loop())
             try:
                 await asyncio.wait_for(conn.handshake(), self.connect_timeout)
@@ -137,6 +144,7 @@ class AsyncClient(ConnectionInfo):
             raise EngineDeadError(conn.dead)
         q: asyncio.Queue = asyncio.Queue()
         conn.queues[request_id] = q
+        conn.unanswered.add(request_id)
         assert conn.requests is not None
         conn.requests.send(frame, zmq.NOBLOCK)
         return request_id, q
@@ -168,6 +176,8 @@ class _AsyncConnection:
         self.monitors: list[zmq.asyncio.Socket] = []
         self.requests: zmq.asyncio.Socket | None = None
         self.queues: dict[str, asyncio.Queue] = {}
+        self.unanswered: set[str] = set()
+        """Requests sent that have had no delta yet (see ORPHAN_ERROR in client.py)."""
         self.reader: asyncio.Task | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dead: str | None = None
@@ -181,32 +191,43 @@ class _AsyncConnection:
 
     async def handshake(self) -> None:
         self.requests = self._dealer(self.address)
-        welcome = await self._await_welcome(self.requests)
+        welcome = await self._await_welcome(self.requests, self.address)
         results = self._dealer(welcome.results_address)
-        await self._await_welcome(results)
+        await self._await_welcome(results, welcome.results_address)
         self.welcome = welcome
 
     def _dealer(self, address: str) -> zmq.asyncio.Socket:
         assert self.ctx is not None
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.client_id.encode())
-        self.monitors.append(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+        self.monitors.append(sock.get_monitor_socket(MONITOR_EVENTS))
         sock.connect(address)
         sock.send(encode(ClientHello(self.client_id)), zmq.NOBLOCK)
         self.sockets.append(sock)
         return sock
 
-    async def _await_welcome(self, sock: zmq.asyncio.Socket) -> ClientWelcome:
+    async def _await_welcome(self, sock: zmq.asyncio.Socket, address: str) -> ClientWelcome:
+        """The socket's welcome; EngineDeadError at once if nothing listens at `address`."""
+        monitor = self.monitors[self.sockets.index(sock)]
+        watch = HandshakeWatch()
+        poller = zmq.asyncio.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         while True:
-            frames = await sock.recv_multipart()
-            try:
-                msg = self.decoder.decode(frames[-1])
-            except ProtocolError:
-                continue
-            if isinstance(msg, ClientWelcome):
-                return msg
-            if isinstance(msg, EngineDead):
-                raise EngineDeadError(msg.reason)
+            for ready, _ in await poller.poll():
+                frames = await ready.recv_multipart()
+                if ready is monitor:
+                    if watch.gave_up(monitor_event(frames)):
+                        raise EngineDeadError(refused(address))
+                    continue
+                try:
+                    msg = self.decoder.decode(frames[-1])
+                except ProtocolError:
+                    continue
+                if isinstance(msg, ClientWelcome):
+                    return msg
+                if isinstance(msg, EngineDead):
+                    raise EngineDeadError(msg.reason)
 
     async def read_loop(self) -> None:
         poller = zmq.asyncio.Poller()
@@ -217,7 +238,7 @@ class _AsyncConnection:
                 for sock, _ in await poller.poll():
                     frames = await sock.recv_multipart()
                     if sock in self.monitors:
-                        if is_disconnect(frames):
+                        if monitor_event(frames) == zmq.EVENT_DISCONNECTED:
                             self.fail_all(f"lost the connection to the pipeline at "
                                           f"{self.address}")
                     else:
@@ -241,6 +262,10 @@ class _AsyncConnection:
             self._on_delta(msg)
 
     def _on_delta(self, msg: ResultDelta) -> None:
+        if msg.error is not None and not msg.client_request_id:
+            self._fail_unanswered(msg.error)
+            return
+        self.unanswered.discard(msg.client_request_id)
         q = self.queues.get(msg.client_request_id)
         if q is None:
             return
@@ -254,6 +279,15 @@ class _AsyncConnection:
         for q in self.queues.values():
             q.put_nowait(EngineDeadError(reason))
         self.queues.clear()
+        self.unanswered.clear()
+
+    def _fail_unanswered(self, error: str) -> None:
+        for request_id in sorted(self.unanswered):
+            q = self.queues.get(request_id)
+            if q is not None:
+                self.abort_nowait(request_id)
+                q.put_nowait(RequestRejected(ORPHAN_ERROR + error))
+        self.unanswered.clear()
 
     def abort_nowait(self, request_id: str) -> None:
         """Forget the request and tell the engine; safe from finalizers and other threads."""
@@ -268,6 +302,7 @@ class _AsyncConnection:
             loop.call_soon_threadsafe(self.abort_nowait, request_id)
             return
         self.queues.pop(request_id, None)
+        self.unanswered.discard(request_id)
         if self.requests is not None and not self.requests.closed and self.dead is None:
             with contextlib.suppress(zmq.ZMQError):
                 self.requests.send(encode(AbortRequest(request_id)), zmq.NOBLOCK)

@@ -6,12 +6,18 @@ threads only enqueue commands and read their queues, so one Client serves many t
 and many concurrent requests. A dead pipeline is noticed three ways: an EngineDead
 message, a dropped connection (socket monitor; ZMTP heartbeats turn a hung or
 unreachable peer into a dropped connection), or an optional per-request timeout.
+
+Nothing waits forever on a refusal: an ipc address without a socket file, or one where the
+connection is refused (ipc or tcp: zmq reports CONNECT_RETRIED), fails the handshake at once;
+a request too big for any pipeline to read is refused before it is sent; and an error the
+server could not attribute fails the requests it may belong to (ORPHAN_ERROR).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import stat
 import threading
 import uuid
 import weakref
@@ -30,6 +36,7 @@ from frontend.outputs import (
     RequestRejected,
 )
 from protocol import (
+    MAX_FRAME_BYTES,
     AbortRequest,
     ChatMessage,
     ClientHello,
@@ -50,6 +57,10 @@ HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 10_000
 CLOSE_LINGER_MS = 1000
 """How long close() waits for its abort messages to leave."""
+REFUSALS_BEFORE_FAILING = 3
+"""Refused connection attempts (zmq retries every ~100 ms) before the handshake gives up:
+nothing listens there. More than one, so a listener's momentarily full backlog is no error."""
+MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
 
 
 # ------------------------------------------------------------ shared with AsyncClient
@@ -70,14 +81,50 @@ def make_decoder() -> Decoder:
 
 def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, messages: Any,
                  params: SamplingParams | None, stream: bool) -> bytes:
+    """The encoded request; RequestRejected at once if no pipeline would read a frame so big."""
     if prompt_token_ids is not None:
         prompt_token_ids = [int(t) for t in prompt_token_ids]
     if messages is not None:
         messages = [m if isinstance(m, ChatMessage) else ChatMessage(m["role"], m["content"])
                     for m in messages]
-    return encode(GenerateRequest(
+    frame = encode(GenerateRequest(
         client_request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
         messages=messages, params=params or SamplingParams(), stream=stream))
+    if len(frame) > MAX_FRAME_BYTES:
+        sizes = {"prompt": len(prompt or ""), "prompt_token_ids": len(prompt_token_ids or ()),
+                 "messages": sum(len(m.content) for m in messages or ())}
+        field = max(sizes, key=sizes.__getitem__)
+        raise RequestRejected(f"{field}: the request encodes to {len(frame)} bytes, over the "
+                              f"{MAX_FRAME_BYTES}-byte limit of one message; shorten the {field}")
+    return frame
+
+
+def check_address(address: str) -> None:
+    """Refuse at once an ipc address whose socket file is missing or is no socket: no
+    pipeline can answer there (a pipeline binds its socket before it reports ready)."""
+    if not address.startswith("ipc://"):
+        return
+    path = address[len("ipc://"):]
+    if path.startswith("@"):  # Linux abstract namespace: no file to look at
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise EngineDeadError(f"no pipeline at {address}: {path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        raise EngineDeadError(f"no pipeline at {address}: {path} is not a socket")
+
+
+def refused(address: str) -> str:
+    return f"no pipeline at {address}: the connection was refused (nothing listens there)"
+
+
+ORPHAN_ERROR = ("the pipeline refused a request it could not read, without saying which; "
+                "every request of this client still waiting for its first answer fails: ")
+"""An error delta with no request id (the server could not read the id from the frame) fails
+every request that has had no answer yet: the culprit is one of them, and a request that got
+an answer was read. Deterministic, and no request waits forever on a refusal; requests failed
+this way are also aborted, so the engine does not run them unseen."""
 
 
 def to_delta(msg: ResultDelta) -> RequestDelta:
@@ -102,8 +149,24 @@ def error_for(message: str) -> Exception:
     return RequestRejected(message)
 
 
-def is_disconnect(monitor_frames: list[bytes]) -> bool:
-    return parse_monitor_message(monitor_frames)["event"] == zmq.EVENT_DISCONNECTED
+def monitor_event(monitor_frames: list[bytes]) -> int:
+    return parse_monitor_message(monitor_frames)["event"]
+
+
+class HandshakeWatch:
+    """Counts refused connection attempts of one socket until it first connects."""
+
+    def __init__(self) -> None:
+        self.connected = False
+        self.refusals = 0
+
+    def gave_up(self, event: int) -> bool:
+        """True when this event shows nothing listens at the address."""
+        if event == zmq.EVENT_CONNECTED:
+            self.connected = True
+        elif event == zmq.EVENT_CONNECT_RETRIED and not self.connected:
+            self.refusals += 1
+        return self.refusals >= REFUSALS_BEFORE_FAILING
 
 
 class ConnectionInfo:
@@ -138,6 +201,7 @@ class Client(ConnectionInfo):
 
     def __init__(self, address: str, timeout: float | None = None, *,
                  connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+        check_address(address)
         self.address = address
         self.timeout = timeout
         self._conn = _Connection(address)
@@ -213,6 +277,7 @@ class Client(ConnectionInfo):
             if conn.dead is not None:
                 raise EngineDeadError(conn.dead)
             conn.queues[request_id] = q
+            conn.unanswered.add(request_id)
         conn.command(frame)
         return request_id, q
 
@@ -231,6 +296,7 @@ class Client(ConnectionInfo):
     def _forget(self, request_id: str) -> None:
         with self._conn.lock:
             self._conn.queues.pop(request_id, None)
+            self._conn.unanswered.discard(request_id)
 
 
 class _Connection:
@@ -244,6 +310,8 @@ class _Connection:
         self.welcome: ClientWelcome | None = None
         self.lock = threading.Lock()
         self.queues: dict[str, queue.SimpleQueue] = {}
+        self.unanswered: set[str] = set()
+        """Requests sent that have had no delta yet (see ORPHAN_ERROR)."""
         self.dead: str | None = None
         self.closed = False
         self._released = False
@@ -312,8 +380,12 @@ class _Connection:
             for delta in msg.deltas:
                 self.route(delta)
             return
+        if msg.error is not None and not msg.client_request_id:
+            self.fail_unanswered(msg.error)
+            return
         with self.lock:
             q = self.queues.get(msg.client_request_id)
+            self.unanswered.discard(msg.client_request_id)
             if q is not None and msg.finish_reason is not None:
                 del self.queues[msg.client_request_id]
         if q is None:
@@ -329,8 +401,18 @@ class _Connection:
                 self.dead = reason
             pending = list(self.queues.values())
             self.queues.clear()
+            self.unanswered.clear()
         for q in pending:
             q.put(EngineDeadError(reason))
+
+    def fail_unanswered(self, error: str) -> None:
+        with self.lock:
+            failed = [(rid, self.queues.pop(rid)) for rid in sorted(self.unanswered)
+                      if rid in self.queues]
+            self.unanswered.clear()
+        for request_id, q in failed:
+            self.command(encode(AbortRequest(request_id)))
+            q.put(RequestRejected(ORPHAN_ERROR + error))
 
 
 class _ClientIO:
@@ -340,7 +422,7 @@ class _ClientIO:
         self.conn = conn
         self.decoder = make_decoder()
         self.poller = zmq.Poller()
-        self.monitors: list[zmq.Socket] = []
+        self.monitors: dict[zmq.Socket, tuple[str, HandshakeWatch]] = {}
         self.sockets: list[zmq.Socket] = []
         self.requests = self._dealer(conn.address)
         self.results: zmq.Socket | None = None
@@ -349,13 +431,13 @@ class _ClientIO:
     def _dealer(self, address: str) -> zmq.Socket:
         sock = self.conn.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.conn.client_id.encode())
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         sock.connect(address)
         sock.send(encode(ClientHello(self.conn.client_id)))
         self.poller.register(sock, zmq.POLLIN)
         self.poller.register(monitor, zmq.POLLIN)
         self.sockets.append(sock)
-        self.monitors.append(monitor)
+        self.monitors[monitor] = (address, HandshakeWatch())
         return sock
 
     def run(self) -> None:
@@ -371,12 +453,19 @@ class _ClientIO:
                 if not self._drain_commands():
                     return False
             elif sock in self.monitors:
-                if is_disconnect(sock.recv_multipart()):
-                    self.conn.fail_all(f"lost the connection to the pipeline at "
-                                          f"{self.conn.address}")
+                self._on_monitor(sock)
             else:
                 self._on_frame(sock)
         return True
+
+    def _on_monitor(self, monitor: zmq.Socket) -> None:
+        event = monitor_event(monitor.recv_multipart())
+        address, watch = self.monitors[monitor]
+        if event == zmq.EVENT_DISCONNECTED:
+            self.conn.fail_all(f"lost the connection to the pipeline at {self.conn.address}")
+        elif watch.gave_up(event) and not self.conn.ready.is_set():
+            self.conn.fail_all(refused(address))
+            self.conn.ready.set()
 
     def _drain_commands(self) -> bool:
         os.read(self.conn.wake_r, 4096)

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
-
-from protocol import MAX_FRAME_BYTES, GenerateRequest
-from protocol.codec import kind_of
+from protocol import GenerateRequest
+from protocol.codec import kind_of, peek_head
 
 MAX_REQUEST_ID_CHARS = 256
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -114,21 +112,13 @@ def _check_request_id(request_id: str) -> None:
 def salvage_request_id(frame: bytes | memoryview) -> str | None:
     """The client_request_id of a GenerateRequest frame the decoder refused, if readable.
 
-    Lets a request with (say) out-of-range sampling parameters be rejected by its id
-    instead of leaving its client waiting.
+    Lets a request that cannot be decoded (out-of-range sampling parameters, a frame over
+    the size limit, a body cut short) be rejected by its id instead of leaving its client
+    waiting. Only the frame's first bytes are read, so this is cheap at any size.
     """
-    if len(frame) > MAX_FRAME_BYTES:
-        return None
-    try:
-        values = msgpack.unpackb(frame, raw=False, use_list=True, strict_map_key=True,
-                                 ext_hook=_no_ext)
-    except Exception:
-        return None
-    if (type(values) is list and len(values) > 1 and values[0] == kind_of(GenerateRequest)
-            and type(values[1]) is str and 0 < len(values[1]) <= MAX_REQUEST_ID_CHARS):
-        return values[1]
+    head = peek_head(frame, 2)
+    if (head is not None and head[0] == kind_of(GenerateRequest) and type(head[1]) is str
+            and 0 < len(head[1]) <= MAX_REQUEST_ID_CHARS):
+        return head[1]
     return None
 
-
-def _no_ext(code: int, data: bytes) -> Any:
-    raise ValueError("extension types are not accepted")

@@ -3,11 +3,21 @@
 It greets clients, validates and tokenizes their requests, assigns request ids, and tells
 the detokenizer about a request before the scheduler hears of it (so results always find
 their route). Bad input is answered on the spot and never reaches the rest of the pipeline.
+
+No client can stall another: the I/O loop only measures and classifies request frames; a
+prompt too large to fit max_model_len is refused by its size (frontend/prompt_limits.py), and
+the rest is decoded, validated and tokenized by a small pool of threads
+(frontend/tokenize_pool.py). An abort that arrives while its request is still being
+tokenized is honoured: the request never reaches the scheduler and ends with "abort".
+Every error a client can cause carries its request id whenever the frame's first bytes hold
+one; a REQ peer gets its error inside the envelope it can read.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 import logging
 from collections import OrderedDict
@@ -18,13 +28,16 @@ from typing import Any
 import zmq
 
 from frontend.incremental_detok import PROMPT_TAIL_TOKENS
+from frontend.prompt_limits import PromptLimits
 from frontend.request_validation import InvalidRequest, RequestValidator, salvage_request_id
+from frontend.tokenize_pool import LARGE_JOB_BYTES, TokenizeJob, TokenizePool
 from protocol import (
     AbortRequest,
     AbortRequests,
     AddRequest,
     ClientHello,
     ClientWelcome,
+    Decoder,
     DetokRequestInfo,
     Endpoints,
     EngineDead,
@@ -32,13 +45,19 @@ from protocol import (
     ProtocolError,
     ResultDelta,
     Shutdown,
+    encode,
 )
 from protocol.actor_start import from_plain, read_start
+from protocol.codec import kind_of, peek_head
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import RouterSocket
 
 log = logging.getLogger(__name__)
 
+TOKENIZE_THREADS = 2
+"""Tokenizing threads: long prompts use all but one, so a short request never waits."""
+CLIENT_PENDING_BYTES = 256 << 20
+"""Request bytes one client may have waiting to be tokenized; more are refused as busy."""
 MAX_TRACKED_REQUESTS = 1 << 18
 """Request ids remembered for aborts. The tokenizer never learns when a request ends, so
 the oldest are forgotten first; aborting a long-finished request is a no-op anyway."""
@@ -94,14 +113,36 @@ def error_delta(client_request_id: str, error: str) -> ResultDelta:
                        logprobs=None, error=error)
 
 
+def abort_delta(client_request_id: str) -> ResultDelta:
+    return ResultDelta(client_request_id=client_request_id, text="", token_ids=[],
+                       finish_reason="abort", prompt_tokens=0, completion_tokens=0,
+                       logprobs=None, error=None)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request checked and tokenized by a pool thread, ready to forward."""
+
+    request: GenerateRequest
+    token_ids: list[int]
+
+
 class TokenizerActor:
+    """The I/O loop: reads client frames, hands GenerateRequests to a pool of tokenizing
+    threads, and forwards what they prepare. Only cheap work happens on this thread: small
+    control frames are decoded here; request frames are only measured and classified by
+    their first bytes (`peek_head`)."""
+
     def __init__(self, config: TokenizerConfig, endpoints: Endpoints, rt: ProcessRuntime,
-                 tokenizer: Any) -> None:
+                 tokenizer: Any, *, threads: int = TOKENIZE_THREADS) -> None:
         self.config = config
         self.endpoints = endpoints
         self.rt = rt
         vocab = config.vocab_size or model_vocab_size(config.model, tokenizer)
         self.validator = RequestValidator(tokenizer, vocab, config.max_model_len)
+        self.limits = PromptLimits.for_tokenizer(tokenizer, config.max_model_len)
+        self.client_budget_bytes = max(CLIENT_PENDING_BYTES, 2 * self.limits.max_frame_bytes)
+        self.request_decoder = Decoder(GenerateRequest, max_bytes=self.limits.max_frame_bytes)
         self.eos_ids = eos_token_ids(config.model, tokenizer)
         self.router = rt.adopt(RouterSocket(
             rt.ctx, endpoints.tokenizer, accepts=(ClientHello, GenerateRequest, AbortRequest)))
@@ -111,23 +152,37 @@ class TokenizerActor:
         self.to_detok = rt.socket(zmq.PUSH, endpoints.detok_in, bind=False)
         self.clients: dict[bytes, str] = {}  # peer routing id -> client_id
         self.request_ids: OrderedDict[tuple[bytes, str], int] = OrderedDict()
+        self.preparing: dict[tuple[bytes, str], TokenizeJob] = {}
+        """Jobs queued or running in the pool, by (peer, client_request_id), for aborts."""
         self.next_request_id = 0
         self.dead_reason: str | None = None
+        # Each thread tokenizes with its own copy: a fast tokenizer is not safe to share.
+        validators = [self.validator] + [
+            RequestValidator(copy.deepcopy(tokenizer), vocab, config.max_model_len)
+            for _ in range(threads - 1)]
+        self.pool = TokenizePool([functools.partial(self._prepare, v) for v in validators])
 
     def serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self.router.socket, zmq.POLLIN)
         poller.register(self.ctl.socket, zmq.POLLIN)
-        while self.rt.stop_reason is None:
-            ready = dict(poller.poll(POLL_MS))
-            if self.ctl.socket in ready and not self._on_control():
-                return
-            if self.router.socket in ready:
-                # Drain a bounded batch so control messages are never starved.
-                for _ in range(256):
-                    if not self.router.poll(0):
-                        break
-                    self._on_client_frame()
+        poller.register(self.pool.fileno(), zmq.POLLIN)
+        try:
+            while self.rt.stop_reason is None:
+                ready = dict(poller.poll(POLL_MS))
+                if self.ctl.socket in ready and not self._on_control():
+                    return
+                if self.pool.fileno() in ready:
+                    for job in self.pool.drain():
+                        self._on_prepared(job)
+                if self.router.socket in ready:
+                    # Drain a bounded batch so control messages are never starved.
+                    for _ in range(256):
+                        if not self.router.poll(0):
+                            break
+                        self._on_client_frame()
+        finally:
+            self.pool.close()
 
     def _on_control(self) -> bool:
         try:
@@ -142,24 +197,52 @@ class TokenizerActor:
             self.router.send_to(peer, EngineDead(msg.reason))
         return True
 
+    # ---------------------------------------------------------------- client frames
+
     def _on_client_frame(self) -> None:
         frames = self.router.socket.recv_multipart(copy=False)
-        peer = frames[0].bytes
-        if len(frames) != 2:
+        peer, body = frames[0].bytes, frames[1:]
+        if len(body) > 1 and not any(len(f) for f in body[:-1]):
+            self._refuse_envelope(peer, body)
+            return
+        if len(body) != 1:
             self.router.send_to(peer, error_delta("", "malformed message: expected one frame"))
             return
+        frame = body[0].buffer
+        head = peek_head(frame, 2)
+        if head is not None and head[0] == kind_of(GenerateRequest):
+            request_id = head[1] if type(head[1]) is str else ""
+            self._on_generate_frame(peer, request_id, frame)
+            return
+        if len(frame) > LARGE_JOB_BYTES:  # not worth decoding here: no control frame is large
+            self.router.send_to(peer, error_delta("", (
+                f"malformed message: a frame of {len(frame)} bytes that is not a request")))
+            return
         try:
-            msg = self.router.decode(frames[1].buffer)
+            msg = self.router.decode(frame)
         except ProtocolError as exc:
-            request_id = salvage_request_id(frames[1].buffer) or ""
-            self.router.send_to(peer, error_delta(request_id, f"malformed message: {exc}"))
+            self.router.send_to(peer, error_delta("", f"malformed message: {exc}"))
             return
         if isinstance(msg, ClientHello):
             self._on_hello(peer, msg)
-        elif isinstance(msg, GenerateRequest):
-            self._on_generate(peer, msg)
-        else:
+        elif isinstance(msg, AbortRequest):
             self._on_abort(peer, msg)
+        else:  # a request whose id is too long to read from the head: the pool says so
+            self._on_generate_frame(peer, "", frame)
+
+    def _refuse_envelope(self, peer: bytes, body: list[zmq.Frame]) -> None:
+        """A REQ socket (or a proxy) puts empty delimiter frames before the message; answer
+        with the same envelope, which is the only reply such a peer can read."""
+        envelope = [f.bytes for f in body[:-1]]
+        request_id = salvage_request_id(body[-1].buffer) or ""
+        reply = error_delta(request_id, (
+            "this socket serves DEALER peers (nanopipe's Client and AsyncClient); a REQ "
+            "socket cannot receive results: connect with zmq.DEALER and send one frame"))
+        try:
+            self.router.socket.send_multipart([peer, *envelope, encode(reply)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                raise
 
     def _on_hello(self, peer: bytes, msg: ClientHello) -> None:
         if self.dead_reason is not None:
@@ -170,25 +253,62 @@ class TokenizerActor:
             results_address=self.endpoints.results, model=self.config.served_name,
             max_model_len=self.config.max_model_len))
 
-    def _on_generate(self, peer: bytes, req: GenerateRequest) -> None:
+    def _on_generate_frame(self, peer: bytes, request_id: str, frame: memoryview) -> None:
+        """Measure, then queue for the pool: nothing here grows with the prompt."""
         if self.dead_reason is not None:
             self.router.send_to(peer, EngineDead(self.dead_reason))
             return
-        client_id = self.clients.get(peer)
-        if client_id is None:
+        if peer not in self.clients:
             self.router.send_to(peer, error_delta(
-                req.client_request_id, "send ClientHello before any request"))
+                request_id, "send ClientHello before any request"))
+            return
+        size = len(frame)
+        if size > self.limits.max_frame_bytes:
+            self.router.send_to(peer, error_delta(request_id, self.limits.frame_error(size)))
+            return
+        pending = self.pool.pending_bytes(peer)
+        if pending + size > self.client_budget_bytes:
+            self.router.send_to(peer, error_delta(request_id, (
+                f"busy: this client already has {pending} bytes of requests waiting to be "
+                f"tokenized (at most {self.client_budget_bytes}); retry when some finish")))
+            return
+        job = TokenizeJob(peer=peer, client_request_id=request_id, frame=frame, size=size)
+        if request_id:
+            self.preparing[(peer, request_id)] = job
+        self.pool.submit(job)
+
+    def _prepare(self, validator: RequestValidator, job: TokenizeJob) -> None:
+        """On a pool thread: decode, refuse by size, validate and tokenize one request."""
+        try:
+            req = self.request_decoder.decode(job.frame)
+        except ProtocolError as exc:
+            job.result = f"malformed message: {exc}"
             return
         try:
-            ids = self.validator.prompt_token_ids(req)
+            self.limits.check(req)  # before tokenizing: a prompt too big to fit costs nothing
+            job.result = Prepared(req, validator.prompt_token_ids(req))
         except InvalidRequest as exc:
-            self.router.send_to(peer, error_delta(req.client_request_id, str(exc)))
-            return
+            job.result = str(exc)
         except Exception as exc:  # a tokenizer failure is this request's problem only
             log.exception("tokenizer: could not tokenize request")
-            self.router.send_to(peer, error_delta(
-                req.client_request_id, f"the prompt could not be tokenized: {exc}"))
-            return
+            job.result = f"the prompt could not be tokenized: {exc}"
+
+    def _on_prepared(self, job: TokenizeJob) -> None:
+        key = (job.peer, job.client_request_id)
+        if self.preparing.get(key) is job:
+            del self.preparing[key]
+        result = job.result
+        if job.cancelled:
+            self.router.send_to(job.peer, abort_delta(job.client_request_id))
+        elif self.dead_reason is not None:
+            self.router.send_to(job.peer, EngineDead(self.dead_reason))
+        elif isinstance(result, Prepared):
+            self._forward(job.peer, result.request, result.token_ids)
+        else:
+            error = result if isinstance(result, str) else f"internal error: {result!r}"
+            self.router.send_to(job.peer, error_delta(job.client_request_id, error))
+
+    def _forward(self, peer: bytes, req: GenerateRequest, ids: list[int]) -> None:
         request_id = self.next_request_id
         self.next_request_id += 1
         params = req.params
@@ -197,7 +317,7 @@ class TokenizerActor:
                 params, max_tokens=self.validator.max_tokens(len(ids), None))
         # The detokenizer must know the route before any token of this request can exist.
         self.to_detok.send(DetokRequestInfo(
-            request_id=request_id, client_id=client_id,
+            request_id=request_id, client_id=self.clients[peer],
             client_request_id=req.client_request_id,
             prompt_tail_token_ids=ids[-PROMPT_TAIL_TOKENS:], num_prompt_tokens=len(ids),
             stop=list(params.stop), skip_special_tokens=params.skip_special_tokens,
@@ -211,6 +331,13 @@ class TokenizerActor:
             self.request_ids.popitem(last=False)
 
     def _on_abort(self, peer: bytes, msg: AbortRequest) -> None:
+        job = self.preparing.pop((peer, msg.client_request_id), None)
+        if job is not None:
+            # Still tokenizing: it never reaches the scheduler. A queued job is dropped now;
+            # a running one is answered when its thread finishes.
+            if self.pool.cancel(job):
+                self.router.send_to(peer, abort_delta(msg.client_request_id))
+            return
         request_id = self.request_ids.pop((peer, msg.client_request_id), None)
         if request_id is not None:
             self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason="abort"))

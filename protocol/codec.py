@@ -213,3 +213,25 @@ class Decoder:
         if cls is None:
             raise ProtocolError(f"message kind {values[0]:#x} is not accepted on this socket")
         return _build(cls, values[1:], cls.__name__)
+
+
+HEAD_BYTES = 4096
+"""How much of a frame `peek_head` reads: enough for a kind and a short request id."""
+
+
+def peek_head(frame: bytes | memoryview, count: int) -> list | None:
+    """The first `count` values of a message array, read from the frame's first bytes only.
+
+    Cheap at any frame size, so a frame too large (or too malformed) to decode can still be
+    classified by its kind and answered by its request id. None when the head is not a
+    message array with `count` plain values in its first HEAD_BYTES bytes.
+    """
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, ext_hook=_refuse_ext,
+                                max_buffer_size=HEAD_BYTES)
+    unpacker.feed(bytes(frame[:HEAD_BYTES]))
+    try:
+        if unpacker.read_array_header() < count:
+            return None
+        return [unpacker.unpack() for _ in range(count)]
+    except Exception:  # out of data, not an array, an extension type: no usable head
+        return None

@@ -161,7 +161,8 @@ class FrontendPipeline:
         sock.close(linger=2000)
 
 
-def start_frontend(model_dir: str, step_s: float = 0.001) -> FrontendPipeline:
+def start_frontend(model_dir: str, step_s: float = 0.001,
+                   max_model_len: int = MAX_MODEL_LEN) -> FrontendPipeline:
     endpoints = Endpoints.ipc(world_size=1)
     ctx = zmq.Context.instance()
     control = MessageSocket(ctx, zmq.PULL, endpoints.control, bind=True,
@@ -170,7 +171,7 @@ def start_frontend(model_dir: str, step_s: float = 0.001) -> FrontendPipeline:
     spawn = mp.get_context("spawn")
     procs = {
         "tokenizer": spawn.Process(target=run_tokenizer, daemon=True, args=(
-            TokenizerConfig(model=model_dir, max_model_len=MAX_MODEL_LEN, model_name="tiny"),
+            TokenizerConfig(model=model_dir, max_model_len=max_model_len, model_name="tiny"),
             endpoints)),
         "detokenizer": spawn.Process(target=run_detokenizer, daemon=True, args=(
             DetokenizerConfig(model=model_dir, model_name="tiny"), endpoints)),

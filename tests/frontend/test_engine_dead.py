@@ -76,12 +76,13 @@ def test_vanished_pipeline_is_noticed(tiny_qwen3_dir):
 
 
 def test_unreachable_address_fails_fast(tmp_path):
+    """No connect_timeout given (60 s): a wrong address is still known at once."""
     start = time.monotonic()
-    with pytest.raises(EngineDeadError, match="no pipeline answered"):
-        Client(f"ipc://{tmp_path}/nothing", connect_timeout=0.5)
-    with pytest.raises(EngineDeadError, match="no pipeline answered"):
-        asyncio.run(AsyncClient(f"ipc://{tmp_path}/nothing", connect_timeout=0.5).start())
-    assert time.monotonic() - start < 5
+    with pytest.raises(EngineDeadError, match="no pipeline at .*No such file"):
+        Client(f"ipc://{tmp_path}/nothing")
+    with pytest.raises(EngineDeadError, match="no pipeline at .*No such file"):
+        asyncio.run(AsyncClient(f"ipc://{tmp_path}/nothing").start())
+    assert time.monotonic() - start < 2
 
 
 def test_sigterm_stops_a_process_that_is_still_starting(tiny_qwen3_dir, tmp_path):
