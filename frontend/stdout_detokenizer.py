@@ -221,16 +221,21 @@ def run_attached(model: str, address: str, skip_special_tokens: bool = True,
             sub, hello = attach(rt, address, attach_timeout_s)
             if hello.dead_reason is not None:
                 raise AttachError(f"engine dead: {hello.dead_reason}")
-            tokenizer = load_tokenizer(model)
-            printer = StdoutPrinter(make_decode_fn(tokenizer), out, skip_special_tokens,
-                                    context=context_anchor(tokenizer))
         except Exception as exc:
             if control_address is not None:
                 rt.report_failure(control_address, exc)
             raise SystemExit(f"{PROG}: {exc}") from None
+        # Attached: from here on the SUB socket queues every message, so this is said before
+        # the (slow) tokenizer load, and a wrong address fails before it too.
         if control_address is not None:
             rt.report_ready(control_address, f"attached to {address}")
         print(f"{PROG}: attached to {address}", file=sys.stderr, flush=True)
+        try:
+            tokenizer = load_tokenizer(model)
+        except Exception as exc:
+            raise SystemExit(f"{PROG}: could not load the tokenizer of {model}: {exc}") from None
+        printer = StdoutPrinter(make_decode_fn(tokenizer), out, skip_special_tokens,
+                                context=context_anchor(tokenizer))
         try:
             reason = watch(rt, sub, printer, silence_timeout_s)
         except PipelineGone as exc:
