@@ -73,6 +73,8 @@ class DeltasPublisher:
 
     def close(self, reason: str, engine_dead: bool) -> None:
         """Publish the goodbye and stop. Call once the writer thread, the sink's user, is gone."""
+        if self._goodbye is not None:
+            return
         self._goodbye = WatchGoodbye(reason, engine_dead)
         try:
             self.sink.send_bytes(_WAKE)
