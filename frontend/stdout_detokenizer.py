@@ -5,9 +5,9 @@
 ADDRESS is the pipeline's public client address (what the launcher prints as "clients
 connect to:"), its `deltas_pub` address, or its run directory (ipc pipelines). The printer
 subscribes to the scheduler's best-effort copy of each step's TokenDeltas, so it never slows
-the main path. It says "attached" (on stderr) once the scheduler has greeted its
-subscription: every request submitted from then on is printed whole; a request that began
-earlier is decoded from where it joined. Text is written to stdout as it arrives; a
+the main path. It says "attached" (on stderr) once the scheduler has greeted its subscription
+and its tokenizer is loaded: every request submitted from then on is printed whole; a request
+that began earlier is decoded from where it joined. Text is written to stdout as it arrives; a
 `[client request id]` tag starts a new line whenever the output switches to another request,
 and each request ends with a `<finish: ...>` line.
 
@@ -208,9 +208,10 @@ def run_attached(model: str, address: str, skip_special_tokens: bool = True,
                  silence_timeout_s: float = SILENCE_TIMEOUT_S) -> None:
     """Print the pipeline's output until it stops, SIGTERM/SIGINT or the parent's death.
 
-    With `control_address` (started by the launcher) it reports READY there once attached, or
-    why it could not attach. Exits with status 1 and a one-line message when attaching fails
-    or the engine dies.
+    With `control_address` (started by the launcher) it reports READY there once attached and
+    able to print (every request submitted after that is printed whole), or StartupFailed
+    with the reason. Exits with status 1 and a one-line message when attaching fails or the
+    engine dies or falls silent.
     """
     from frontend.tokenizer_proc import load_tokenizer
 
@@ -218,24 +219,24 @@ def run_attached(model: str, address: str, skip_special_tokens: bool = True,
     rt = ProcessRuntime(PROG)
     try:
         try:
+            # Attach first, so that a wrong address fails before the slow tokenizer load; from
+            # the greeting on, the SUB socket queues everything while the tokenizer loads.
             sub, hello = attach(rt, address, attach_timeout_s)
             if hello.dead_reason is not None:
                 raise AttachError(f"engine dead: {hello.dead_reason}")
+            try:
+                tokenizer = load_tokenizer(model)
+            except Exception as exc:
+                raise AttachError(f"could not load the tokenizer of {model}: {exc}") from exc
         except Exception as exc:
             if control_address is not None:
                 rt.report_failure(control_address, exc)
             raise SystemExit(f"{PROG}: {exc}") from None
-        # Attached: from here on the SUB socket queues every message, so this is said before
-        # the (slow) tokenizer load, and a wrong address fails before it too.
+        printer = StdoutPrinter(make_decode_fn(tokenizer), out, skip_special_tokens,
+                                context=context_anchor(tokenizer))
         if control_address is not None:
             rt.report_ready(control_address, f"attached to {address}")
         print(f"{PROG}: attached to {address}", file=sys.stderr, flush=True)
-        try:
-            tokenizer = load_tokenizer(model)
-        except Exception as exc:
-            raise SystemExit(f"{PROG}: could not load the tokenizer of {model}: {exc}") from None
-        printer = StdoutPrinter(make_decode_fn(tokenizer), out, skip_special_tokens,
-                                context=context_anchor(tokenizer))
         try:
             reason = watch(rt, sub, printer, silence_timeout_s)
         except PipelineGone as exc:

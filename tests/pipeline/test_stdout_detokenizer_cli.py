@@ -15,12 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 from pipeline_config import tiny_engine
 
 from frontend import Client
 from frontend.config import EngineConfig
 from frontend.launcher import Pipeline
-from protocol import SamplingParams
+from protocol import Ready, SamplingParams, StartupFailed
+from protocol.sockets import MessageSocket
 
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -28,11 +30,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 class Printer:
     """`python -m frontend.stdout_detokenizer` in a subprocess, its output read by threads."""
 
-    def __init__(self, model_dir: str, address: str, *extra: str) -> None:
+    def __init__(self, model_dir: str, address: str, *extra: str,
+                 argv: list[str] | None = None) -> None:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "frontend.stdout_detokenizer", "--model", model_dir,
-             address, *extra],
+            argv or [sys.executable, "-m", "frontend.stdout_detokenizer", "--model", model_dir,
+                     address, *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         self.out: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.err: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -145,3 +148,47 @@ def test_the_printer_exits_when_the_engine_dies(tiny_qwen3_dir, victim):
         pipeline.stop()
         if printer is not None:
             printer.kill()
+
+
+def _as_launched(model_dir: str, address: str, control: str) -> list[str]:
+    """How the launcher starts it: run_attached with the control address to report to."""
+    code = ("import sys; from frontend.stdout_detokenizer import run_attached; "
+            "run_attached(sys.argv[1], sys.argv[2], control_address=sys.argv[3])")
+    return [sys.executable, "-c", code, model_dir, address, control]
+
+
+@pytest.mark.parametrize("reachable", [True, False])
+def test_started_by_a_launcher_it_reports_to_the_control_socket(tiny_qwen3_dir, tmp_path,
+                                                               reachable):
+    """READY means attached: a request submitted right after it is printed whole. A printer
+    that cannot attach says why with StartupFailed instead."""
+    ctx = zmq.Context()
+    control_address = f"ipc://{tmp_path}/control"
+    control = MessageSocket(ctx, zmq.PULL, control_address, bind=True,
+                            accepts=(Ready, StartupFailed))
+    pipeline = Pipeline(EngineConfig(**tiny_engine(tiny_qwen3_dir))) if reachable else None
+    printer = None
+    try:
+        if pipeline is not None:
+            pipeline.start()
+        address = pipeline.endpoints.deltas_pub if pipeline else f"ipc://{tmp_path}/nothing"
+        printer = Printer("", "", argv=_as_launched(tiny_qwen3_dir, address, control_address))
+        assert control.poll(90_000)
+        report = control.recv()
+        if not reachable:
+            assert isinstance(report, StartupFailed)
+            assert report.role == "stdout_detokenizer" and "no pipeline at" in report.error
+            assert printer.wait() == 1
+            return
+        assert report == Ready("stdout_detokenizer", 0, 0, f"attached to {address}")
+        with Client(pipeline.address) as client:
+            out = client.generate("launched", params=GREEDY)
+        printer.stdout_until(f"[{out.request_id}] <finish: length>")
+        assert f"[{out.request_id}] {out.text}\n" in "".join(printer.stdout)
+    finally:
+        if pipeline is not None:
+            pipeline.stop()
+        if printer is not None:
+            printer.kill()
+        control.close()
+        ctx.term()
