@@ -1,11 +1,16 @@
-"""The offline API: generate for a list of prompts through a full pipeline."""
+"""The offline API: generate for a list of prompts, or chat, through a full pipeline."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+<<<<<<< HEAD
 import weakref
 from collections.abc import Sequence
+=======
+from collections.abc import Mapping, Sequence
+>>>>>>> wip-detok
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -14,9 +19,13 @@ from frontend.async_client import AsyncClient
 from frontend.config import EngineConfig
 from frontend.launcher import Pipeline
 from frontend.outputs import OutputCollector
+from frontend.request_validation import CHAT_ROLES
 from protocol import SamplingParams
 
 Prompt = str | list[int]
+Message = Mapping[str, Any]
+"""{"role": ..., "content": ...}; content is a string or a list of {"type": "text"} parts."""
+Conversation = Sequence[Message]
 
 
 class LLM:
@@ -52,27 +61,60 @@ class LLM:
         "logprobs" (and "top_logprobs": per token [(id, logprob)] best first) when asked for."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError("sampling_params must be one or one per prompt")
-        return asyncio.run(self._generate(prompts, params, use_tqdm))
+        requests = [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)}
+                    for p in prompts]
+        params = _params_per_request(sampling_params, len(requests), "prompt")
+        return asyncio.run(self._generate(requests, params, use_tqdm))
 
-    async def _generate(self, prompts: list[Prompt], params: list[SamplingParams],
+    def chat(
+        self,
+        messages_or_conversations: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Reply to one conversation (a list of {"role", "content"} dicts) or to a list of
+        conversations, after the model's chat template with its generation prompt. Results
+        in input order, the same dicts as `generate` returns.
+
+        The tokenizer process applies the template, as it does for a client's `messages`;
+        with `chat_template_kwargs` (e.g. {"enable_thinking": False}) it is applied here and
+        the pipeline gets the token ids.
+        """
+        conversations = _as_conversations(messages_or_conversations)
+        if chat_template_kwargs:
+            requests = [{"prompt_token_ids": self._chat_prompt_ids(c, chat_template_kwargs)}
+                        for c in conversations]
+        else:
+            requests = [{"messages": c} for c in conversations]
+        params = _params_per_request(sampling_params, len(requests), "conversation")
+        return asyncio.run(self._generate(requests, params, use_tqdm))
+
+    @functools.cached_property
+    def _chat_tokenizer(self) -> Any:
+        from frontend.tokenizer_proc import load_tokenizer
+
+        return load_tokenizer(self.config.model_dir)
+
+    def _chat_prompt_ids(self, conversation: list[dict[str, str]],
+                         template_kwargs: dict[str, Any]) -> list[int]:
+        tokenizer = self._chat_tokenizer
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("this model has no chat template; use generate with a prompt")
+        kwargs = {"add_generation_prompt": True, **template_kwargs, "tokenize": False}
+        text = tokenizer.apply_chat_template(conversation, **kwargs)
+        # The template writes the special tokens (BOS included) itself, as in the tokenizer.
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    async def _generate(self, requests: list[dict[str, Any]], params: list[SamplingParams],
                         use_tqdm: bool) -> list[dict[str, Any]]:
-        bar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True,
+        """requests: the prompt keyword arguments of AsyncClient.stream, one dict each."""
+        bar = tqdm(total=len(requests), desc="Generating", dynamic_ncols=True,
                    disable=not use_tqdm)
         meter = _Throughput()
         async with AsyncClient(self.pipeline.address) as client:
 
-            async def one(prompt: Prompt, sp: SamplingParams) -> dict[str, Any]:
-                kwargs = ({"prompt": prompt} if isinstance(prompt, str)
-                          else {"prompt_token_ids": list(prompt)})
+            async def one(kwargs: dict[str, Any], sp: SamplingParams) -> dict[str, Any]:
                 collector = OutputCollector("")
                 first = True
                 async for delta in client.stream(params=sp, **kwargs):
@@ -93,9 +135,60 @@ class LLM:
                 return result
 
             try:
-                return list(await asyncio.gather(*(one(p, s) for p, s in zip(prompts, params))))
+                return list(await asyncio.gather(*(one(r, s) for r, s in zip(requests, params))))
             finally:
                 bar.close()
+
+
+def _params_per_request(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                        count: int, what: str) -> list[SamplingParams]:
+    if sampling_params is None:
+        sampling_params = SamplingParams()
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * count
+    params = list(sampling_params)
+    if len(params) != count:
+        raise ValueError(f"sampling_params must be one or one per {what}")
+    return params
+
+
+def _as_conversations(value: Conversation | Sequence[Conversation]) -> list[list[dict[str, str]]]:
+    """One conversation or a list of them, as lists of {"role", "content"} with text content."""
+    if isinstance(value, str | Mapping) or not isinstance(value, Sequence) or not value:
+        raise TypeError("messages_or_conversations must be a non-empty list of "
+                        '{"role", "content"} dicts, or a list of such lists')
+    batch = not isinstance(value[0], Mapping)
+    conversations = list(value) if batch else [value]
+    out = []
+    for i, conversation in enumerate(conversations):
+        where = f"conversations[{i}]" if batch else "messages"
+        if isinstance(conversation, str | Mapping) or not isinstance(conversation, Sequence):
+            raise TypeError(f"{where} must be a list of {{\"role\", \"content\"}} dicts")
+        if not conversation:
+            raise ValueError(f"{where} must not be empty")
+        out.append([_message(m, f"{where}[{j}]") for j, m in enumerate(conversation)])
+    return out
+
+
+def _message(message: Any, where: str) -> dict[str, str]:
+    if not isinstance(message, Mapping):
+        raise TypeError(f"{where} must be a {{\"role\", \"content\"}} dict")
+    role, content = message.get("role"), message.get("content")
+    if role not in CHAT_ROLES:
+        raise ValueError(f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}, "
+                         f"got {role!r}")
+    if isinstance(content, list):  # OpenAI-style parts: only text ones are understood
+        texts = []
+        for k, part in enumerate(content):
+            if not (isinstance(part, Mapping) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise TypeError(f'{where}.content[{k}] must be a {{"type": "text", "text": ...}}'
+                                " part")
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    if not isinstance(content, str):
+        raise TypeError(f"{where}.content must be a string or a list of text parts")
+    return {"role": role, "content": content}
 
 
 class _Throughput:

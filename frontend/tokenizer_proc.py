@@ -251,7 +251,7 @@ class TokenizerActor:
         self.clients[peer] = msg.client_id
         self.router.send_to(peer, ClientWelcome(
             results_address=self.endpoints.results, model=self.config.served_name,
-            max_model_len=self.config.max_model_len))
+            max_model_len=self.config.max_model_len, deltas_address=self.endpoints.deltas_pub))
 
     def _on_generate_frame(self, peer: bytes, request_id: str, frame: memoryview) -> None:
         """Measure, then queue for the pool: nothing here grows with the prompt."""
@@ -323,7 +323,8 @@ class TokenizerActor:
             stop=list(params.stop), skip_special_tokens=params.skip_special_tokens,
             stream=req.stream, logprobs=params.logprobs, top_logprobs=params.top_logprobs))
         self.to_scheduler.send(AddRequest(request_id=request_id, prompt_token_ids=ids,
-                                          params=params, eos_token_ids=self.eos_ids))
+                                          params=params, eos_token_ids=self.eos_ids,
+                                          client_request_id=req.client_request_id))
         key = (peer, req.client_request_id)
         self.request_ids[key] = request_id
         self.request_ids.move_to_end(key)

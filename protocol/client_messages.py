@@ -50,6 +50,9 @@ class ClientWelcome:
     """Where the client connects to receive its results (the detokenizer)."""
     model: str
     max_model_len: int
+    deltas_address: str = ""
+    """Where the scheduler publishes every request's tokens, for detokenizers that attach by
+    the pipeline's public address ("" when it is not offered)."""
 
 
 @message(0x05)

@@ -1,4 +1,5 @@
-"""Messages from the frontend to the scheduler, and from the tokenizer to the detokenizer."""
+"""Messages from the frontend to the scheduler, from the tokenizer to the detokenizer, and
+from the scheduler to the detokenizers that attach to its `deltas_pub` socket (Watch*)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ class AddRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     eos_token_ids: list[int]
+    client_request_id: str = ""
+    """The client's own id of the request, for attached detokenizers to show ("" when the
+    request was made inside the engine, as benchmarks do)."""
 
 
 @message(0x11)
@@ -43,3 +47,41 @@ class DetokRequestInfo:
     logprobs: bool
     top_logprobs: int = 0
     """How many alternatives of each token to pass on (the step may carry more)."""
+
+
+# ---------------------------------------------------------------- scheduler -> watchers
+# The scheduler publishes TokenDeltas on `deltas_pub` for detokenizers that attach to a running
+# pipeline (python -m frontend.stdout_detokenizer). These messages make attaching and
+# detaching deterministic: a PUB socket gives a subscriber no sign that it has joined, nor
+# that the publisher has gone.
+
+
+@message(0x40)
+@dataclass(frozen=True, slots=True)
+class WatchHeartbeat:
+    """Sent to every new subscriber as soon as its subscription arrives (it is attached from
+    then on), and to all every `interval_s`: a watcher that hears nothing for a few intervals
+    knows the pipeline is gone."""
+
+    interval_s: float
+    dead_reason: str | None
+    """Set once the engine is dead, so a watcher that attaches afterwards learns it at once."""
+
+
+@message(0x41)
+@dataclass(frozen=True, slots=True)
+class WatchRequest:
+    """A request the scheduler accepted; published before any of its TokenDeltas (and again to
+    a new subscriber for each request still running)."""
+
+    request_id: int
+    client_request_id: str
+
+
+@message(0x42)
+@dataclass(frozen=True, slots=True)
+class WatchGoodbye:
+    """The last message: the scheduler is stopping (engine_dead False) or the engine died."""
+
+    reason: str
+    engine_dead: bool

@@ -30,15 +30,16 @@ from protocol import (
     encode,
 )
 from protocol.actor_start import from_plain, read_start
+from protocol.engine_messages import WatchGoodbye
 from protocol.process_runtime import ProcessRuntime
 from protocol.sockets import MessageSocket
 from scheduler_proc.config import SchedulerConfig
+from scheduler_proc.deltas_publisher import DeltasPublisher
 from scheduler_proc.scheduler import Scheduler
 
 log = logging.getLogger("nanopipe.scheduler")
 
 POLL_MS = 100
-PUB_HIGH_WATER_MARK = 10_000
 
 
 def _reader(socks: list[MessageSocket], inbox: queue.SimpleQueue, done: threading.Event) -> None:
@@ -81,10 +82,8 @@ class SchedulerLoop:
         self.requests_in = self._sock(ctx, zmq.PULL, endpoints.scheduler_in, True,
                                       (AddRequest, AbortRequests, EngineDead, Shutdown))
         self.results_in = self._sock(ctx, zmq.PULL, endpoints.step_results, True, (StepResult,))
-        self.deltas_pub = self._sock(ctx, zmq.PUB, endpoints.deltas_pub, True)
-        # Attached printers are best effort: a slow one loses deltas rather than growing
-        # this process's memory without bound (set before it connects: HWM applies per peer).
-        self.deltas_pub.socket.setsockopt(zmq.SNDHWM, PUB_HIGH_WATER_MARK)
+        self.publisher = DeltasPublisher(ctx, endpoints.deltas_pub)
+        self.deltas_pub = self.publisher.sink  # the writer's way to the attached watchers
         self.to_detok = self._sock(ctx, zmq.PUSH, endpoints.detok_in, False)
         self.to_workers = [self._sock(ctx, zmq.PUSH, a, False)
                            for a in endpoints.worker_steps[:world_size]]
@@ -112,6 +111,7 @@ class SchedulerLoop:
     def _emit(self, deltas: TokenDeltas | None) -> None:
         if deltas is not None and deltas.request_ids:
             self.outbox.put(((self.to_detok, self.deltas_pub), deltas))
+            self.publisher.forget_finished(deltas)
 
     def _handle(self, msg: object) -> None:
         sched = self.sched
@@ -120,6 +120,9 @@ class SchedulerLoop:
             if self.dead_reason is None:
                 self._emit(sched.process_result(msg))
         elif isinstance(msg, AddRequest):
+            # Watchers learn the client's name of a request before any of its tokens.
+            self.outbox.put(((self.deltas_pub,), self.publisher.announce(
+                msg.request_id, msg.client_request_id)))
             if self.dead_reason is not None:
                 self._emit(TokenDeltas(-1, [msg.request_id], [[]], ["error"],
                                        [f"engine dead: {self.dead_reason}"], None))
@@ -139,6 +142,8 @@ class SchedulerLoop:
             self.dead_reason = reason
             log.error("scheduler: engine dead: %s", reason)
             self._emit(self.sched.fail_all(f"engine dead: {reason}"))
+            self.publisher.dead_reason = reason
+            self.outbox.put(((self.deltas_pub,), WatchGoodbye(reason, engine_dead=True)))
 
     # ------------------------------------------------------------ loop
 
@@ -179,11 +184,22 @@ class SchedulerLoop:
         except AssertionError as exc:
             log.error("scheduler: invariant broken while idle: %s", exc)
 
+    def _goodbye(self) -> tuple[str, bool]:
+        """Why the watchers lose this pipeline, and whether that is the engine's death."""
+        if self.dead_reason is not None:
+            return self.dead_reason, True
+        if self.shutdown:
+            return "the pipeline shut down", False
+        if self.rt.stop_reason is not None:
+            return f"the pipeline stopped ({self.rt.stop_reason})", False
+        return "the scheduler stopped unexpectedly", True
+
     def close(self) -> None:
         self._done.set()
         self.outbox.put(None)
         for t in self._threads:
             t.join(timeout=2.0)
+        self.publisher.close(*self._goodbye())
         for sock in reversed(self._socks):
             sock.close()
 

@@ -24,6 +24,7 @@ from frontend.config import EngineConfig
 from frontend.http_server import create_app
 from frontend.launcher import Pipeline
 from protocol import Decoder, SamplingParams, TokenDeltas
+from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
 
 ENGINE = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=16,
               max_num_batched_tokens=512)
@@ -230,11 +231,13 @@ class DeltaWatcher:
         time.sleep(0.3)  # a SUB socket misses what is published before it joins
 
     def _run(self) -> None:
-        decoder = Decoder(TokenDeltas)
+        decoder = Decoder(TokenDeltas, WatchHeartbeat, WatchRequest, WatchGoodbye)
         while not self._stop.is_set():
             if not self._sub.poll(50):
                 continue
             msg = decoder.decode(self._sub.recv())
+            if not isinstance(msg, TokenDeltas):
+                continue
             for rid, toks, fin in zip(msg.request_ids, msg.token_ids, msg.finish_reasons):
                 self.tokens[rid] = self.tokens.get(rid, 0) + len(toks)
                 if fin is not None:

@@ -141,16 +141,20 @@ def test_stdout_detokenizer_prints_generated_text(tiny_qwen3_dir):
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         )
         try:
-            time.sleep(3)  # let it subscribe: attached detokenizers see what comes after
+            # Once it says so, it misses nothing: the very next request is printed whole.
+            while "attached to" not in (line := printer.stderr.readline()):
+                assert line, "the printer exited without attaching"
             with Client(pipeline.address) as client:
                 out = client.generate("print me", params=SamplingParams(
                     temperature=0, max_tokens=12, ignore_eos=True))
-            time.sleep(1)
-        finally:
-            printer.send_signal(signal.SIGINT)
-            printed, _ = printer.communicate(timeout=20)
+        except BaseException:
+            printer.kill()
+            raise
+    # The pipeline has stopped: the printer finishes its output and exits by itself.
+    printed, errors = printer.communicate(timeout=60)
+    assert printer.returncode == 0, errors
     assert out.text.strip()
-    assert out.text.strip()[:20] in printed
+    assert f"[{out.request_id}] {out.text}\n[{out.request_id}] <finish: length>\n" in printed
 
 
 def test_two_pipelines_side_by_side(tiny_qwen3_dir, tiny_llama_dir):

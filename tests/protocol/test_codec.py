@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import protocol as p
 from protocol.codec import kind_of
+from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
 
 PARAMS = p.SamplingParams(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=7,
                           max_tokens=33, ignore_eos=True, stop=["\n\n", "END"],
@@ -20,7 +21,7 @@ EXAMPLES = [
     p.GenerateRequest("r3", None, None, [p.ChatMessage("user", "hi")], PARAMS, True),
     p.AbortRequest("r1"),
     p.ClientHello("client-1"),
-    p.ClientWelcome("ipc:///tmp/x/results", "tiny", 2048),
+    p.ClientWelcome("ipc:///tmp/x/results", "tiny", 2048, "ipc:///tmp/x/deltas_pub"),
     p.ResultDelta("r1", "text ✓", [5, 6], "stop", 3, 2, [-0.5, -1.0], None),
     p.ResultDelta("r1", "", [], "error", 0, 0, None, "prompt must not be empty"),
     p.ResultDeltaBatch([
@@ -28,7 +29,7 @@ EXAMPLES = [
         p.ResultDelta("r2", "b", [6], "length", 4, 9, [-0.1], None),
     ]),
     p.EngineDead("worker rank 1 exited with code -9"),
-    p.AddRequest(4, [1, 2, 3], PARAMS, [0]),
+    p.AddRequest(4, [1, 2, 3], PARAMS, [0], "r1"),
     p.AbortRequests([4, 5], "stop"),
     p.DetokRequestInfo(4, "client-1", "r1", [7, 8], 120, ["END"], True, True, False),
     p.StepPlan(
@@ -39,6 +40,9 @@ EXAMPLES = [
     p.StepResult(9, [4, 5], [100, 101], None),
     p.StepResult(9, [4], [100], [-0.25]),
     p.TokenDeltas(9, [4, 5], [[100], []], [None, "length"], [None, None], None),
+    WatchHeartbeat(1.0, None),
+    WatchRequest(4, "r1"),
+    WatchGoodbye("worker 0 exited with code -9", True),
     p.Ready("worker", 0, 1234, "cuda:0"),
     p.Shutdown("SIGTERM"),
     p.StartupFailed("worker", 1, "KV cache too small"),

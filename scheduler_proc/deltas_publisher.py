@@ -1,0 +1,143 @@
+"""The scheduler's `deltas_pub` socket: a best-effort copy of every step's TokenDeltas for
+detokenizers that attach to a running pipeline.
+
+It is an XPUB, so the publisher sees each subscription arrive and answers it at once with a
+WatchHeartbeat (plus a WatchRequest for every request still running): a watcher knows the
+moment from which it misses nothing. Heartbeats follow every HEARTBEAT_INTERVAL_S, and a
+WatchGoodbye ends the stream, so a watcher also knows when the pipeline is gone.
+
+A thread of its own owns the XPUB: the scheduler's writer thread hands it frames through an
+inproc PUSH (`sink`), and neither the step loop nor the writer ever waits on a watcher.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+
+import zmq
+
+from protocol import TokenDeltas, encode
+from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
+from protocol.sockets import MessageSocket
+
+log = logging.getLogger("nanopipe.scheduler")
+
+HEARTBEAT_INTERVAL_S = 1.0
+PUB_HIGH_WATER_MARK = 10_000
+GOODBYE_LINGER_MS = 1000
+"""How long closing waits for the goodbye to reach the watchers."""
+_WAKE = b""  # an empty frame is never a message: it tells the thread to say goodbye and stop
+_ids = itertools.count()
+
+
+class DeltasPublisher:
+    def __init__(self, ctx: zmq.Context, address: str,
+                 interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.dead_reason: str | None = None
+        """Set by the step loop once the engine is dead; heartbeats carry it."""
+        self._xpub = MessageSocket(ctx, zmq.XPUB, address, bind=True)
+        # A slow watcher loses deltas rather than growing this process's memory without bound.
+        self._xpub.socket.setsockopt(zmq.SNDHWM, PUB_HIGH_WATER_MARK)
+        # Pass every subscription up, not only the first for a topic: each watcher is greeted.
+        self._xpub.socket.setsockopt(zmq.XPUB_VERBOSE, 1)
+        inproc = f"inproc://deltas-publisher-{next(_ids)}"
+        self._frames = MessageSocket(ctx, zmq.PULL, inproc, bind=True)
+        self.sink = MessageSocket(ctx, zmq.PUSH, inproc, bind=False)
+        """Where the writer thread sends encoded frames to publish (its only user)."""
+        self._lock = threading.Lock()
+        self._running: dict[int, str] = {}  # request id -> client request id
+        self._goodbye: WatchGoodbye | None = None
+        self._thread = threading.Thread(target=self._run, name="scheduler-publisher",
+                                        daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ step loop side
+
+    def announce(self, request_id: int, client_request_id: str) -> WatchRequest:
+        """Remember a new request; returns the message to publish ahead of its deltas."""
+        with self._lock:
+            self._running[request_id] = client_request_id
+        return WatchRequest(request_id, client_request_id)
+
+    def forget_finished(self, deltas: TokenDeltas) -> None:
+        if deltas.finish_reasons.count(None) == len(deltas.finish_reasons):
+            return
+        with self._lock:
+            for request_id, finish in zip(deltas.request_ids, deltas.finish_reasons):
+                if finish is not None:
+                    self._running.pop(request_id, None)
+
+    def close(self, reason: str, engine_dead: bool) -> None:
+        """Publish the goodbye and stop. Call once the writer thread, the sink's user, is gone."""
+        if self._goodbye is not None:
+            return
+        self._goodbye = WatchGoodbye(reason, engine_dead)
+        try:
+            self.sink.send_bytes(_WAKE)
+        except zmq.ZMQError:
+            pass
+        self._thread.join(timeout=2.0)
+        self.sink.close()
+        self._frames.close()
+        self._xpub.socket.close(linger=GOODBYE_LINGER_MS)
+
+    # ------------------------------------------------------------ publisher thread
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._frames.socket, zmq.POLLIN)
+        poller.register(self._xpub.socket, zmq.POLLIN)
+        next_beat = time.monotonic() + self.interval_s
+        while True:
+            timeout_ms = max(0.0, next_beat - time.monotonic()) * 1000
+            ready = dict(poller.poll(timeout_ms))
+            if self._frames.socket in ready and not self._forward():
+                if self._goodbye is not None:
+                    self._publish(encode(self._goodbye))
+                return
+            if self._xpub.socket in ready and self._new_subscriber():
+                self._greet()
+            if time.monotonic() >= next_beat:
+                self._publish(self._heartbeat())
+                next_beat = time.monotonic() + self.interval_s
+
+    def _forward(self) -> bool:
+        """Publish every queued frame; False once the wake-up frame says to stop."""
+        while True:
+            try:
+                frame = self._frames.socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return True
+            if frame == _WAKE:
+                return False
+            self._publish(frame)
+
+    def _new_subscriber(self) -> bool:
+        joined = False
+        while True:
+            try:
+                event = self._xpub.socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return joined
+            joined = joined or event[:1] == b"\x01"  # \x01 subscribe, \x00 unsubscribe
+
+    def _greet(self) -> None:
+        # Every watcher gets this; those attached already ignore the repeated names.
+        self._publish(self._heartbeat())
+        with self._lock:
+            running = list(self._running.items())
+        for request_id, client_request_id in running:
+            self._publish(encode(WatchRequest(request_id, client_request_id)))
+
+    def _heartbeat(self) -> bytes:
+        return encode(WatchHeartbeat(self.interval_s, self.dead_reason))
+
+    def _publish(self, frame: bytes) -> None:
+        try:
+            self._xpub.socket.send(frame, zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:
+            log.warning("scheduler: could not publish to watchers: %s", exc)

@@ -1,0 +1,81 @@
+"""LLM.chat as vLLM's: the model's chat template with its generation prompt, then generation;
+the engine's prompt and greedy output match transformers on the same template and weights."""
+
+from __future__ import annotations
+
+import pytest
+from hf_reference import hf_generate
+from pipeline_config import tiny_engine
+from transformers import AutoTokenizer
+
+from frontend import LLM
+from protocol import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+HELLO = [{"role": "user", "content": "Hello, who are you?"}]
+TRIP = [
+    {"role": "system", "content": "You answer briefly."},
+    {"role": "user", "content": "Name a city in Italy."},
+    {"role": "assistant", "content": "Rome."},
+    {"role": "user", "content": [{"type": "text", "text": "Another"},
+                                 {"type": "text", "text": "one?"}]},
+]
+TRIP_AS_TEXT = TRIP[:3] + [{"role": "user", "content": "Another\none?"}]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_dir):
+    with LLM(**tiny_engine(tiny_qwen3_dir)) as llm:
+        yield llm
+
+
+def _templated(model_dir: str, conversation: list[dict], **kwargs) -> list[int]:
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    kwargs.setdefault("add_generation_prompt", True)
+    return tok.apply_chat_template(conversation, **kwargs)["input_ids"]
+
+
+def test_chat_matches_transformers_on_the_templated_prompt(llm, tiny_qwen3_dir):
+    prompts = [_templated(tiny_qwen3_dir, c) for c in (HELLO, TRIP_AS_TEXT)]
+    expected = [hf_generate(tiny_qwen3_dir, p, GREEDY.max_tokens) for p in prompts]
+    # The prompt the engine used is exactly transformers' one: same greedy output as that
+    # prompt given as token ids, and the same as transformers' generate.
+    by_ids = llm.generate(prompts, GREEDY, use_tqdm=False)
+    one = llm.chat(HELLO, GREEDY, use_tqdm=False)
+    both = llm.chat([HELLO, TRIP], GREEDY, use_tqdm=False)
+    assert [r["token_ids"] for r in by_ids] == expected
+    assert len(one) == 1 and one[0] == by_ids[0]
+    assert both == by_ids
+    assert set(one[0]) == {"text", "token_ids", "finish_reason"}
+    assert one[0]["finish_reason"] == "length"
+
+
+def test_chat_template_kwargs_reach_the_template(llm, tiny_qwen3_dir):
+    without_gen = _templated(tiny_qwen3_dir, HELLO, add_generation_prompt=False)
+    assert without_gen != _templated(tiny_qwen3_dir, HELLO)
+    [out] = llm.chat(HELLO, GREEDY, use_tqdm=False,
+                     chat_template_kwargs={"add_generation_prompt": False})
+    assert out["token_ids"] == hf_generate(tiny_qwen3_dir, without_gen, GREEDY.max_tokens)
+
+
+def test_chat_takes_one_sampling_params_per_conversation(llm):
+    short = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    a, b = llm.chat([HELLO, HELLO], [GREEDY, short], use_tqdm=False)
+    assert len(a["token_ids"]) == 12 and b["token_ids"] == a["token_ids"][:3]
+    with pytest.raises(ValueError, match="one per conversation"):
+        llm.chat([HELLO, HELLO], [GREEDY], use_tqdm=False)
+
+
+@pytest.mark.parametrize(("bad", "error", "message"), [
+    ([], TypeError, "non-empty list"),
+    ("hi", TypeError, "non-empty list"),
+    ([HELLO, []], ValueError, r"conversations\[1\] must not be empty"),
+    ([{"role": "wizard", "content": "hi"}], ValueError, r"messages\[0\]\.role must be one of"),
+    ([{"role": "user"}], TypeError, r"messages\[0\]\.content must be a string"),
+    ([{"role": "user", "content": [{"type": "image_url"}]}], TypeError,
+     r"messages\[0\]\.content\[0\] must be"),
+])
+def test_bad_conversations_fail_before_anything_runs(llm, bad, error, message):
+    with pytest.raises(error, match=message):
+        llm.chat(bad, GREEDY, use_tqdm=False)
+    assert len(llm.chat(HELLO, GREEDY, use_tqdm=False)[0]["token_ids"]) == 12
