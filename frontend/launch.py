@@ -193,7 +193,7 @@ def serve(args: argparse.Namespace) -> int:
               flush=True)
         print(f"clients connect to: {pipeline.address}", flush=True)
         print(f"attach a detokenizer: python -m frontend.stdout_detokenizer "
-              f"--model {config.model_dir} {pipeline.endpoints.deltas_pub}", flush=True)
+              f"--model {config.model_dir} {pipeline.address}", flush=True)
         if http_sock is not None:
             from frontend.http_server import serve as serve_http
 

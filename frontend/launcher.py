@@ -172,8 +172,10 @@ class Pipeline:
                     {"tokenizer": to_plain(cfg.tokenizer_config())})
         self._await_ready({("scheduler", 0), ("detokenizer", 0), ("tokenizer", 0)}, deadline)
         if cfg.stdout:
-            self._spawn("stdout", 0, "frontend.stdout_detokenizer", {},
-                        argv=["--model", cfg.model_dir, ep.deltas_pub])
+            self._spawn("stdout_detokenizer", 0, "frontend.stdout_detokenizer", {},
+                        argv=["--model", cfg.model_dir, "--control", ep.control, ep.deltas_pub])
+            # Ready means subscribed: every request sent after "ready" is printed.
+            self._await_ready({("stdout_detokenizer", 0)}, deadline)
         self._watcher = threading.Thread(target=self._watch, name="nanopipe-watch", daemon=True)
         self._watcher.start()
 

@@ -5,12 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-<<<<<<< HEAD
 import weakref
-from collections.abc import Sequence
-=======
 from collections.abc import Mapping, Sequence
->>>>>>> wip-detok
 from typing import Any
 
 from tqdm.auto import tqdm

@@ -259,13 +259,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--silence-timeout", type=float, default=SILENCE_TIMEOUT_S,
                         help="seconds without a heartbeat after which the pipeline counts as "
                              "gone (default %(default)s)")
+    # The launcher's start-up socket, when the launcher runs the printer for --stdout.
+    parser.add_argument("--control", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         address = resolve_address(args.address)
     except AttachError as exc:
         raise SystemExit(f"{PROG}: {exc}") from None
     run_attached(args.model, address, not args.keep_special_tokens,
-                 attach_timeout_s=args.attach_timeout, silence_timeout_s=args.silence_timeout)
+                 control_address=args.control, attach_timeout_s=args.attach_timeout, silence_timeout_s=args.silence_timeout)
 
 
 if __name__ == "__main__":

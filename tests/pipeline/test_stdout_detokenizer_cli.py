@@ -192,3 +192,32 @@ def test_started_by_a_launcher_it_reports_to_the_control_socket(tiny_qwen3_dir, 
             printer.kill()
         control.close()
         ctx.term()
+
+
+def test_launch_stdout_prints_the_first_request_sent_right_after_ready(tiny_qwen3_dir):
+    """`launch.sh --stdout` says "ready" only once its printer is attached."""
+    proc = subprocess.Popen(
+        [str(ROOT / "scripts" / "launch.sh"), "--model", tiny_qwen3_dir, "--device", "cpu",
+         "--dtype", "float32", "--max-model-len", "256", "--max-num-batched-tokens", "512",
+         "--stdout"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        address = None
+        for line in proc.stdout:
+            if line.startswith("clients connect to: "):
+                address = line.split(": ", 1)[1].strip()
+                break
+        assert address is not None
+        with Client(address) as client:
+            out = client.generate("first words", params=GREEDY)
+        expected = f"[{out.request_id}] <finish: length>"
+        printed = []
+        for line in proc.stdout:
+            printed.append(line)
+            if expected in line:
+                break
+        assert f"[{out.request_id}] {out.text}\n" in "".join(printed)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
