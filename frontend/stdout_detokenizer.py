@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     except AttachError as exc:
         raise SystemExit(f"{PROG}: {exc}") from None
     run_attached(args.model, address, not args.keep_special_tokens,
-                 control_address=args.control, attach_timeout_s=args.attach_timeout, silence_timeout_s=args.silence_timeout)
+                 control_address=args.control, attach_timeout_s=args.attach_timeout,
+                 silence_timeout_s=args.silence_timeout)
 
 
 if __name__ == "__main__":
