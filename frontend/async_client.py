@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ import zmq.asyncio
 from frontend.client import (
     CLOSE_LINGER_MS,
     CONNECT_TIMEOUT_S,
+    DISCONNECT_GRACE_S,
     MONITOR_EVENTS,
     ORPHAN_ERROR,
     ConnectionInfo,
@@ -234,13 +236,25 @@ class _AsyncConnection:
         for sock in (*self.sockets, *self.monitors):
             poller.register(sock, zmq.POLLIN)
         try:
+            lost_at: float | None = None
             while True:
-                for sock, _ in await poller.poll():
+                timeout_ms = None
+                if lost_at is not None:
+                    left = lost_at + DISCONNECT_GRACE_S - time.monotonic()
+                    if left <= 0:
+                        lost_at = None
+                        self.fail_all(f"lost the connection to the pipeline at "
+                                      f"{self.address}")
+                    else:
+                        timeout_ms = int(left * 1000) + 1
+                for sock, _ in await poller.poll(timeout_ms):
                     frames = await sock.recv_multipart()
                     if sock in self.monitors:
-                        if monitor_event(frames) == zmq.EVENT_DISCONNECTED:
-                            self.fail_all(f"lost the connection to the pipeline at "
-                                          f"{self.address}")
+                        # Wait briefly for the EngineDead that names the dead process
+                        # (see DISCONNECT_GRACE_S) before failing with a bare disconnect.
+                        if (monitor_event(frames) == zmq.EVENT_DISCONNECTED
+                                and lost_at is None and self.dead is None):
+                            lost_at = time.monotonic()
                     else:
                         self._on_frame(frames[-1])
         except asyncio.CancelledError:

@@ -19,6 +19,7 @@ import os
 import queue
 import stat
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Iterator
@@ -53,6 +54,9 @@ from protocol import (
 
 CONNECT_TIMEOUT_S = 60.0
 """How long the handshake may take before the pipeline is declared unreachable."""
+DISCONNECT_GRACE_S = 3.0
+"""After a lost connection, how long to wait for the pipeline's EngineDead (which names the
+process that died and why) before failing requests with a bare "lost the connection"."""
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 10_000
 CLOSE_LINGER_MS = 1000
@@ -426,6 +430,8 @@ class _ClientIO:
         self.sockets: list[zmq.Socket] = []
         self.requests = self._dealer(conn.address)
         self.results: zmq.Socket | None = None
+        self.lost_at: float | None = None
+        """When a connection dropped, while waiting for the EngineDead that explains it."""
         self.poller.register(conn.wake_r, zmq.POLLIN)
 
     def _dealer(self, address: str) -> zmq.Socket:
@@ -448,7 +454,16 @@ class _ClientIO:
             self._close()
 
     def _step(self) -> bool:
-        for sock, _ in self.poller.poll():
+        timeout_ms = None
+        if self.lost_at is not None:
+            left = self.lost_at + DISCONNECT_GRACE_S - time.monotonic()
+            if left <= 0:
+                self.lost_at = None
+                self.conn.fail_all(f"lost the connection to the pipeline at "
+                                   f"{self.conn.address}")
+            else:
+                timeout_ms = int(left * 1000) + 1
+        for sock, _ in self.poller.poll(timeout_ms):
             if sock == self.conn.wake_r:
                 if not self._drain_commands():
                     return False
@@ -462,7 +477,10 @@ class _ClientIO:
         event = monitor_event(monitor.recv_multipart())
         address, watch = self.monitors[monitor]
         if event == zmq.EVENT_DISCONNECTED:
-            self.conn.fail_all(f"lost the connection to the pipeline at {self.conn.address}")
+            # The surviving processes relay the launcher's EngineDead with the reason;
+            # give it a moment to arrive so every client learns the same, deterministic one.
+            if self.lost_at is None and self.conn.dead is None:
+                self.lost_at = time.monotonic()
         elif watch.gave_up(event) and not self.conn.ready.is_set():
             self.conn.fail_all(refused(address))
             self.conn.ready.set()
