@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.multiprocessing as mp
 from rt_helpers import BLOCK_SIZE, hf_greedy, make_runner, prompts
 from rt_planner import Planner
@@ -33,6 +34,16 @@ ROOT = Path(__file__).resolve().parents[2]
 UNEVEN_SHAPE = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
                     intermediate_size=98)
 SMOLLM2_RUNNER = dict(kv_cache_bytes=64 << 20)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The TP=1 references run on one thread too: on a busy machine an oversubscribed intra-op
+    pool made SmolLM2's reference ten times slower (20 s instead of 2 s)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _plan_and_run(runner, broadcast, vocab: int, lengths: list[int] = PROMPT_LENGTHS,
@@ -64,7 +75,6 @@ def _shard_shape(runner) -> dict[str, int]:
 def _tp_worker(rank: int, world_size: int, model_dir: str, overrides: dict, run: dict,
                out_dir: str) -> None:
     sys.path.insert(0, os.path.dirname(__file__))
-    import torch
     import torch.distributed as dist
 
     # One thread per rank: the ranks' collectives wait on each other, and ranks whose intra-op
@@ -154,8 +164,7 @@ def test_uneven_heads_equal_tp1(uneven_model, world_size, tmp_path):
 @pytest.fixture(scope="module")
 def smollm2() -> tuple[str, dict, dict[int, list[int]]]:
     """The embedded default model (converted once into the nanopipe cache), the arguments of its
-    runs and its TP=1 tokens. TP=1 against transformers on these weights is
-    tests/pipeline/test_smollm2_parity.py's job (too slow to repeat here)."""
+    runs and its TP=1 tokens, which equal transformers' greedy ones."""
     from frontend import default_model as dm
 
     if dm._packaged_gguf() is None or importlib.util.find_spec("gguf") is None:
@@ -164,6 +173,8 @@ def smollm2() -> tuple[str, dict, dict[int, list[int]]]:
     vocab = json.loads(Path(model_dir, "config.json").read_text())["vocab_size"]
     run = dict(vocab=vocab, lengths=SMOLLM2_LENGTHS, max_tokens=SMOLLM2_TOKENS)
     single = _plan_and_run(make_runner(model_dir, **SMOLLM2_RUNNER), lambda r: r, **run)
+    for i, p in enumerate(prompts(7, SMOLLM2_LENGTHS, vocab)):
+        assert single[i] == hf_greedy(model_dir, p, SMOLLM2_TOKENS), f"sequence {i}"
     return model_dir, run, single
 
 
