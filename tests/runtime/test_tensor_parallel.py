@@ -80,8 +80,11 @@ def _tp_worker(rank: int, world_size: int, model_dir: str, overrides: dict, run:
     # One thread per rank: the ranks' collectives wait on each other, and ranks whose intra-op
     # pools oversubscribe a small machine make every collective wait for a descheduled thread.
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/init", rank=rank,
-                            world_size=world_size)
+    cuda = overrides.get("device") == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{out_dir}/init",
+                            rank=rank, world_size=world_size)
     runner = make_runner(model_dir, rank=rank, world_size=world_size, **overrides)
 
     def broadcast(result):
@@ -159,6 +162,19 @@ def test_uneven_heads_equal_tp1(uneven_model, world_size, tmp_path):
     tokens, reports = _run_tp(model_dir, world_size, tmp_path)
     assert tokens == single
     _check_shards(model_dir, world_size, reports)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_uneven_heads_on_two_gpus(uneven_model, tmp_path):
+    """NCCL, the Triton kernels and CUDA graphs over ranks of 4 + 2 query heads."""
+    model_dir, _ = uneven_model
+    gpu = dict(device="cuda", gpu_memory_utilization=0.3)
+    single = _plan_and_run(make_runner(model_dir, **gpu), lambda r: r, 600)
+    torch.cuda.empty_cache()
+    tokens, reports = _run_tp(model_dir, 2, tmp_path, **gpu)
+    assert tokens == single
+    _check_shards(model_dir, 2, reports)
 
 
 @pytest.fixture(scope="module")
