@@ -147,7 +147,7 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, world_size: int = 1, rank: int | None = None) -> int:
         """Bytes of K and V per token on one rank; rank None = the rank holding the most."""
-        shards = self.head_shards(world_size)
-        kv_heads = max(s.num_kv_heads for s in (shards if rank is None else shards[rank:rank + 1]))
+        counts = [s.num_kv_heads for s in self.head_shards(world_size)]
+        kv_heads = max(counts) if rank is None else counts[rank]
         elem = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * kv_heads * self.head_dim * elem

@@ -58,14 +58,14 @@ class KVCache:
     """One rank's pool. Its KV-head count is the one of the attention layers it is bound to:
     under tensor parallelism ranks may hold different numbers of KV heads (see
     gpu_workers.partition), so the storage is allocated by bind(). The block count is the same
-    on every rank (the runner agrees on it, sizing by the rank that holds the most heads)."""
+    on every rank (the runner agrees on it, sizing by the rank that holds the most heads), so
+    world_size is not needed here any more; it stays in the signature the runner calls."""
 
     def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, world_size: int,
                  device: torch.device | str) -> None:
         self.model = model
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.world_size = world_size
         self.device = device
         self.storage: torch.Tensor | None = None
 
