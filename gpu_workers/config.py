@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from gpu_workers.partition import HeadShard, partition_heads
+
 ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -139,7 +141,13 @@ class ModelConfig:
             qk_norm=model_type == "qwen3",
         )
 
-    def kv_bytes_per_token(self, world_size: int = 1) -> int:
-        """Bytes of K and V per token on one rank."""
+    def head_shards(self, world_size: int) -> list[HeadShard]:
+        """Each rank's attention heads (ValueError if world_size cannot run this model)."""
+        return partition_heads(self.num_heads, self.num_kv_heads, world_size)
+
+    def kv_bytes_per_token(self, world_size: int = 1, rank: int | None = None) -> int:
+        """Bytes of K and V per token on one rank; rank None = the rank holding the most."""
+        counts = [s.num_kv_heads for s in self.head_shards(world_size)]
+        kv_heads = max(counts) if rank is None else counts[rank]
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * (self.num_kv_heads // world_size) * self.head_dim * elem
+        return 2 * self.num_layers * kv_heads * self.head_dim * elem

@@ -1,4 +1,4 @@
-"""The paged KV pool: per layer, K and V of shape [num_blocks, block_size, Hkv_local, D].
+"""The paged KV pool: per layer, K and V of shape [num_blocks, block_size, Hkv_rank, D].
 
 Sizing: on CUDA, whatever memory the profiling forward left under gpu_memory_utilization; on
 CPU, the kv_cache_bytes budget. Either way one max_model_len sequence must fit, or start-up
@@ -55,16 +55,28 @@ def check_fits(num_blocks: int, config: WorkerConfig, model: ModelConfig, world_
 
 
 class KVCache:
+    """One rank's pool. Its KV-head count is the one of the attention layers it is bound to:
+    under tensor parallelism ranks may hold different numbers of KV heads (see
+    gpu_workers.partition), so the storage is allocated by bind(). The block count is the same
+    on every rank (the runner agrees on it, sizing by the rank that holds the most heads), so
+    world_size is not needed here any more; it stays in the signature the runner calls."""
+
     def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, world_size: int,
                  device: torch.device | str) -> None:
-        hkv = model.num_kv_heads // world_size
+        self.model = model
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # One allocation; zeros so a never-written slot cannot inject NaNs through masked lanes.
-        self.storage = torch.zeros(2, model.num_layers, num_blocks, block_size, hkv,
-                                   model.head_dim, dtype=model.dtype, device=device)
+        self.device = device
+        self.storage: torch.Tensor | None = None
 
     def bind(self, attention_layers) -> None:
-        for i, layer in enumerate(attention_layers):
+        layers = list(attention_layers)
+        hkv = {layer.num_kv_heads for layer in layers}
+        assert len(hkv) == 1, f"attention layers disagree on their KV heads: {sorted(hkv)}"
+        m = self.model
+        # One allocation; zeros so a never-written slot cannot inject NaNs through masked lanes.
+        self.storage = torch.zeros(2, m.num_layers, self.num_blocks, self.block_size, hkv.pop(),
+                                   m.head_dim, dtype=m.dtype, device=self.device)
+        for i, layer in enumerate(layers):
             layer.k_cache = self.storage[0, i]
             layer.v_cache = self.storage[1, i]

@@ -1,7 +1,9 @@
 """Load Hugging Face safetensors checkpoints (single file or sharded) into a CausalLM.
 
-Each parameter's owning layer slices out its tensor-parallel shard; the packed qkv_proj and
-gate_up_proj take their parts from the separate HF tensors by shard id.
+Each parameter's owning layer slices out its tensor-parallel shard (uneven shards included,
+see gpu_workers.partition); the packed qkv_proj and gate_up_proj take their parts from the
+separate HF tensors by shard id, or from a checkpoint that stores them packed already, which is
+cut into those parts first.
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                         raise KeyError(f"checkpoint tensor {name!r} matches no model parameter")
                     owner = model.get_submodule(target.rsplit(".", 1)[0])
                     tensor = f.get_tensor(name)
+                    if shard is None and hasattr(owner, "packed_shards"):
+                        for part, piece in _unpack(name, tensor, owner.packed_shards):
+                            owner.load(param, piece, part)
+                            loaded.add(f"{target}:{part}")
+                        continue
                     if hasattr(owner, "load"):
                         owner.load(param, tensor, shard)
                     else:
@@ -68,6 +75,14 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                         param.data.copy_(tensor)
                     loaded.add(target if shard is None else f"{target}:{shard}")
     _check_complete(params, loaded)
+
+
+def _unpack(name: str, tensor: torch.Tensor, parts: tuple[tuple[object, int], ...]):
+    """(shard id, tensor) of each part of a packed checkpoint tensor, split along dim 0."""
+    sizes = [size for _, size in parts]
+    if tensor.shape[0] != sum(sizes):
+        raise ValueError(f"{name}: {tensor.shape[0]} rows, expected {sum(sizes)} (parts {sizes})")
+    return zip([part for part, _ in parts], tensor.split(sizes, dim=0), strict=True)
 
 
 def _expected(name: str) -> list[str]:

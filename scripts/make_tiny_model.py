@@ -79,11 +79,11 @@ def build_tokenizer(vocab_size: int):
     return fast
 
 
-def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
+def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int, shape: dict | None = None):
     from transformers import LlamaConfig, Qwen3Config
 
-    common = dict(SHAPE, vocab_size=vocab_size, eos_token_id=eos_id, pad_token_id=pad_id,
-                  bos_token_id=None, torch_dtype="float32")
+    common = dict({**SHAPE, **(shape or {})}, vocab_size=vocab_size, eos_token_id=eos_id,
+                  pad_token_id=pad_id, bos_token_id=None, torch_dtype="float32")
     if arch == "qwen3":
         return Qwen3Config(**common, rope_theta=1_000_000.0, tie_word_embeddings=True)
     if arch == "llama":
@@ -92,8 +92,10 @@ def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
     raise ValueError(f"unknown arch {arch!r}: expected qwen3 or llama")
 
 
-def make_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, vocab_size: int = 768) -> Path:
-    """Write the model into out_dir and return its path."""
+def make_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, vocab_size: int = 768,
+                    **shape: int) -> Path:
+    """Write the model into out_dir and return its path; `shape` overrides entries of SHAPE
+    (e.g. num_attention_heads=6, num_key_value_heads=3, which TP=2 and TP=4 split unevenly)."""
     from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
@@ -101,7 +103,7 @@ def make_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, vocab_size: i
     tokenizer = build_tokenizer(vocab_size)
     vocab = len(tokenizer)
     config = make_config(arch, vocab, tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                         tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+                         tokenizer.convert_tokens_to_ids("<|endoftext|>"), shape)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed)

@@ -27,8 +27,3 @@ class TPInfo:
         dist.gather(x, parts, dst=0)
         return torch.cat(parts, dim=-1) if self.rank == 0 else None
 
-
-def divide(n: int, d: int, what: str) -> int:
-    if n % d:
-        raise ValueError(f"{what} ({n}) is not divisible by the tensor-parallel size ({d})")
-    return n // d

@@ -29,8 +29,10 @@ class SelfAttention(nn.Module):
         d, dt = cfg.head_dim, cfg.dtype
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, d, cfg.num_heads, cfg.num_kv_heads,
                                           cfg.qkv_bias, tp, dt, device)
-        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, False, tp, dt, device)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        q_heads = self.qkv_proj.q_heads  # o_proj reads the columns of this rank's query heads
+        self.o_proj = RowParallelLinear(range(q_heads.start * d, q_heads.stop * d),
+                                        cfg.hidden_size, False, tp, dt, device)
         self.head_dim = d
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dt, device) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dt, device) if cfg.qk_norm else None
@@ -57,7 +59,7 @@ class MLP(nn.Module):
         i = cfg.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [i, i], False, tp,
                                                        cfg.dtype, device)
-        self.down_proj = RowParallelLinear(i, cfg.hidden_size, False, tp, cfg.dtype, device)
+        self.down_proj = RowParallelLinear.even(i, cfg.hidden_size, False, tp, cfg.dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
