@@ -50,12 +50,10 @@ def check_device(config: EngineConfig) -> None:
 def check_model_fits_tp(config: EngineConfig) -> None:
     """The model's type and dtype are supported and its heads can be split `tp` ways."""
     from gpu_workers.config import ModelConfig
+    from gpu_workers.partition import partition_heads
 
     model = ModelConfig.from_dir(config.model_dir, config.dtype)
-    tp = config.tensor_parallel_size
-    if tp > model.num_heads:
-        raise ValueError(f"tensor parallel size {tp} exceeds the model's {model.num_heads} "
-                         f"attention heads; use at most {model.num_heads}")
+    partition_heads(model.num_heads, model.num_kv_heads, config.tensor_parallel_size)
 
 
 def check_port_free(host: str, port: int, what: str) -> None:

@@ -61,12 +61,19 @@ def test_serve_http_reports_progress_and_exits_when_its_engine_dies(tiny_qwen3_d
             if not line:
                 break
             seen.append(line)
-            if "Uvicorn running" in line or "Application startup" in line:
+            if line.startswith("HTTP API: "):
                 break
         output = "".join(seen)
         assert "loading weights" in output and "KV cache" in output, output
         run_dir = Path(re.search(r"clients connect to: ipc://(\S+)/tokenizer", output).group(1))
         base = f"http://127.0.0.1:{port}"
+        while time.monotonic() < deadline:  # the listening socket is bound before start-up
+            try:
+                if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
         models = httpx.get(f"{base}/v1/models", timeout=30).json()
         assert [m["id"] for m in models["data"]] == ["tiny-chat"]
         done = httpx.post(f"{base}/v1/completions", timeout=60, json={
