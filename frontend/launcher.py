@@ -289,19 +289,24 @@ class Pipeline:
     def _stop(self, grace_s: float) -> None:
         self._stopping.set()
         atexit.unregister(self.stop)
-        for child in reversed(self._children):
-            if child.proc.poll() is None:
-                try:
-                    child.proc.terminate()
-                except ProcessLookupError:
-                    pass
+        # Everything that feeds the workers stops first; then the workers, which finish the
+        # plans already sent, so no rank leaves a collective that another rank is inside.
         deadline = time.monotonic() + grace_s
-        for child in self._children:
-            try:
-                child.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+        feeders = [c for c in self._children if c.role != "worker"]
+        workers = [c for c in self._children if c.role == "worker"]
+        for group in (feeders, workers):
+            for child in reversed(group):
+                if child.proc.poll() is None:
+                    try:
+                        child.proc.terminate()
+                    except ProcessLookupError:
+                        pass
+            for child in group:
+                try:
+                    child.proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.proc.kill()
+                    child.proc.wait()
         self._children.clear()
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join()
