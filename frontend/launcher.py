@@ -10,6 +10,7 @@ terminates every child and removes the run directory with its socket files.
 from __future__ import annotations
 
 import importlib
+import logging
 import multiprocessing as mp
 import threading
 import time
@@ -20,8 +21,10 @@ from typing import Any
 import zmq
 
 from frontend.config import EngineConfig
-from protocol import Endpoints, EngineDead, Ready, StartupFailed
+from protocol import Endpoints, EngineDead, ProtocolError, Ready, StartupFailed
 from protocol.sockets import MessageSocket
+
+log = logging.getLogger("nanopipe.launcher")
 
 
 class StartupError(RuntimeError):
@@ -92,8 +95,8 @@ class Pipeline:
         ep = self.endpoints
         self._ctx = zmq.Context()
         self._control = MessageSocket(
-            self._ctx, zmq.PULL, ep.control, bind=True, accepts=(Ready, StartupFailed)
-        )
+            self._ctx, zmq.PULL, ep.control, bind=True, accepts=(Ready, StartupFailed),
+            security=ep.keys)
         deadline = time.monotonic() + cfg.startup_timeout_s
 
         worker_cfg = cfg.worker_config(ep.dist_init_method)
@@ -146,7 +149,11 @@ class Pipeline:
                     )
             if not self._control.poll(200):
                 continue
-            msg = self._control.recv()
+            try:
+                msg = self._control.recv()
+            except ProtocolError as exc:
+                log.warning("launcher: dropped a bad control frame: %s", exc)
+                continue
             if isinstance(msg, StartupFailed):
                 raise StartupError(f"{msg.role} {msg.rank} failed to start: {msg.error}")
             waiting.discard((msg.role, msg.rank))
@@ -173,7 +180,7 @@ class Pipeline:
         ep = self.endpoints
         msg = EngineDead(reason)
         for address in (ep.scheduler_in, ep.detok_in, ep.tokenizer_ctl):
-            sock = MessageSocket(self._ctx, zmq.PUSH, address, bind=False)
+            sock = MessageSocket(self._ctx, zmq.PUSH, address, bind=False, security=ep.keys)
             try:
                 sock.send(msg, zmq.NOBLOCK)
             except zmq.ZMQError:
