@@ -6,7 +6,8 @@ at the byte level and at the structure level. The three strategies share the exa
 NANOPIPE_FUZZ_EXAMPLES (default 2,400: about 15 s of CPU, under a minute on a loaded 2-core
 machine);
 
-    NANOPIPE_FUZZ_EXAMPLES=102000 python3 -m pytest -q -m slow tests/protocol/test_decoder_fuzz.py
+    NANOPIPE_FUZZ_EXAMPLES=102000 python3 -m pytest -q -m slow --timeout=0 \
+        tests/protocol/test_decoder_fuzz.py
 
 runs the full 100,000+.
 """
