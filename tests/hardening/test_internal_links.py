@@ -118,6 +118,22 @@ def _strangers(ctx: zmq.Context, ep) -> list[tuple[str, str, zmq.Socket]]:
     return socks
 
 
+def _listeners(pipeline) -> list[tuple[int, str, int]]:
+    pids = {proc.pid for _, proc in pipeline._children} | {os.getpid()}
+    return [(c.pid, c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids]
+
+
+def test_nothing_listens_beyond_loopback_with_tcp_and_tp2(tcp_pipeline):
+    # First in the file: the attacks below must not have stopped any process yet.
+    listeners = _listeners(tcp_pipeline)
+    assert listeners, "the tcp pipeline should listen on loopback ports"
+    beyond = [entry for entry in listeners if not ipaddress.ip_address(entry[1]).is_loopback]
+    assert beyond == []  # in particular no 0.0.0.0 or :: (torch's TCPStore did)
+    public = {tcp_pipeline.endpoints.tokenizer, tcp_pipeline.endpoints.results}
+    assert all(a.startswith("tcp://127.0.0.1:") for a in public)
+
+
 def test_strangers_cannot_deliver_a_frame_on_any_internal_tcp_link(tcp_pipeline, reference):
     ep = tcp_pipeline.endpoints
     ctx = zmq.Context()
@@ -200,21 +216,6 @@ def test_a_member_of_the_run_can_abort_so_the_attack_above_is_real(tcp_pipeline,
     finally:
         ctx.term()
     assert finish == "abort" and len(ids) < len(reference)
-
-
-def _listeners(pipeline) -> list[tuple[int, str, int]]:
-    pids = {proc.pid for _, proc in pipeline._children} | {os.getpid()}
-    return [(c.pid, c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
-            if c.status == psutil.CONN_LISTEN and c.pid in pids]
-
-
-def test_nothing_listens_beyond_loopback_with_tcp_and_tp2(tcp_pipeline):
-    listeners = _listeners(tcp_pipeline)
-    assert listeners, "the tcp pipeline should listen on loopback ports"
-    beyond = [entry for entry in listeners if not ipaddress.ip_address(entry[1]).is_loopback]
-    assert beyond == []  # in particular no 0.0.0.0 or :: (torch's TCPStore did)
-    public = {tcp_pipeline.endpoints.tokenizer, tcp_pipeline.endpoints.results}
-    assert all(a.startswith("tcp://127.0.0.1:") for a in public)
 
 
 # ---------------------------------------------------------------- ipc: garbage is dropped
