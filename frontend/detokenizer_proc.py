@@ -93,7 +93,8 @@ class DetokenizerActor:
         self.rt = rt
         self.decode = decode
         self.inbox = rt.socket(zmq.PULL, endpoints.detok_in, bind=True,
-                               accepts=(DetokRequestInfo, TokenDeltas, EngineDead, Shutdown))
+                               accepts=(DetokRequestInfo, TokenDeltas, EngineDead, Shutdown),
+                               security=endpoints.keys)
         # Heartbeats drop the route of a client whose host vanished, so its streaming
         # requests are aborted at their next delta instead of running to max_tokens.
         # They must be set before bind (a listener copies its options then), and
@@ -107,7 +108,8 @@ class DetokenizerActor:
         finally:
             for opt in heartbeat:
                 rt.ctx.sockopts.pop(opt)
-        self.to_scheduler = rt.socket(zmq.PUSH, endpoints.scheduler_in, bind=False)
+        self.to_scheduler = rt.socket(zmq.PUSH, endpoints.scheduler_in, bind=False,
+                                      security=endpoints.keys)
         self.peers: dict[str, bytes] = {}  # client_id -> routing id on the results socket
         self.requests: dict[int, _Request] = {}
         self.early: dict[int, list[tuple]] = {}  # deltas that overtook their DetokRequestInfo
@@ -316,10 +318,11 @@ def run_detokenizer(config: DetokenizerConfig, endpoints: Endpoints) -> None:
         try:
             decode = make_decode_fn(load_tokenizer(config.model))
             actor = DetokenizerActor(config, endpoints, rt, decode)
-            rt.report_ready(endpoints.control, f"model={config.served_name}")
+            rt.report_ready(endpoints.control, f"model={config.served_name}",
+                            security=endpoints.keys)
         except Exception as exc:
             log.exception("detokenizer: start-up failed")
-            rt.report_failure(endpoints.control, exc)
+            rt.report_failure(endpoints.control, exc, security=endpoints.keys)
             raise SystemExit(1) from exc
         actor.serve()
     finally:

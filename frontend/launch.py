@@ -192,8 +192,11 @@ def serve(args: argparse.Namespace) -> int:
               f" (tp={config.tensor_parallel_size}, {pipeline.num_kv_blocks} KV blocks)",
               flush=True)
         print(f"clients connect to: {pipeline.address}", flush=True)
+        # Over tcp an attached tool needs the run's keys, kept in the private run directory.
+        attach_at = pipeline.address if pipeline.endpoints.keys is None \
+            else pipeline.endpoints.run_dir
         print(f"attach a detokenizer: python -m frontend.stdout_detokenizer "
-              f"--model {config.model_dir} {pipeline.address}", flush=True)
+              f"--model {config.model_dir} {attach_at}", flush=True)
         if http_sock is not None:
             from frontend.http_server import serve as serve_http
 

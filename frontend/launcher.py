@@ -17,6 +17,7 @@ run directory with its socket files.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import select
 import signal
@@ -32,10 +33,12 @@ from typing import Any
 import zmq
 
 from frontend.config import EngineConfig
-from protocol import Endpoints, EngineDead, Ready, StartupFailed
+from protocol import Endpoints, EngineDead, ProtocolError, Ready, StartupFailed
 from protocol.actor_start import ActorStart, encode_start, to_plain
 from protocol.control import StartupProgress
 from protocol.sockets import MessageSocket
+
+log = logging.getLogger("nanopipe.launcher")
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 """The folder holding nanopipe's packages: children import the same code as the launcher."""
@@ -145,7 +148,7 @@ class Pipeline:
         self._ctx = zmq.Context()
         self._control = MessageSocket(
             self._ctx, zmq.PULL, ep.control, bind=True,
-            accepts=(Ready, StartupFailed, StartupProgress))
+            accepts=(Ready, StartupFailed, StartupProgress), security=ep.keys)
         deadline = time.monotonic() + cfg.startup_timeout_s
 
         self._progress(f"starting {tp} worker{'s' if tp > 1 else ''} "
@@ -172,8 +175,10 @@ class Pipeline:
                     {"tokenizer": to_plain(cfg.tokenizer_config())})
         self._await_ready({("scheduler", 0), ("detokenizer", 0), ("tokenizer", 0)}, deadline)
         if cfg.stdout:
+            # Over tcp the run directory holds the credentials of the internal links.
+            target = ep.deltas_pub if ep.keys is None else ep.run_dir
             self._spawn("stdout_detokenizer", 0, "frontend.stdout_detokenizer", {},
-                        argv=["--model", cfg.model_dir, "--control", ep.control, ep.deltas_pub])
+                        argv=["--model", cfg.model_dir, "--control", ep.control, target])
             # Ready means subscribed: every request sent after "ready" is printed.
             self._await_ready({("stdout_detokenizer", 0)}, deadline)
         self._watcher = threading.Thread(target=self._watch, name="nanopipe-watch", daemon=True)
@@ -217,7 +222,11 @@ class Pipeline:
                     raise StartupError(f"{child.exit_description()} during start-up")
             if not self._control.poll(200):
                 continue
-            msg = self._control.recv()
+            try:
+                msg = self._control.recv()
+            except ProtocolError as exc:
+                log.warning("launcher: dropped a bad control frame: %s", exc)
+                continue
             if isinstance(msg, StartupFailed):
                 raise StartupError(f"{msg.role} {msg.rank} failed to start: {msg.error}")
             if isinstance(msg, StartupProgress):
@@ -258,7 +267,7 @@ class Pipeline:
         ep = self.endpoints
         msg = EngineDead(reason)
         for address in (ep.scheduler_in, ep.detok_in, ep.tokenizer_ctl):
-            sock = MessageSocket(self._ctx, zmq.PUSH, address, bind=False)
+            sock = MessageSocket(self._ctx, zmq.PUSH, address, bind=False, security=ep.keys)
             try:
                 sock.send(msg, zmq.NOBLOCK)
             except zmq.ZMQError:

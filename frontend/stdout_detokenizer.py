@@ -35,6 +35,7 @@ from frontend.incremental_detok import (
     make_decode_fn,
 )
 from protocol import ClientHello, ClientWelcome, EngineDead, ProtocolError, TokenDeltas
+from protocol.auth import CREDENTIALS_FILE, Credentials, CurveKeys, load_credentials
 from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import MessageSocket
@@ -55,20 +56,37 @@ class PipelineGone(RuntimeError):
 
 
 def resolve_address(address: str) -> str:
-    """A zmq address as given, or a run directory's `deltas_pub` socket."""
+    """A zmq address as given, or a run directory's `deltas_pub` socket (for a tcp pipeline,
+    the address its credentials file names)."""
     if "://" in address:
         return address
     if os.path.isdir(address):
+        if os.path.exists(os.path.join(address, CREDENTIALS_FILE)):
+            return _credentials(address).deltas_pub
         return f"ipc://{os.path.abspath(address)}/deltas_pub"
     raise AttachError(f"{address!r} is neither a zmq address nor a run directory")
 
 
+def run_keys(address: str) -> CurveKeys | None:
+    """The keys of a tcp pipeline's internal links, when `address` is its run directory."""
+    if os.path.isdir(address) and os.path.exists(os.path.join(address, CREDENTIALS_FILE)):
+        return _credentials(address).keys
+    return None
+
+
+def _credentials(run_dir: str) -> Credentials:
+    try:
+        return load_credentials(run_dir)
+    except ValueError as exc:
+        raise AttachError(str(exc)) from None
+
+
 def open_socket(rt: ProcessRuntime, kind: int, address: str,
-                accepts: tuple[type, ...]) -> MessageSocket:
-    """Every socket of the printer is made here (and so would its credentials be)."""
+                accepts: tuple[type, ...], keys: CurveKeys | None = None) -> MessageSocket:
+    """Every socket of the printer is made here, with the run's keys where it has them."""
     if address.startswith("ipc://") and not os.path.exists(address.removeprefix("ipc://")):
         raise AttachError(f"no pipeline at {address}: the socket file does not exist")
-    return rt.socket(kind, address, bind=False, accepts=accepts)
+    return rt.socket(kind, address, bind=False, accepts=accepts, security=keys)
 
 
 class StdoutPrinter:
@@ -128,13 +146,13 @@ class StdoutPrinter:
 
 
 def attach(rt: ProcessRuntime, address: str, timeout_s: float = ATTACH_TIMEOUT_S,
-           ) -> tuple[MessageSocket, WatchHeartbeat]:
+           keys: CurveKeys | None = None) -> tuple[MessageSocket, WatchHeartbeat]:
     """Subscribe and wait for the scheduler's greeting; from then on nothing is missed.
 
     `address` may be the deltas_pub address or the public client address: both are tried at
     once, and the tokenizer's welcome names the deltas address when it is the latter.
     """
-    sub = open_socket(rt, zmq.SUB, address, WATCH_MESSAGES)
+    sub = open_socket(rt, zmq.SUB, address, WATCH_MESSAGES, keys)
     dealer = open_socket(rt, zmq.DEALER, address, (ClientWelcome, EngineDead))
     dealer.send(ClientHello(client_id=f"{PROG}-{uuid.uuid4().hex}"))
     poller = zmq.Poller()
@@ -163,7 +181,7 @@ def attach(rt: ProcessRuntime, address: str, timeout_s: float = ATTACH_TIMEOUT_S
                                       "give its deltas_pub address instead")
                 poller.unregister(sub.socket)
                 sub.close()
-                sub = open_socket(rt, zmq.SUB, msg.deltas_address, WATCH_MESSAGES)
+                sub = open_socket(rt, zmq.SUB, msg.deltas_address, WATCH_MESSAGES, keys)
                 poller.register(sub.socket, zmq.POLLIN)
         if rt.stop_reason is not None:
             raise AttachError(f"stopped ({rt.stop_reason}) before attaching")
@@ -205,7 +223,8 @@ def watch(rt: ProcessRuntime, sub: MessageSocket, printer: StdoutPrinter,
 def run_attached(model: str, address: str, skip_special_tokens: bool = True,
                  out: TextIO | None = None, control_address: str | None = None, *,
                  attach_timeout_s: float = ATTACH_TIMEOUT_S,
-                 silence_timeout_s: float = SILENCE_TIMEOUT_S) -> None:
+                 silence_timeout_s: float = SILENCE_TIMEOUT_S,
+                 keys: CurveKeys | None = None) -> None:
     """Print the pipeline's output until it stops, SIGTERM/SIGINT or the parent's death.
 
     With `control_address` (started by the launcher) it reports READY there once attached and
@@ -221,7 +240,7 @@ def run_attached(model: str, address: str, skip_special_tokens: bool = True,
         try:
             # Attach first, so that a wrong address fails before the slow tokenizer load; from
             # the greeting on, the SUB socket queues everything while the tokenizer loads.
-            sub, hello = attach(rt, address, attach_timeout_s)
+            sub, hello = attach(rt, address, attach_timeout_s, keys)
             if hello.dead_reason is not None:
                 raise AttachError(f"engine dead: {hello.dead_reason}")
             try:
@@ -230,12 +249,12 @@ def run_attached(model: str, address: str, skip_special_tokens: bool = True,
                 raise AttachError(f"could not load the tokenizer of {model}: {exc}") from exc
         except Exception as exc:
             if control_address is not None:
-                rt.report_failure(control_address, exc)
+                rt.report_failure(control_address, exc, security=keys)
             raise SystemExit(f"{PROG}: {exc}") from None
         printer = StdoutPrinter(make_decode_fn(tokenizer), out, skip_special_tokens,
                                 context=context_anchor(tokenizer))
         if control_address is not None:
-            rt.report_ready(control_address, f"attached to {address}")
+            rt.report_ready(control_address, f"attached to {address}", security=keys)
         print(f"{PROG}: attached to {address}", file=sys.stderr, flush=True)
         try:
             reason = watch(rt, sub, printer, silence_timeout_s)
@@ -263,12 +282,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--control", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        address = resolve_address(args.address)
+        address, keys = resolve_address(args.address), run_keys(args.address)
     except AttachError as exc:
         raise SystemExit(f"{PROG}: {exc}") from None
     run_attached(args.model, address, not args.keep_special_tokens,
                  control_address=args.control, attach_timeout_s=args.attach_timeout,
-                 silence_timeout_s=args.silence_timeout)
+                 silence_timeout_s=args.silence_timeout, keys=keys)
 
 
 if __name__ == "__main__":

@@ -147,9 +147,11 @@ class TokenizerActor:
         self.router = rt.adopt(RouterSocket(
             rt.ctx, endpoints.tokenizer, accepts=(ClientHello, GenerateRequest, AbortRequest)))
         self.ctl = rt.socket(zmq.PULL, endpoints.tokenizer_ctl, bind=True,
-                             accepts=(EngineDead, Shutdown))
-        self.to_scheduler = rt.socket(zmq.PUSH, endpoints.scheduler_in, bind=False)
-        self.to_detok = rt.socket(zmq.PUSH, endpoints.detok_in, bind=False)
+                             accepts=(EngineDead, Shutdown), security=endpoints.keys)
+        self.to_scheduler = rt.socket(zmq.PUSH, endpoints.scheduler_in, bind=False,
+                                      security=endpoints.keys)
+        self.to_detok = rt.socket(zmq.PUSH, endpoints.detok_in, bind=False,
+                                  security=endpoints.keys)
         self.clients: dict[bytes, str] = {}  # peer routing id -> client_id
         self.request_ids: OrderedDict[tuple[bytes, str], int] = OrderedDict()
         self.preparing: dict[tuple[bytes, str], TokenizeJob] = {}
@@ -351,10 +353,10 @@ def run_tokenizer(config: TokenizerConfig, endpoints: Endpoints) -> None:
         try:
             actor = TokenizerActor(config, endpoints, rt, load_tokenizer(config.model))
             info = f"model={config.served_name} vocab_size={actor.validator.vocab_size}"
-            rt.report_ready(endpoints.control, info)
+            rt.report_ready(endpoints.control, info, security=endpoints.keys)
         except Exception as exc:
             log.exception("tokenizer: start-up failed")
-            rt.report_failure(endpoints.control, exc)
+            rt.report_failure(endpoints.control, exc, security=endpoints.keys)
             raise SystemExit(1) from exc
         actor.serve()
     finally:

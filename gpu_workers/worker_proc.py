@@ -18,7 +18,7 @@ import torch.distributed as dist
 import zmq
 
 from gpu_workers.config import WorkerConfig
-from protocol import Endpoints, Shutdown, StepPlan
+from protocol import Endpoints, ProtocolError, Shutdown, StepPlan
 from protocol.actor_start import from_plain, read_start
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import MessageSocket
@@ -47,21 +47,25 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
             from gpu_workers.model_runner import ModelRunner
 
             steps = rt.socket(zmq.PULL, endpoints.worker_steps[rank], bind=True,
-                              accepts=(StepPlan, Shutdown))
+                              accepts=(StepPlan, Shutdown), security=endpoints.keys)
             results = None
             if rank == 0:
-                results = rt.socket(zmq.PUSH, endpoints.step_results, bind=False)
+                results = rt.socket(zmq.PUSH, endpoints.step_results, bind=False,
+                                    security=endpoints.keys)
             init_distributed(config, rank, world_size)
-            progress = (lambda text: rt.report_progress(endpoints.control, text)) if rank == 0 \
+            progress = (lambda text: rt.report_progress(endpoints.control, text,
+                                                        security=endpoints.keys)) \
+                if rank == 0 \
                 else None
             runner = ModelRunner(config, rank, world_size, progress=progress)
         except Exception as exc:
             log.exception("worker %d: start-up failed", rank)
-            rt.report_failure(endpoints.control, exc)
+            rt.report_failure(endpoints.control, exc, security=endpoints.keys)
             raise SystemExit(1) from exc
         info = (f"device={runner.device} backend={runner.backend} "
                 f"dtype={runner.model_config.dtype} kv_blocks={runner.num_kv_blocks}")
-        rt.report_ready(endpoints.control, info, num_kv_blocks=runner.num_kv_blocks)
+        rt.report_ready(endpoints.control, info, num_kv_blocks=runner.num_kv_blocks,
+                        security=endpoints.keys)
         _serve(runner, steps, results, rt, lookahead=config.lookahead)
     finally:
         rt.close()
@@ -88,7 +92,11 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
             send(runner.finish(in_flight))
             in_flight = None
             continue
-        msg = steps.recv()
+        try:
+            msg = steps.recv()
+        except ProtocolError as exc:  # no frame may crash a worker: log it, drop it
+            log.warning("worker: dropped a bad step frame: %s", exc)
+            continue
         if isinstance(msg, Shutdown):
             return
         launched = runner.launch(msg)

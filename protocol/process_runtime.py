@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from protocol.auth import CurveKeys, secure
 from protocol.codec import encode
 from protocol.control import Ready, StartupFailed, StartupProgress
 from protocol.sockets import MessageSocket
@@ -74,8 +75,10 @@ class ProcessRuntime:
         return self._stop_reason
 
     def socket(self, kind: int, address: str, *, bind: bool, accepts: tuple[type, ...] = (),
-               ) -> MessageSocket:
-        sock = MessageSocket(self.ctx, kind, address, bind=bind, accepts=accepts)
+               security: CurveKeys | None = None) -> MessageSocket:
+        """A socket closed with this runtime; `security`: the run's keys (internal tcp links)."""
+        sock = MessageSocket(self.ctx, kind, address, bind=bind, accepts=accepts,
+                             security=security)
         self._sockets.append(sock)
         return sock
 
@@ -84,22 +87,27 @@ class ProcessRuntime:
         self._sockets.append(sock)
         return sock
 
-    def report_ready(self, control_address: str, info: str = "", num_kv_blocks: int = 0) -> None:
+    def report_ready(self, control_address: str, info: str = "", num_kv_blocks: int = 0,
+                     security: CurveKeys | None = None) -> None:
         """Tell the launcher this process serves now (and what it learned at start-up)."""
-        sock = self.socket(zmq.PUSH, control_address, bind=False)
+        sock = self.socket(zmq.PUSH, control_address, bind=False, security=security)
         sock.send(Ready(role=self.role, rank=self.rank, num_kv_blocks=num_kv_blocks, info=info))
 
-    def report_progress(self, control_address: str, text: str) -> None:
+    def report_progress(self, control_address: str, text: str,
+                        security: CurveKeys | None = None) -> None:
         """Tell the launcher what this process is doing now (it prints it for the user)."""
         if self._progress is None:
-            self._progress = self.socket(zmq.PUSH, control_address, bind=False)
+            self._progress = self.socket(zmq.PUSH, control_address, bind=False,
+                                         security=security)
         self._progress.send(StartupProgress(role=self.role, rank=self.rank, text=text))
 
-    def report_failure(self, control_address: str, exc: BaseException) -> None:
+    def report_failure(self, control_address: str, exc: BaseException,
+                       security: CurveKeys | None = None) -> None:
         """Tell the launcher why start-up failed; waits briefly so the message leaves."""
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         sock = self.ctx.socket(zmq.PUSH)
         try:
+            secure(sock, security, server=False)
             sock.connect(control_address)
             sock.send(encode(StartupFailed(role=self.role, rank=self.rank, error=error)))
         finally:

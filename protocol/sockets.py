@@ -2,7 +2,10 @@
 
 Each wrapper is made for one link and decodes only the message kinds that link may
 carry. One `zmq.Context` per process is passed in. Sockets never linger on close and
-internal links never drop messages (no high-water mark).
+internal links never drop messages (no high-water mark). Given the run's keys (`security`),
+a socket that binds is a CURVE server that admits only the run's members, and one that
+connects presents the run's client key (protocol/auth.py); without them it is open, as
+the public client sockets and every ipc:// link are.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import Any
 
 import zmq
 
+from protocol.auth import CurveKeys, secure
 from protocol.codec import Decoder, ProtocolError, encode
 
 
@@ -18,9 +22,15 @@ class MessageSocket:
     """A PUSH, PULL, PUB, SUB or DEALER socket that sends and receives messages."""
 
     def __init__(self, ctx: zmq.Context, kind: int, address: str, *, bind: bool,
-                 accepts: tuple[type, ...] = (), identity: bytes | None = None) -> None:
+                 accepts: tuple[type, ...] = (), identity: bytes | None = None,
+                 security: CurveKeys | None = None) -> None:
         self.socket = ctx.socket(kind)
         self.socket.setsockopt(zmq.LINGER, 0)
+        try:
+            secure(self.socket, security, server=bind)
+        except BaseException:
+            self.socket.close()
+            raise
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
         if identity is not None:
@@ -62,8 +72,10 @@ class MessageSocket:
 class RouterSocket(MessageSocket):
     """A ROUTER that talks to many peers, each known by its routing identity."""
 
-    def __init__(self, ctx: zmq.Context, address: str, *, accepts: tuple[type, ...]) -> None:
-        super().__init__(ctx, zmq.ROUTER, address, bind=True, accepts=accepts)
+    def __init__(self, ctx: zmq.Context, address: str, *, accepts: tuple[type, ...],
+                 security: CurveKeys | None = None) -> None:
+        super().__init__(ctx, zmq.ROUTER, address, bind=True, accepts=accepts,
+                         security=security)
         # Raise instead of silently dropping a frame for a peer that has gone away.
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
 

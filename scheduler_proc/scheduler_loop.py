@@ -78,6 +78,7 @@ class SchedulerLoop:
         self.sched = Scheduler(config)
         self.rt = rt
         ctx = rt.ctx
+        self._keys = endpoints.keys  # every link of the scheduler is internal
         self._socks: list[MessageSocket] = []
         self.requests_in = self._sock(ctx, zmq.PULL, endpoints.scheduler_in, True,
                                       (AddRequest, AbortRequests, EngineDead, Shutdown))
@@ -102,7 +103,7 @@ class SchedulerLoop:
         self.shutdown = False
 
     def _sock(self, ctx, kind, address, bind, accepts=()) -> MessageSocket:
-        sock = MessageSocket(ctx, kind, address, bind=bind, accepts=accepts)
+        sock = MessageSocket(ctx, kind, address, bind=bind, accepts=accepts, security=self._keys)
         self._socks.append(sock)
         return sock
 
@@ -214,11 +215,11 @@ def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int
             loop = SchedulerLoop(config, endpoints, world_size, rt)
         except Exception as exc:
             log.exception("scheduler: start-up failed")
-            rt.report_failure(endpoints.control, exc)
+            rt.report_failure(endpoints.control, exc, security=endpoints.keys)
             raise SystemExit(1) from exc
         rt.report_ready(endpoints.control, f"kv_blocks={config.num_kv_blocks} "
                         f"block_size={config.block_size} overlap={config.overlap}",
-                        num_kv_blocks=config.num_kv_blocks)
+                        num_kv_blocks=config.num_kv_blocks, security=endpoints.keys)
         try:
             loop.run()
         except Exception as exc:

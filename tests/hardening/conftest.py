@@ -1,0 +1,8 @@
+"""The hardening tests start real pipelines with the settings of tests/pipeline."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
