@@ -20,6 +20,7 @@ import time
 import zmq
 
 from protocol import TokenDeltas, encode
+from protocol.auth import CurveKeys
 from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
 from protocol.sockets import MessageSocket
 
@@ -35,11 +36,13 @@ _ids = itertools.count()
 
 class DeltasPublisher:
     def __init__(self, ctx: zmq.Context, address: str,
-                 interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+                 interval_s: float = HEARTBEAT_INTERVAL_S,
+                 security: CurveKeys | None = None) -> None:
         self.interval_s = interval_s
         self.dead_reason: str | None = None
         """Set by the step loop once the engine is dead; heartbeats carry it."""
-        self._xpub = MessageSocket(ctx, zmq.XPUB, address, bind=True)
+        # Internal like every link of the scheduler: over tcp only the run's key holders attach.
+        self._xpub = MessageSocket(ctx, zmq.XPUB, address, bind=True, security=security)
         # A slow watcher loses deltas rather than growing this process's memory without bound.
         self._xpub.socket.setsockopt(zmq.SNDHWM, PUB_HIGH_WATER_MARK)
         # Pass every subscription up, not only the first for a topic: each watcher is greeted.

@@ -194,12 +194,15 @@ def test_started_by_a_launcher_it_reports_to_the_control_socket(tiny_qwen3_dir, 
         ctx.term()
 
 
-def test_launch_stdout_prints_the_first_request_sent_right_after_ready(tiny_qwen3_dir):
-    """`launch.sh --stdout` says "ready" only once its printer is attached."""
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_launch_stdout_prints_the_first_request_sent_right_after_ready(tiny_qwen3_dir,
+                                                                       transport):
+    """`launch.sh --stdout` says "ready" only once its printer is attached (over tcp, with
+    the run's keys for the authenticated internal links)."""
     proc = subprocess.Popen(
         [str(ROOT / "scripts" / "launch.sh"), "--model", tiny_qwen3_dir, "--device", "cpu",
          "--dtype", "float32", "--max-model-len", "256", "--max-num-batched-tokens", "512",
-         "--stdout"],
+         "--stdout", "--zmq-transport", transport],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         address = None
