@@ -43,6 +43,7 @@ from protocol import (
     SamplingParams,
     encode,
 )
+from protocol.client_messages import as_token_ids
 
 CONNECT_TIMEOUT_S = 60.0
 """How long the handshake may take before the pipeline is declared unreachable."""
@@ -71,7 +72,7 @@ def make_decoder() -> Decoder:
 def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, messages: Any,
                  params: SamplingParams | None, stream: bool) -> bytes:
     if prompt_token_ids is not None:
-        prompt_token_ids = [int(t) for t in prompt_token_ids]
+        prompt_token_ids = as_token_ids(prompt_token_ids)
     if messages is not None:
         messages = [m if isinstance(m, ChatMessage) else ChatMessage(m["role"], m["content"])
                     for m in messages]
