@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import zmq
 
-from frontend import Client
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "http_api"))
+from http_serving import running_server  # noqa: E402
+
+from frontend import AsyncClient, Client
 from frontend.config import EngineConfig
+from frontend.http_server import create_app
 from frontend.launcher import Pipeline
 from protocol import Decoder, SamplingParams, TokenDeltas
 
@@ -35,6 +42,22 @@ def client(pipeline):
 def reference(client) -> list[int]:
     """The greedy tokens of PROMPT before any attack: later answers must equal them."""
     return client.generate(PROMPT, params=GREEDY).token_ids
+
+
+MAX_REQUEST_BYTES = 200_000
+
+
+@pytest.fixture(scope="module")
+def base_url(pipeline):
+    """The HTTP server over the pipeline, with a small body cap (413 tests)."""
+
+    @contextlib.asynccontextmanager
+    async def make_app():
+        async with AsyncClient(pipeline.address) as client:
+            yield create_app(client, client.welcome.model, max_request_bytes=MAX_REQUEST_BYTES)
+
+    with running_server(make_app) as url:
+        yield url
 
 
 class DeltaWatcher:
