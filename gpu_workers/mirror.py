@@ -122,17 +122,26 @@ class SequenceTable:
                 if sid in self.failed:  # planned before the scheduler heard of its failure
                     continue
                 raise MirrorError(f"plan {plan.step_id} continues unknown sequence {sid}")
-            try:
-                self._check_extend(row, n, blocks)
-            except SequenceRejected as exc:
-                self._fail(sid, str(exc))
-                continue
-            if blocks:
+            if blocks:  # rare (a block boundary), so the hot decode path pays nothing
+                try:
+                    blocks = self._check_blocks(blocks, int(self.num_blocks[row]))
+                except SequenceRejected as exc:
+                    self._fail(sid, str(exc))
+                    continue
                 self._append_blocks(row, blocks)
             ids.append(sid)
             rows.append(row)
             new.append(n)
-        return ids, np.asarray(rows, np.int64), np.asarray(new, np.int64)
+        rows_a = np.asarray(rows, np.int64)
+        new_a = np.asarray(new, np.int64)
+        if len(rows_a):
+            end = self.num_computed[rows_a] + new_a
+            if np.any(new_a < 1) or np.any(end > self.num_tokens[rows_a]):
+                raise MirrorError(f"plan {plan.step_id} computes tokens the worker does not know")
+            if self.block_size is not None and np.any(
+                    end > self.num_blocks[rows_a] * self.block_size):
+                raise MirrorError(f"plan {plan.step_id} computes past a block table")
+        return ids, rows_a, new_a
 
     def _release(self, sid: int) -> None:
         row = self.rows.pop(sid, None)
@@ -144,15 +153,6 @@ class SequenceTable:
         self._release(sid)
         self.failed[sid] = error
         self.new_failures.append((sid, error))
-
-    def _check_extend(self, row: int, num_new: int, blocks: list[int]) -> None:
-        """A continuing entry: its new blocks fit and it computes only tokens it knows."""
-        self._check_blocks(blocks, int(self.num_blocks[row]))
-        end = int(self.num_computed[row]) + num_new
-        if num_new < 1 or end > int(self.num_tokens[row]):
-            raise MirrorError(f"a plan computes tokens [{int(self.num_computed[row])}, {end}) "
-                              f"of a sequence the worker knows {int(self.num_tokens[row])} of")
-        self._check_covered(end, int(self.num_blocks[row]) + len(blocks))
 
     def _check_blocks(self, blocks: list[int], held: int) -> np.ndarray:
         if held + len(blocks) > self.max_blocks:
