@@ -51,6 +51,7 @@ from protocol import (
     SamplingParams,
     encode,
 )
+from protocol.client_messages import as_token_ids
 
 CONNECT_TIMEOUT_S = 60.0
 """How long the handshake may take before the pipeline is declared unreachable."""
@@ -87,7 +88,7 @@ def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, mes
                  params: SamplingParams | None, stream: bool) -> bytes:
     """The encoded request; RequestRejected at once if no pipeline would read a frame so big."""
     if prompt_token_ids is not None:
-        prompt_token_ids = [int(t) for t in prompt_token_ids]
+        prompt_token_ids = as_token_ids(prompt_token_ids)
     if messages is not None:
         messages = [m if isinstance(m, ChatMessage) else ChatMessage(m["role"], m["content"])
                     for m in messages]

@@ -35,6 +35,7 @@ from frontend.openai_schema import (
 )
 from frontend.outputs import ClientClosedError, EngineDeadError, RequestRejected
 from protocol import SamplingParams, SamplingParamsError
+from protocol.client_messages import RequestFieldError
 
 if TYPE_CHECKING:
     from frontend.async_client import AsyncClient
@@ -44,6 +45,17 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _PARAMS_FIELD = re.compile(r"\bparams\.(\w+)")
 _ENGINE_FIELDS = {"prompt": "prompt", "prompt_token_ids": "prompt", "messages": "messages"}
 
+MAX_BYTES_PER_TOKEN = 64
+"""A generous bound on what one prompt token costs in a JSON body: an id is at most 11 bytes,
+and text that json.dumps escapes (\\uXXXX, 6 bytes a character) rarely passes 12 a token."""
+JSON_ROOM_BYTES = 1 << 20
+"""Room for everything else a body holds: parameters, stop strings, chat roles."""
+
+
+def default_max_request_bytes(max_model_len: int) -> int:
+    """The largest body a request that fits the context can need, with room to spare."""
+    return MAX_BYTES_PER_TOKEN * max_model_len + JSON_ROOM_BYTES
+
 
 def _api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
@@ -52,6 +64,8 @@ def _api_error(exc: BaseException) -> ApiError:
         return ApiError(503, f"engine is dead: {exc}", type="engine_dead", code="engine_dead")
     if isinstance(exc, SamplingParamsError):
         return params_error(exc)
+    if isinstance(exc, RequestFieldError):
+        return ApiError(400, str(exc), param=str(exc).split("[", 1)[0].split(" ", 1)[0])
     if isinstance(exc, RequestRejected):
         return ApiError(400, str(exc), param=_rejected_param(str(exc)))
     return ApiError(500, f"internal error: {exc}", type="server_error")
@@ -62,14 +76,69 @@ def _rejected_param(message: str) -> str | None:
     match = _PARAMS_FIELD.search(message)
     if match is not None:
         return match.group(1)
-    word = message.split(" ", 1)[0].split("[", 1)[0]
-    return _ENGINE_FIELDS.get(word)
+    words = message.removeprefix("the ").split(" ", 1)  # "the prompt has 900 tokens, ..."
+    return _ENGINE_FIELDS.get(words[0].split("[", 1)[0])
 
 
 def _error_response(exc: BaseException) -> JSONResponse:
     err = _api_error(exc)
     headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is answered 413 before it is read
+    whole or parsed. A declared Content-Length is checked first; a chunked body is counted
+    while it arrives. The body read is handed on to the app, then the connection's later
+    messages (a disconnect) as they come."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(scope, receive, send, declared.isdigit())
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before its body arrived
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send, True)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body, delivered = b"".join(chunks), False
+
+        async def replay() -> dict:
+            nonlocal delivered
+            if delivered:
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: dict, receive: Callable, send: Callable,
+                      too_large: bool) -> None:
+        if too_large:
+            err = ApiError(413, f"request body exceeds {self.max_bytes} bytes (the most a "
+                           "request that fits max_model_len needs)", code="request_too_large")
+        else:
+            err = ApiError(400, "Content-Length is not a number")
+        # The unread body is not drained: the server closes the connection instead.
+        response = JSONResponse(err.body(), status_code=err.status,
+                                headers={"Connection": "close"})
+        await response(scope, receive, send)
 
 
 class ClientGone(Exception):
@@ -100,15 +169,20 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
-               max_model_len: int | None = None) -> FastAPI:
+               max_model_len: int | None = None, max_request_bytes: int | None = None
+               ) -> FastAPI:
     """The app serving `client`'s pipeline as `model_name`; `api_key` turns on Bearer auth.
 
     `client` is started (its `welcome` holds the pipeline's max_model_len), or
-    `max_model_len` is given.
+    `max_model_len` is given. Bodies over `max_request_bytes` (default: derived from
+    max_model_len) are refused with 413 before they are parsed.
     """
     if max_model_len is None:
         max_model_len = client.welcome.max_model_len
+    if max_request_bytes is None:
+        max_request_bytes = default_max_request_bytes(max_model_len)
     app = FastAPI(title="nanopipe", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
 
     async def _error(_req: Request, exc: Exception) -> JSONResponse:
         return _error_response(exc)
@@ -292,7 +366,8 @@ async def _close_all(*its: Any) -> None:
 
 
 def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          model_name: str | None = None, log_level: str = "info", *,
+          model_name: str | None = None, log_level: str = "info",
+          max_request_bytes: int | None = None, *,
           sock: socket.socket | None = None,
           engine_alive: Callable[[], bool] | None = None) -> None:
     """Connect to the pipeline at `address` and serve it over HTTP until interrupted.
@@ -314,7 +389,7 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
     async def run() -> None:
         async with AsyncClient(address) as client:
             name = model_name or client.welcome.model
-            app = create_app(client, name, api_key)
+            app = create_app(client, name, api_key, max_request_bytes=max_request_bytes)
             config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                     lifespan="off", timeout_graceful_shutdown=5)
             server = uvicorn.Server(config)
@@ -343,9 +418,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--served-model-name", default=None,
                         help="the model id clients use (default: the pipeline's model)")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--max-request-bytes", type=int, default=None,
+                        help="refuse larger request bodies with 413 (default: "
+                        f"{MAX_BYTES_PER_TOKEN} x max_model_len + {JSON_ROOM_BYTES})")
     args = parser.parse_args(argv)
     serve(args.address, args.host, args.port, args.api_key, args.served_model_name,
-          args.log_level)
+          args.log_level, args.max_request_bytes)
 
 
 if __name__ == "__main__":

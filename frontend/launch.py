@@ -108,6 +108,9 @@ def build_serve_parser(prog: str = "nanopipe serve") -> argparse.ArgumentParser:
     http.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     http.add_argument("--served-model-name", default=None,
                       help="the model id HTTP clients use (default: the model directory's name)")
+    http.add_argument("--max-request-bytes", type=int, default=None,
+                      help="larger request bodies get 413 before they are read (default: 64 "
+                           "bytes per token of max-model-len, plus 1 MiB)")
 
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                    help="what the launcher and the HTTP server log")
@@ -130,7 +133,8 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UsageError("give the model either as MODEL or as --model, not both")
     if args.port is None:
         for flag, value in (("--host", args.host), ("--api-key", args.api_key),
-                            ("--served-model-name", args.served_model_name)):
+                            ("--served-model-name", args.served_model_name),
+                            ("--max-request-bytes", args.max_request_bytes)):
             if value is not None:
                 raise UsageError(f"{flag} applies to the HTTP API: add --port to serve it")
     if args.transport == "ipc":
@@ -204,6 +208,7 @@ def serve(args: argparse.Namespace) -> int:
             print(f"HTTP API: http://{host}:{port}/v1", flush=True)
             serve_http(pipeline.address, sock=http_sock, api_key=args.api_key,
                        model_name=args.served_model_name, log_level=args.log_level,
+                       max_request_bytes=args.max_request_bytes,
                        engine_alive=lambda: pipeline.dead_reason is None)
         else:
             while not pipeline.wait(timeout=1.0):

@@ -12,12 +12,13 @@ import re
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from protocol import ChatMessage, SamplingParams, SamplingParamsError
-from protocol.sampling_params import MAX_TOP_LOGPROBS
+from protocol.client_messages import RequestFieldError
+from protocol.sampling_params import MAX_TOKEN_ID, MAX_TOP_LOGPROBS, check_token_ids
 
 try:
     import orjson
@@ -62,6 +63,23 @@ def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+def _utf8(text: str) -> str:
+    """JSON may carry a lone surrogate ("\\ud800"); no process can encode it as UTF-8."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"not valid Unicode text: a lone surrogate at index {exc.start}"
+                             ) from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+"""Every string a request carries into the engine."""
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+"""What the worker's int32 token columns hold (the tokenizer checks the vocabulary)."""
+
+
 _PARAM_FIELDS = {f.name for f in SamplingParams.__dataclass_fields__.values()}
 # pydantic puts union-member tags ("str", "list[int]", "TextPart") into error locations.
 _LOC_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|[A-Z]\w*|function-.*)$")
@@ -77,7 +95,8 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     """The first field's pydantic error, with its location written as `messages[0].content`.
 
     A union (`str | list[TextPart]`) reports one error per member; the one that got deepest
-    into the value says most about what is wrong.
+    into the value says most about what is wrong, and among those one whose type matched
+    (a value error rather than "should be an integer").
     """
     if not errors:
         return invalid("invalid request body")
@@ -86,7 +105,8 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
         return [p for p in e.get("loc", ()) if not (isinstance(p, str) and _LOC_TAG.match(p))]
 
     field = loc_of(errors[0])[:2]
-    err = max((e for e in errors if loc_of(e)[:2] == field), key=lambda e: len(loc_of(e)))
+    err = max((e for e in errors if loc_of(e)[:2] == field),
+              key=lambda e: (len(loc_of(e)), not str(e.get("type", "")).endswith("_type")))
     loc = loc_of(err)
     if loc and loc[0] == "body":
         loc = loc[1:]
@@ -109,14 +129,14 @@ class _SamplingRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    model: str | None = None
+    model: Text | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -178,12 +198,12 @@ class _SamplingRequest(BaseModel):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: Text | list[TokenId] | list[Text] | list[list[TokenId]]
     logprobs: bool | int | None = None
     """None/false: none; true or 0: the sampled tokens' logprobs; N: also the N most likely."""
     echo: bool = False
     best_of: int | None = None
-    suffix: str | None = None
+    suffix: Text | None = None
 
     def prompt_kwargs(self) -> dict[str, Any]:
         """The client's `prompt=` or `prompt_token_ids=` for this request's single prompt."""
@@ -196,6 +216,10 @@ class CompletionRequest(_SamplingRequest):
             return {"prompt": prompt}
         if not prompt:
             raise invalid("prompt must not be empty", "prompt")
+        try:
+            check_token_ids("prompt", prompt, RequestFieldError)
+        except RequestFieldError as exc:
+            raise invalid(str(exc), "prompt") from None
         return {"prompt_token_ids": list(prompt)}
 
     def sampling_params(self) -> SamplingParams:
@@ -218,13 +242,13 @@ class CompletionRequest(_SamplingRequest):
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = None
 
     def to_wire(self) -> ChatMessage:
         content = self.content

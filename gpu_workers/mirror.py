@@ -9,23 +9,49 @@ launched (the token's value is still on the device; `pending_pos` / `pending_slo
 and `fill_tokens` writes the value once it reached the host. A row's `epoch` changes whenever
 it is given to another sequence, so a late value never lands in a row that moved on. Column storage
 lets the batch builder gather positions, slots and block tables without Python loops.
+
+One sequence's bad contents fail that sequence only: a NewSequence is checked in full (token
+ids in the vocabulary, block ids in the pool, lengths that fit, parameters that fit their
+columns) before any column is written, and one that does not pass, or whose new blocks do not
+fit later, is left out of the step and remembered as failed until the scheduler drops it.
+With tensor parallelism every rank applies the same plan to the same mirror, and these checks
+depend on nothing else, so every rank leaves out the same sequences; rank 0 reports them in
+its StepResult.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from protocol import SamplingParams, StepPlan
+from protocol import NewSequence, SamplingParams, StepPlan
+
+_INT32_LIMIT = 2**31
+"""Token ids are stored as int32."""
 
 
 class MirrorError(RuntimeError):
     """A plan contradicts the mirror (a scheduler/worker desync)."""
 
 
+class SequenceRejected(ValueError):
+    """One sequence's contents cannot run on this worker; only that sequence fails."""
+
+
 class SequenceTable:
-    def __init__(self, capacity: int, max_tokens: int, max_blocks: int) -> None:
+    def __init__(self, capacity: int, max_tokens: int, max_blocks: int,
+                 vocab_size: int | None = None, num_blocks: int | None = None,
+                 block_size: int | None = None) -> None:
+        """vocab_size, num_blocks and block_size (None: unchecked) bound what a sequence may
+        hold: token ids, block ids, and how many tokens its block table covers."""
         self.max_tokens = max_tokens
         self.max_blocks = max_blocks
+        self.vocab_size = vocab_size
+        self.num_blocks_total = num_blocks
+        self.block_size = block_size
+        self.failed: dict[int, str] = {}
+        """Sequences left out of a step, and why, until a plan drops them."""
+        self.new_failures: list[tuple[int, str]] = []
+        """Failures of the last applied plan, for its StepResult."""
         self.rows: dict[int, int] = {}
         self.free: list[int] = []
         self.params: list[SamplingParams | None] = []
@@ -70,71 +96,138 @@ class SequenceTable:
         return len(self.rows)
 
     def apply(self, plan: StepPlan) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """Apply a plan's changes; returns (seq ids, rows, num_new) of this step's entries."""
+        """Apply a plan's changes; returns (seq ids, rows, num_new) of this step's entries.
+
+        Sequences that fail their checks are left out; `new_failures` lists them."""
+        self.new_failures = []
         for sid in plan.drop_seq_ids:
-            row = self.rows.pop(sid, None)
-            if row is not None:
-                self.params[row] = None
-                self.free.append(row)
+            self.failed.pop(sid, None)
+            self._release(sid)
         ids, rows, new = [], [], []
         for seq in plan.new_seqs:
+            self.failed.pop(seq.seq_id, None)  # re-sent in full: judged afresh
+            try:
+                row = self._add(seq)
+            except Exception as exc:  # any failure here is this sequence's alone
+                self._fail(seq.seq_id, f"{type(exc).__name__}: {exc}")
+                continue
             ids.append(seq.seq_id)
-            rows.append(self._add(seq))
+            rows.append(row)
             new.append(seq.num_new)
         cached = plan.cached
         for sid, n, blocks in zip(cached.seq_ids, cached.num_new, cached.new_block_ids,
                                   strict=True):
             row = self.rows.get(sid)
             if row is None:
+                if sid in self.failed:  # planned before the scheduler heard of its failure
+                    continue
                 raise MirrorError(f"plan {plan.step_id} continues unknown sequence {sid}")
-            if blocks:
+            if blocks:  # rare (a block boundary), so the hot decode path pays nothing
+                try:
+                    blocks = self._check_blocks(blocks, int(self.num_blocks[row]))
+                except SequenceRejected as exc:
+                    self._fail(sid, str(exc))
+                    continue
                 self._append_blocks(row, blocks)
             ids.append(sid)
             rows.append(row)
             new.append(n)
         rows_a = np.asarray(rows, np.int64)
         new_a = np.asarray(new, np.int64)
-        if len(rows_a) and np.any(self.num_computed[rows_a] + new_a > self.num_tokens[rows_a]):
-            raise MirrorError(f"plan {plan.step_id} computes tokens the worker does not know")
+        if len(rows_a):
+            end = self.num_computed[rows_a] + new_a
+            if np.any(new_a < 1) or np.any(end > self.num_tokens[rows_a]):
+                raise MirrorError(f"plan {plan.step_id} computes tokens the worker does not know")
+            if self.block_size is not None and np.any(
+                    end > self.num_blocks[rows_a] * self.block_size):
+                raise MirrorError(f"plan {plan.step_id} computes past a block table")
         return ids, rows_a, new_a
 
-    def _add(self, seq) -> int:
-        if seq.seq_id in self.rows:  # re-sent in full after preemption without a drop
-            self.free.append(self.rows.pop(seq.seq_id))
+    def _release(self, sid: int) -> None:
+        row = self.rows.pop(sid, None)
+        if row is not None:
+            self.params[row] = None
+            self.free.append(row)
+
+    def _fail(self, sid: int, error: str) -> None:
+        self._release(sid)
+        self.failed[sid] = error
+        self.new_failures.append((sid, error))
+
+    def _check_blocks(self, blocks: list[int], held: int) -> np.ndarray:
+        if held + len(blocks) > self.max_blocks:
+            raise SequenceRejected(
+                f"its block table needs {held + len(blocks)} blocks, more than {self.max_blocks}")
+        ids = np.asarray(blocks, np.int64)
+        limit = self.num_blocks_total
+        if len(ids) and (ids.min() < 0 or (limit is not None and ids.max() >= limit)):
+            raise SequenceRejected(f"block ids outside the KV pool [0, {limit})")
+        return ids
+
+    def _check_covered(self, end: int, num_blocks: int) -> None:
+        if self.block_size is not None and end > num_blocks * self.block_size:
+            raise SequenceRejected(
+                f"its {num_blocks} blocks do not hold the {end} tokens it computes")
+
+    def _add(self, seq: NewSequence) -> int:
+        """Check everything first, then take a row: a refused sequence leaves no trace."""
         n = len(seq.token_ids)
         if n > self.max_tokens:
-            raise MirrorError(f"sequence {seq.seq_id} has {n} tokens, more than max_model_len")
+            raise SequenceRejected(f"it has {n} tokens, more than max_model_len")
+        vocab = self.vocab_size
+        limit = _INT32_LIMIT if vocab is None else min(vocab, _INT32_LIMIT)
+        try:
+            tokens = np.asarray(seq.token_ids, np.int64)
+        except OverflowError:
+            tokens = np.asarray([min(max(t, -1), limit) for t in seq.token_ids], np.int64)
+        outside = (tokens < 0) | (tokens >= limit)
+        if outside.any():
+            bad = seq.token_ids[int(np.flatnonzero(outside)[0])]
+            raise SequenceRejected(f"token id {bad} is outside the vocabulary [0, {limit})")
+        if not 1 <= seq.num_prompt_tokens <= n:
+            raise SequenceRejected(f"num_prompt_tokens {seq.num_prompt_tokens} of {n} tokens")
+        if seq.num_computed < 0 or seq.num_new < 1 or seq.num_computed + seq.num_new > n:
+            raise SequenceRejected(f"it computes tokens [{seq.num_computed}, "
+                                   f"{seq.num_computed + seq.num_new}) of {n}")
+        blocks = self._check_blocks(seq.block_table, 0)
+        self._check_covered(seq.num_computed + seq.num_new, len(blocks))
+        p = seq.params
+        values = {  # every parameter converted to its column's type before any is stored
+            "temperature": p.temperature, "top_p": p.top_p, "min_p": p.min_p,
+            "top_k": p.top_k if p.top_k > 0 else 0, "seed": -1 if p.seed is None else p.seed,
+            "logprobs": p.logprobs, "presence": p.presence_penalty,
+            "frequency": p.frequency_penalty, "repetition": p.repetition_penalty,
+            "top_logprobs": p.top_logprobs,
+        }
+        try:
+            values = {k: np.array(v, getattr(self, k).dtype) for k, v in values.items()}
+        except (OverflowError, ValueError, TypeError) as exc:
+            raise SequenceRejected(f"a sampling parameter does not fit its column: {exc}") from None
+        if not all(np.isfinite(v) for v in values.values() if v.dtype.kind == "f"):
+            raise SequenceRejected("a sampling parameter is not a finite float32")
+        if vocab is not None and p.top_logprobs > vocab:
+            raise SequenceRejected(f"top_logprobs {p.top_logprobs} exceeds the vocabulary")
+        self._release(seq.seq_id)  # re-sent in full after preemption without a drop
         if not self.free:
             self._grow(max(16, len(self.num_tokens)))
         row = self.free.pop()
         self.rows[seq.seq_id] = row
         self.epoch[row] += 1
         self.pending_pos[row] = -1
-        self.tokens[row, :n] = seq.token_ids
+        self.tokens[row, :n] = tokens
         self.num_tokens[row] = n
         self.num_prompt[row] = seq.num_prompt_tokens
         self.num_computed[row] = seq.num_computed
         self.num_blocks[row] = 0
-        self._append_blocks(row, seq.block_table)
-        p = seq.params
+        self._append_blocks(row, blocks)
         self.params[row] = p
-        self.temperature[row] = p.temperature
-        self.top_p[row] = p.top_p
-        self.min_p[row] = p.min_p
-        self.top_k[row] = p.top_k if p.top_k > 0 else 0
-        self.seed[row] = -1 if p.seed is None else p.seed
-        self.logprobs[row] = p.logprobs
-        self.presence[row] = p.presence_penalty
-        self.frequency[row] = p.frequency_penalty
-        self.repetition[row] = p.repetition_penalty
-        self.top_logprobs[row] = p.top_logprobs
+        for name, value in values.items():
+            getattr(self, name)[row] = value
         return row
 
-    def _append_blocks(self, row: int, blocks: list[int]) -> None:
+    def _append_blocks(self, row: int, blocks: list[int] | np.ndarray) -> None:
         start = int(self.num_blocks[row])
         end = start + len(blocks)
-        if end > self.max_blocks:
-            raise MirrorError(f"block table of row {row} exceeds {self.max_blocks} blocks")
         self.block_tables[row, start:end] = blocks
         self.num_blocks[row] = end
 

@@ -9,7 +9,7 @@ The only host sync per step is the copy of the sampled ids.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -72,7 +72,7 @@ class ModelRunner:
         self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size,
                                 self.device)
         self.kv_cache.bind(self.model.attention_layers())
-        self.table = self._new_table()
+        self.table = self._new_table(self.num_kv_blocks)
         if self.device.type == "cuda":
             self._warm_up_kernels()
         if self.device.type == "cuda" and not config.enforce_eager:
@@ -82,10 +82,11 @@ class ModelRunner:
             with torch.inference_mode():
                 self.graphs.capture()
 
-    def _new_table(self) -> SequenceTable:
+    def _new_table(self, num_blocks: int | None = None) -> SequenceTable:
         c = self.config
         return SequenceTable(2 * c.max_num_seqs + 8, c.max_model_len + _SPARE_TOKENS,
-                             c.max_blocks_per_seq)
+                             c.max_blocks_per_seq, vocab_size=self.model_config.vocab_size,
+                             num_blocks=num_blocks, block_size=c.block_size)
 
     # ----------------------------------------------------------------- start-up
 
@@ -183,9 +184,12 @@ class ModelRunner:
         self._settle(pending)
         if self.rank != 0:
             return None
+        failed = pending.failures
         return StepResult(pending.step_id, pending.seq_ids, _listed(pending.host_tokens) or [],
                           _listed(pending.host_logprobs), _listed(pending.host_top_ids),
-                          _listed(pending.host_top_logprobs))
+                          _listed(pending.host_top_logprobs),
+                          failed_seq_ids=[sid for sid, _ in failed],
+                          failed_errors=[error for _, error in failed])
 
     def _run(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
         with torch.inference_mode():
@@ -198,8 +202,9 @@ class ModelRunner:
                 self._settle(older)
             in_flight = self._unsettled[-1]
         seq_ids, rows, num_new = table.apply(plan)
+        failures = table.new_failures
         if len(rows) == 0:
-            return PendingStep.empty(plan.step_id, table)
+            return PendingStep.empty(plan.step_id, table, failures)
         if in_flight is not None and np.any(
                 table.uses_penalties(rows) & (table.pending_pos[rows] >= 0)):
             self._settle(in_flight)  # penalties read the token history on the host
@@ -223,13 +228,14 @@ class ModelRunner:
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch.attn)
         if len(batch.sample_rows) == 0:
-            return PendingStep.empty(plan.step_id, table)
+            return PendingStep.empty(plan.step_id, table, failures)
         tokens, logprobs, top = self._sample(hidden, batch)
         pos, epochs = table.append_placeholders(batch.sample_rows)
         pending = PendingStep(
             step_id=plan.step_id, table=table,
             seq_ids=[seq_ids[i] for i in batch.sample_entries], rows=batch.sample_rows,
-            positions=pos, epochs=epochs, tokens=tokens, logprobs=logprobs, top=top)
+            positions=pos, epochs=epochs, tokens=tokens, logprobs=logprobs, top=top,
+            failures=failures)
         pending.copy_to_host(self.device)
         if table is self.table:
             self._unsettled.append(pending)
@@ -303,12 +309,15 @@ class PendingStep:
     host_top_logprobs: np.ndarray | None = None
     event: torch.cuda.Event | None = None
     settled: bool = False
+    failures: list[tuple[int, str]] = field(default_factory=list)
+    """Sequences the mirror refused in this step, with why (reported, never run)."""
 
     @classmethod
-    def empty(cls, step_id: int, table: SequenceTable) -> PendingStep:
+    def empty(cls, step_id: int, table: SequenceTable,
+              failures: list[tuple[int, str]] | None = None) -> PendingStep:
         none = np.zeros(0, np.int64)
         return cls(step_id, table, [], none, none, none, None, None, host_tokens=none,
-                   settled=True)
+                   settled=True, failures=failures or [])
 
     def copy_to_host(self, device: torch.device) -> None:
         """Start the device-to-host copies (pinned memory on CUDA, so they do not block)."""

@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from typing import Any
 
 from protocol.codec import message, struct
-from protocol.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams, check_token_ids
+
+
+class RequestFieldError(ValueError):
+    """A request field that no process could carry or store; the message names the field."""
+
+
+def as_token_ids(values: Any) -> list[Any]:
+    """Token ids of any integer type (numpy's too) as ints. Anything else (a float, a bool) is
+    kept as it is, for GenerateRequest to refuse by name rather than truncate."""
+    out = []
+    for t in values:
+        if not isinstance(t, bool):
+            try:
+                t = operator.index(t)
+            except TypeError:
+                pass
+        out.append(t)
+    return out
 
 
 @struct
@@ -27,6 +47,12 @@ class GenerateRequest:
     messages: list[ChatMessage] | None
     params: SamplingParams
     stream: bool
+
+    def __post_init__(self) -> None:
+        # Checked where the request is made and again where it is decoded: a float or an id
+        # past int32 must not be truncated on the way, nor overflow a worker's column.
+        if self.prompt_token_ids is not None:
+            check_token_ids("prompt_token_ids", self.prompt_token_ids, RequestFieldError)
 
 
 @message(0x02)

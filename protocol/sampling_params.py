@@ -13,14 +13,58 @@ MAX_STOP_TOKEN_IDS = 256
 MAX_ABS_PENALTY = 2.0
 MAX_TOP_LOGPROBS = 20
 
+# Bounds set by where a value is stored. A value that passes here but not its column would
+# kill the worker that stores it, and every other request with it.
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
+"""The smallest normal float32: anything smaller may round to 0 in a float32 column."""
+
+MAX_TOKEN_ID = INT32_MAX
+"""Token ids (prompt_token_ids, stop_token_ids) live in the worker mirror's int32 `tokens`
+column and the int32 input ids of a batch."""
+MAX_TOP_K = INT32_MAX
+"""top_k lives in the mirror's int32 `top_k` column and in the batch's int32 host buffer."""
+MAX_MAX_TOKENS = INT32_MAX
+"""max_tokens bounds a position, and positions and lengths travel in int32 batch buffers."""
+MAX_SEED = 2**63 - 1
+"""The mirror's `seed` column is int64, with -1 meaning unseeded."""
+MIN_TOP_P = FLOAT32_TINY
+"""top_p lives in a float32 column: a smaller positive value rounds to 0, which drops every
+token and leaves a NaN distribution (token 0 every step). It is refused rather than treated as
+greedy, so the request says what it means: temperature=0 is greedy."""
+MIN_TEMPERATURE = 1e-6
+"""Logits are divided by the temperature in float32: a positive temperature near 0 turns them
+into infinities and the distribution into NaN. Below this, ask for greedy (0)."""
+MIN_REPETITION_PENALTY = 1e-6
+MAX_REPETITION_PENALTY = 1e6
+"""Logits are divided or multiplied by the repetition penalty in float32: outside this range
+they overflow to infinities (a NaN distribution)."""
+
 
 class SamplingParamsError(ValueError):
     """A sampling parameter outside its allowed range; the message names the field."""
 
 
-def _finite(name: str, value: float) -> None:
-    if not math.isfinite(value):
-        raise SamplingParamsError(f"{name} must be a finite number, got {value}")
+def _finite(name: str, value: int | float) -> None:
+    if isinstance(value, int) and abs(value) > FLOAT32_MAX:  # float() would overflow
+        value = math.inf
+    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        raise SamplingParamsError(f"{name} must be a finite float32 number, got {value}")
+
+
+def check_token_ids(name: str, ids: object, error: type[ValueError]) -> None:
+    """Every id an integer (not a bool, not a float) that the worker's int32 columns hold.
+
+    Negative and out-of-vocabulary ids are the tokenizer's to refuse: only it knows the
+    vocabulary."""
+    if not isinstance(ids, list | tuple):
+        raise error(f"{name} must be a list of integers, got {type(ids).__name__}")
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise error(f"{name}[{i}] must be an integer token id, got {t!r}")
+        if not -MAX_TOKEN_ID <= t <= MAX_TOKEN_ID:
+            raise error(f"{name}[{i}] = {t} is not a token id (at most {MAX_TOKEN_ID})")
 
 
 @struct
@@ -58,7 +102,7 @@ class SamplingParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise SamplingParamsError(f"{name} must be a number, got {value!r}")
-            _finite(name, float(value))
+            _finite(name, value)
         for name in ("top_k", "max_tokens", "top_logprobs"):
             value = getattr(self, name)
             if name == "max_tokens" and value is None:
@@ -67,10 +111,16 @@ class SamplingParams:
                 raise SamplingParamsError(f"{name} must be an integer, got {value!r}")
         if self.temperature < 0:
             raise SamplingParamsError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise SamplingParamsError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise SamplingParamsError(
+                f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {self.temperature}")
+        if not MIN_TOP_P <= self.top_p <= 1:
+            raise SamplingParamsError(
+                f"top_p must be in [{MIN_TOP_P:.4g}, 1] (use temperature=0 for greedy), "
+                f"got {self.top_p}")
+        if not -1 <= self.top_k <= MAX_TOP_K:
+            raise SamplingParamsError(
+                f"top_k must be -1 or 0 (off) or in [1, {MAX_TOP_K}], got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -78,19 +128,21 @@ class SamplingParams:
                 raise SamplingParamsError(
                     f"{name} must be in [-{MAX_ABS_PENALTY}, {MAX_ABS_PENALTY}], "
                     f"got {getattr(self, name)}")
-        if self.repetition_penalty <= 0:
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
             raise SamplingParamsError(
-                f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, "
+                f"{MAX_REPETITION_PENALTY}], got {self.repetition_penalty}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise SamplingParamsError(
                 f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
             raise SamplingParamsError("top_logprobs needs logprobs=True")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise SamplingParamsError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and not 1 <= self.max_tokens <= MAX_MAX_TOKENS:
+            raise SamplingParamsError(
+                f"max_tokens must be in [1, {MAX_MAX_TOKENS}], got {self.max_tokens}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
-            or self.seed >= 2**63
+            or self.seed > MAX_SEED
         ):
             raise SamplingParamsError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         self._check_stops()
@@ -112,9 +164,9 @@ class SamplingParams:
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise SamplingParamsError(f"stop_token_ids accepts at most {MAX_STOP_TOKEN_IDS} ids")
         for t in self.stop_token_ids:
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
                 raise SamplingParamsError(
-                    f"stop_token_ids must be non-negative integers, got {t!r}"
+                    f"stop_token_ids must be integers in [0, {MAX_TOKEN_ID}], got {t!r}"
                 )
 
     @property

@@ -7,7 +7,7 @@ costs a few bytes per step whatever its length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol.codec import message, struct
 from protocol.sampling_params import SamplingParams
@@ -72,6 +72,12 @@ class StepResult:
     top_token_ids: list[list[int]] | None = None
     """Per entry, the most likely tokens (as many as the step's widest request asked for)."""
     top_logprobs: list[list[float]] | None = None
+    failed_seq_ids: list[int] = field(default_factory=list)
+    """Sequences the workers refused to run (contents that do not fit them). They are left out
+    of seq_ids, here and in later steps, until a plan drops them; the scheduler fails their
+    requests. Every rank refuses the same ones: the checks depend only on the plan."""
+    failed_errors: list[str] = field(default_factory=list)
+    """Why, one message per failed sequence."""
 
 
 @message(0x22)

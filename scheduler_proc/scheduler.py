@@ -274,6 +274,8 @@ class Scheduler:
             expected = self._inflight[0][0] if self._inflight else None
             raise ValueError(f"result for step {result.step_id}, expected step {expected}")
         _, seqs = self._inflight.popleft()
+        if result.failed_seq_ids:
+            self._fail_refused(result)
         seqs = self._match(seqs, result)
         tokens = result.token_ids
         logprobs = result.logprobs
@@ -329,22 +331,46 @@ class Scheduler:
             self.running = [s for s in self.running if s.status is RUNNING]
         return deltas.take(result.step_id, logprobs is not None)
 
+    def _fail_refused(self, result: StepResult) -> None:
+        """Finish the requests whose sequences the workers refused, with their error.
+
+        Finishing frees their blocks and lists them in the next plan's drops, which is what
+        tells the workers to forget them. Until then (overlap) plans may still continue them;
+        workers leave them out, and _match accepts their absence."""
+        for sid, error in zip(result.failed_seq_ids, result.failed_errors, strict=True):
+            seq = self.seqs.get(sid)
+            if seq is None:  # aborted or finished meanwhile
+                continue
+            if seq.status is RUNNING:
+                self.running.remove(seq)
+            else:
+                self.waiting.remove(seq)
+            self._finish(seq, "error")
+            self._deltas.add(sid, [], "error", f"the engine could not run this request: {error}")
+
     @staticmethod
     def _match(seqs: list[Sequence], result: StepResult) -> list[Sequence]:
-        """The planned sequences in the order of the result (normally identical)."""
+        """The planned sequences in the order of the result (normally identical).
+
+        A planned sequence may be missing only if the workers refused it (it is finished by
+        then); its token in flight is accounted for here."""
         ids = result.seq_ids
-        if len(ids) != len(seqs) or len(result.token_ids) != len(ids):
-            raise ValueError(
-                f"step {result.step_id}: result has {len(ids)} sampled entries, "
-                f"plan expected {len(seqs)}"
-            )
-        if all(s.seq_id == i for s, i in zip(seqs, ids, strict=True)):
+        if len(result.token_ids) != len(ids):
+            raise ValueError(f"step {result.step_id}: {len(ids)} sequences, "
+                             f"{len(result.token_ids)} tokens")
+        if len(ids) == len(seqs) and all(s.seq_id == i for s, i in zip(seqs, ids, strict=True)):
             return seqs
         by_id = {s.seq_id: s for s in seqs}
         try:
-            return [by_id[i] for i in ids]
+            matched = [by_id.pop(i) for i in ids]
         except KeyError as exc:
             raise ValueError(f"step {result.step_id}: unexpected sequence {exc}") from None
+        for seq in by_id.values():
+            if seq.status is not FINISHED:
+                raise ValueError(f"step {result.step_id}: result has {len(ids)} sampled "
+                                 f"entries, plan expected {len(seqs)}")
+            seq.num_pending -= 1
+        return matched
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished and free its blocks once; the caller unlinks it from its queue."""

@@ -8,7 +8,8 @@ from transformers import AutoTokenizer
 
 from frontend.request_validation import InvalidRequest, RequestValidator, salvage_request_id
 from frontend.tokenizer_proc import eos_token_ids, model_vocab_size
-from protocol import ChatMessage, GenerateRequest, SamplingParams, encode
+from protocol import ChatMessage, Decoder, GenerateRequest, ProtocolError, SamplingParams, encode
+from protocol.client_messages import RequestFieldError
 
 MAX_LEN = 64
 
@@ -75,11 +76,27 @@ def test_empty_inputs(validator):
     assert rejection(validator, request(messages=[])) == "messages must not be empty"
 
 
-@pytest.mark.parametrize("bad, index", [([1, 688], 1), ([-1], 0), ([3, 4, 10**12], 2)])
+@pytest.mark.parametrize("bad, index", [([1, 688], 1), ([-1], 0), ([3, 4, 2**31 - 1], 2)])
 def test_token_ids_outside_the_vocabulary(validator, bad, index):
     message = rejection(validator, request(ids=bad))
     assert message == (f"prompt_token_ids[{index}] = {bad[index]} is outside the "
                        f"vocabulary [0, 688)")
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([3, 4, 10**12], r"prompt_token_ids\[2\] = 1000000000000 is not a token id"),
+    ([2**64], r"prompt_token_ids\[0\] = 18446744073709551616 is not a token id"),
+    ([1.7, 2.2], r"prompt_token_ids\[0\] must be an integer token id, got 1.7"),
+    ([1, False], r"prompt_token_ids\[1\] must be an integer token id, got False"),
+])
+def test_ids_no_worker_column_holds_are_refused_where_the_request_is_made(bad, match):
+    """Before any frame exists: a float is not truncated, 2**64 is not msgpack's bare error."""
+    with pytest.raises(RequestFieldError, match=match):
+        request(ids=bad)
+    fields = msgpack.unpackb(encode(request(ids=[1])))
+    fields[3] = [2**63]  # the same sent raw: the tokenizer's decoder refuses it by name
+    with pytest.raises(ProtocolError, match=r"prompt_token_ids\[0\]"):
+        Decoder(GenerateRequest).decode(msgpack.packb(fields))
 
 
 def test_stop_token_ids_outside_the_vocabulary(validator):

@@ -32,6 +32,18 @@ from protocol import SamplingParams, SamplingParamsError
         ({"stop": ["x"] * 100}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"stop_token_ids": ["a"]}, "stop_token_ids"),
+        # Bounded by the worker column each value is stored in.
+        ({"top_k": 2**31}, "top_k"),
+        ({"max_tokens": 2**31}, "max_tokens"),
+        ({"max_tokens": 2**64}, "max_tokens"),
+        ({"seed": 2**63}, "seed"),
+        ({"stop_token_ids": [2**31]}, "stop_token_ids"),
+        ({"top_p": 1e-300}, "top_p"),
+        ({"temperature": 1e-300}, "temperature"),
+        ({"temperature": 1e39}, "temperature"),
+        ({"temperature": 10**400}, "temperature"),
+        ({"repetition_penalty": 1e-300}, "repetition_penalty"),
+        ({"repetition_penalty": 1e300}, "repetition_penalty"),
     ],
 )
 def test_out_of_range_values_name_the_field(kwargs, field):
@@ -46,3 +58,26 @@ def test_defaults_and_greedy():
     assert SamplingParams(top_k=0).top_k == 0
     assert SamplingParams(seed=0, stop=["a"], stop_token_ids=[0]).seed == 0
     assert SamplingParams(max_tokens=None).max_tokens is None  # until the context is full
+
+
+def test_the_largest_accepted_values_fit_the_worker_columns():
+    """Every bound is what its column holds: the mirror stores the extremes unchanged."""
+    from gpu_workers.mirror import SequenceTable
+    from protocol import CachedSequences, NewSequence, StepPlan
+    from protocol.sampling_params import (
+        MAX_SEED,
+        MAX_TOP_K,
+        MIN_REPETITION_PENALTY,
+        MIN_TEMPERATURE,
+        MIN_TOP_P,
+    )
+
+    table = SequenceTable(2, 8, 2)
+    params = SamplingParams(top_k=MAX_TOP_K, seed=MAX_SEED, top_p=MIN_TOP_P,
+                            temperature=MIN_TEMPERATURE, repetition_penalty=MIN_REPETITION_PENALTY)
+    table.apply(StepPlan(0, [], [NewSequence(1, [2**31 - 1], 1, 0, 1, [0], params)],
+                         CachedSequences([], [], [])))
+    row = table.rows[1]
+    assert table.new_failures == []
+    assert (table.top_k[row], table.seed[row]) == (MAX_TOP_K, MAX_SEED)
+    assert table.top_p[row] > 0 and table.temperature[row] > 0 and table.repetition[row] > 0
