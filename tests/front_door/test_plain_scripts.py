@@ -13,9 +13,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from process_watch import alive
 
 SCRIPT = """\
 import json
@@ -31,14 +31,6 @@ print("ENGINE", json.dumps({{"pids": [c.pid for c in llm.pipeline.children],
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _engine_info(stdout: str) -> dict:
     line = next(line for line in stdout.splitlines() if line.startswith("ENGINE "))
     return json.loads(line.removeprefix("ENGINE "))
@@ -46,9 +38,9 @@ def _engine_info(stdout: str) -> dict:
 
 def _assert_nothing_left(info: dict) -> None:
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in info["pids"]) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in info["pids"]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in info["pids"] if _alive(pid)]
+    assert not [pid for pid in info["pids"] if alive(pid)]
     assert not os.path.exists(info["run_dir"])
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+from process_watch import alive, descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,27 +23,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
 
 
 def test_serve_http_reports_progress_and_exits_when_its_engine_dies(tiny_qwen3_dir):
@@ -80,7 +60,7 @@ def test_serve_http_reports_progress_and_exits_when_its_engine_dies(tiny_qwen3_d
             "model": "tiny-chat", "prompt": "Hello", "max_tokens": 3, "temperature": 0})
         assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 3
 
-        children = _children_of(proc.pid)
+        children = sorted(descendants(proc.pid))
         worker = next(pid for pid in children
                       if "gpu_workers.worker_proc" in Path(f"/proc/{pid}/cmdline").read_text())
         os.kill(worker, signal.SIGKILL)
@@ -92,4 +72,4 @@ def test_serve_http_reports_progress_and_exits_when_its_engine_dies(tiny_qwen3_d
     assert proc.returncode == 1
     assert "engine dead: worker 0 was killed by SIGKILL" in rest
     assert not run_dir.exists()
-    assert not [pid for pid in children if _alive(pid)]
+    assert not [pid for pid in children if alive(pid)]

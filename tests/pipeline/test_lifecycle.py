@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from pipeline_config import tiny_engine
+from process_watch import alive, descendants
 
 from frontend import Client, EngineDeadError
 from frontend.config import EngineConfig
@@ -20,32 +21,6 @@ from protocol import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 OK = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-
-
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _launch(model_dir: str, *extra: str) -> subprocess.Popen:
@@ -76,42 +51,42 @@ def test_launch_serves_and_sigterm_leaves_nothing_behind(tiny_qwen3_dir):
     proc = _launch(tiny_qwen3_dir, "--tp", "2")
     address = _read_until(proc, r"clients connect to: (\S+)").group(1)
     run_dir = Path(address.removeprefix("ipc://")).parent
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     assert len(children) >= 5  # two workers, scheduler, tokenizer, detokenizer
     with Client(address) as client:
         assert len(client.generate("hello", params=OK).token_ids) == 8
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in children if _alive(pid)]
+    assert not [pid for pid in children if alive(pid)]
     assert not run_dir.exists()
 
 
 def test_sigterm_during_startup_stops_everything(tiny_qwen3_dir):
     proc = _launch(tiny_qwen3_dir)
     time.sleep(1.5)  # workers are starting
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in children if _alive(pid)]
+    assert not [pid for pid in children if alive(pid)]
 
 
 def test_children_exit_when_the_launcher_is_killed(tiny_qwen3_dir):
     proc = _launch(tiny_qwen3_dir)
     address = _read_until(proc, r"clients connect to: (\S+)").group(1)
     run_dir = Path(address.removeprefix("ipc://")).parent
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)  # launch.sh execs python: this is the launcher itself
     proc.wait(timeout=30)
     deadline = time.monotonic() + 20
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in children if _alive(pid)]
+    assert not [pid for pid in children if alive(pid)]
     assert not run_dir.exists()  # the orphaned scheduler removed the socket files
 
 

@@ -1,0 +1,8 @@
+"""The front-door tests share the process helpers of tests/pipeline."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
