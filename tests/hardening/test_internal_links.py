@@ -119,7 +119,7 @@ def _strangers(ctx: zmq.Context, ep) -> list[tuple[str, str, zmq.Socket]]:
 
 
 def _listeners(pipeline) -> list[tuple[int, str, int]]:
-    pids = {proc.pid for _, proc in pipeline._children} | {os.getpid()}
+    pids = {child.pid for child in pipeline.children} | {os.getpid()}
     return [(c.pid, c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
             if c.status == psutil.CONN_LISTEN and c.pid in pids]
 
