@@ -1,10 +1,12 @@
-"""Time the paged attention kernels at the Qwen3-0.6B shape on a CUDA GPU.
+"""Time the kernels at the Qwen3-0.6B shape on a CUDA GPU.
 
-Decode reports achieved memory bandwidth (KV bytes read / time); prefill reports TFLOP/s
-of causal attention. flash-attn's paged kernels run as a peer when importable, and torch's
-dense SDPA gives a non-paged reference point for prefill.
+Decode attention reports achieved memory bandwidth (KV bytes read / time); prefill reports
+TFLOP/s of causal attention. flash-attn's paged kernels run as a peer when importable, and
+torch's dense SDPA gives a non-paged reference point for prefill. The small per-layer ops
+(fused q/k-norm + rotary + KV store, add + RMSNorm, SiLU-and-mul) are timed against the
+unfused sequences they replace, each replayed from a CUDA graph as the decode step runs them.
 
-    python scripts/bench_kernels.py [--block-size 256] [--iters 50]
+    python scripts/bench_kernels.py [--block-size 256] [--iters 50] [--only small|attention]
 """
 
 from __future__ import annotations
@@ -15,10 +17,16 @@ import random
 import torch
 import torch.nn.functional as F
 
+from kernels.activation import silu_and_mul_triton
 from kernels.paged_attention import paged_attention_triton
 from kernels.paged_decode_attention import paged_decode_attention_triton
+from kernels.qk_norm_rope_store import qk_norm_rope_store_triton
+from kernels.rms_norm import add_rms_norm_triton, rms_norm_triton
+from kernels.rotary import apply_rotary_triton, build_rope_cache
+from kernels.store_kv import store_kv_triton
 
 H, HKV, D = 16, 8, 128
+HIDDEN, INTER, LAYERS = 1024, 3072, 28
 DTYPE = torch.bfloat16
 
 
@@ -115,16 +123,85 @@ def bench_prefill(seq_len: int, num_seqs: int, block_size: int, iters: int, fa) 
         print(f"  {name:34s} {ms * 1e3:8.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s")
 
 
+def bench_graphed(fn, iters: int, reps: int = LAYERS) -> float:
+    """Mean microseconds per call of `fn`, replayed `reps` times per CUDA graph (one per layer,
+    as in a captured decode step), so launch gaps count as they do there."""
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return bench(graph.replay, iters) * 1e3 / reps
+
+
+def unfused_qkv(qkv, positions, cos_sin, qw, kw, k_cache, v_cache, slots, heads, kv_heads):
+    """The decoder's former sequence: strided copies, two norms, rotary, store_kv."""
+    t = qkv.shape[0]
+    q, k, v = qkv.split([heads * D, kv_heads * D, kv_heads * D], dim=-1)
+    q = rms_norm_triton(q.reshape(-1, D), qw, 1e-6).view(t, heads, D)
+    k = rms_norm_triton(k.reshape(-1, D), kw, 1e-6).view(t, kv_heads, D)
+    q, k = apply_rotary_triton(q, k, positions, cos_sin)
+    store_kv_triton(k, v.view(t, kv_heads, D), k_cache, v_cache, slots)
+    return q
+
+
+def bench_small_ops(tokens: int, block_size: int, iters: int, heads: int = H,
+                    kv_heads: int = HKV) -> None:
+    dev = "cuda"
+    num_blocks = -(-tokens // block_size) + 1
+    cache = (num_blocks, block_size, kv_heads, D)
+    k_cache = torch.randn(cache, dtype=DTYPE, device=dev)
+    v_cache = torch.randn_like(k_cache)
+    slots = torch.randperm(num_blocks * block_size, device=dev)[:tokens].to(torch.int32)
+    positions = torch.randint(0, 1024, (tokens,), device=dev, dtype=torch.int32)
+    cos_sin = build_rope_cache(D, 4096, 1e6, None, dev)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * D, dtype=DTYPE, device=dev)
+    qw, kw = torch.randn(D, dtype=DTYPE, device=dev), torch.randn(D, dtype=DTYPE, device=dev)
+    x = torch.randn(tokens, HIDDEN, dtype=DTYPE, device=dev)
+    res = torch.randn_like(x)
+    w = torch.randn(HIDDEN, dtype=DTYPE, device=dev)
+    gate_up = torch.randn(tokens, 2 * INTER, dtype=DTYPE, device=dev)
+    qkv_args = (qkv, positions, cos_sin, qw, kw, k_cache, v_cache, slots, heads, kv_heads)
+    # (name, fused, unfused, calls per decode step)
+    cases = [
+        ("q/k norm + rotary + store_kv",
+         lambda: qk_norm_rope_store_triton(qkv, heads, kv_heads, positions, cos_sin, qw, kw,
+                                           1e-6, k_cache, v_cache, slots),
+         lambda: unfused_qkv(*qkv_args), LAYERS),
+        ("residual add + RMSNorm", lambda: add_rms_norm_triton(x, res, w, 1e-6),
+         lambda: rms_norm_triton(x + res, w, 1e-6), 2 * LAYERS),
+        ("SiLU-and-mul", lambda: silu_and_mul_triton(gate_up),
+         lambda: F.silu(gate_up[:, :INTER]) * gate_up[:, INTER:], LAYERS),
+    ]
+    print(f"small ops: {tokens} tokens, {heads} q / {kv_heads} kv heads, bf16, "
+          f"{LAYERS} calls per CUDA graph")
+    saved = 0.0
+    for name, fused, unfused, per_step in cases:
+        f_us, u_us = bench_graphed(fused, iters), bench_graphed(unfused, iters)
+        saved += (u_us - f_us) * per_step
+        print(f"  {name:30s} fused {f_us:7.1f} us  unfused {u_us:7.1f} us  "
+              f"x{per_step}/step: {f_us * per_step / 1e3:.3f} vs {u_us * per_step / 1e3:.3f} ms")
+    print(f"  saved per forward step: {saved / 1e3:.3f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--only", choices=["small", "attention"], default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels needs a CUDA GPU")
     fa = try_flash_attn()
     print(f"{torch.cuda.get_device_name()}; flash-attn: {'yes' if fa else 'not importable'}")
     torch.manual_seed(0)
+    if args.only != "attention":
+        bench_small_ops(170, args.block_size, args.iters)  # W1's decode steps
+        bench_small_ops(170, args.block_size, args.iters, heads=8, kv_heads=4)  # a TP=2 rank
+        bench_small_ops(4096, args.block_size, args.iters)  # a prefill chunk
+    if args.only == "small":
+        return
     bench_decode(256, 500, 700, args.block_size, args.iters, fa)
     bench_decode(16, 4000, 4200, args.block_size, args.iters, fa)
     bench_decode(2, 30000, 32000, args.block_size, args.iters, fa)

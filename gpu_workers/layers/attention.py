@@ -89,15 +89,23 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 batch: AttentionBatch) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; stores k/v first so queries see them."""
+        self.store(k, v, batch)
+        return self.attend(q, batch)
+
+    def store(self, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch) -> None:
+        """k/v [T, Hkv, D] into their cache slots (the model's fused kernel does this itself)."""
+        store = store_kv_ref if self.backend == "torch" else store_kv
+        store(k, v, self.k_cache, self.v_cache, batch.slot_mapping)
+
+    def attend(self, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        """q [T, H, D] -> [T, H, D] over the cache, which already holds this step's k/v."""
         kc, vc = self.k_cache, self.v_cache
         if self.backend == "torch":
-            store_kv_ref(k, v, kc, vc, batch.slot_mapping)
             if batch.decode:  # one batched call instead of one per sequence
                 return paged_decode_attention_ref(q, kc, vc, batch.block_tables,
                                                   batch.seq_lens_k, self.scale)
             return paged_attention_ref(q, kc, vc, batch.block_tables, batch.cu_seqlens_q,
                                        batch.seq_lens_k, self.scale)
-        store_kv(k, v, kc, vc, batch.slot_mapping)
         if self.backend == "flash_attn":
             return self._flash(q, batch)
         if batch.decode:

@@ -3,9 +3,15 @@
 They differ by two flags: Qwen2 has biases on q/k/v, Qwen3 RMS-normalises each head of q and k
 before rotary. Module names follow the Hugging Face checkpoints so the loader maps names 1:1
 (apart from the packed qkv_proj and gate_up_proj).
+
+Between the QKV projection and attention the model runs one fused kernel (q/k norms, rotary,
+KV-cache store: kernels/qk_norm_rope_store.py). NANOPIPE_UNFUSED_QKV=1 in the environment, or
+CausalLM(..., fused_qkv=False), selects the former op-by-op sequence instead, to compare.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
@@ -21,11 +27,23 @@ from gpu_workers.layers.linear import (
 from gpu_workers.layers.norm import RMSNorm
 from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.ops import apply_rotary, build_rope_cache, silu_and_mul
+from kernels import qk_norm_rope_store, qk_norm_rope_store_ref
+
+UNFUSED_QKV_ENV = "NANOPIPE_UNFUSED_QKV"
+
+
+def fused_qkv_default() -> bool:
+    """The fused q/k-norm + rotary + store kernel, unless the environment asks otherwise."""
+    return os.environ.get(UNFUSED_QKV_ENV, "0") in ("", "0")
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device,
+                 fused_qkv: bool = True) -> None:
         super().__init__()
+        self.fused_qkv = fused_qkv
+        # The torch backend runs the references everywhere, on any device.
+        self.prepare_qkv = qk_norm_rope_store_ref if backend == "torch" else qk_norm_rope_store
         d, dt = cfg.head_dim, cfg.dtype
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, d, cfg.num_heads, cfg.num_kv_heads,
                                           cfg.qkv_bias, tp, dt, device)
@@ -40,8 +58,27 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 batch: AttentionBatch) -> torch.Tensor:
-        t, d = x.shape[0], self.head_dim
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
+        qkv = self.qkv_proj(x)
+        prepare = self._prepare_fused if self.fused_qkv else self._prepare_unfused
+        q = prepare(qkv, positions, cos_sin, batch)
+        out = self.attn.attend(q, batch)
+        return self.o_proj(out.reshape(x.shape[0], self.num_heads * self.head_dim))
+
+    def _prepare_fused(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                       batch: AttentionBatch) -> torch.Tensor:
+        """One kernel: q/k norms, rotary, k/v into the cache; returns q [T, H, D]."""
+        qn, kn = self.q_norm, self.k_norm
+        return self.prepare_qkv(
+            qkv, self.num_heads, self.num_kv_heads, positions, cos_sin,
+            None if qn is None else qn.weight, None if kn is None else kn.weight,
+            0.0 if qn is None else qn.eps, self.attn.k_cache, self.attn.v_cache,
+            batch.slot_mapping)
+
+    def _prepare_unfused(self, qkv: torch.Tensor, positions: torch.Tensor,
+                         cos_sin: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        """The same op by op (strided copies, two norms, rotary, store_kv), to compare."""
+        t, d = qkv.shape[0], self.head_dim
+        q, k, v = qkv.split(self.qkv_proj.sizes, dim=-1)
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, d))
             k = self.k_norm(k.reshape(-1, d))
@@ -49,8 +86,8 @@ class SelfAttention(nn.Module):
         k = k.reshape(t, self.num_kv_heads, d)
         v = v.reshape(t, self.num_kv_heads, d)
         q, k = apply_rotary(q, k, positions, cos_sin)
-        out = self.attn(q, k, v, batch)
-        return self.o_proj(out.reshape(t, self.num_heads * d))
+        self.attn.store(k, v, batch)
+        return q
 
 
 class MLP(nn.Module):
@@ -66,9 +103,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device,
+                 fused_qkv: bool = True) -> None:
         super().__init__()
-        self.self_attn = SelfAttention(cfg, tp, backend, device)
+        self.self_attn = SelfAttention(cfg, tp, backend, device, fused_qkv)
         self.mlp = MLP(cfg, tp, device)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype,
@@ -87,12 +125,12 @@ class DecoderLayer(nn.Module):
 
 class DecoderStack(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device,
-                 max_positions: int) -> None:
+                 max_positions: int, fused_qkv: bool = True) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, cfg.dtype,
                                                    device)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, tp, backend, device) for _ in range(cfg.num_layers)
+            DecoderLayer(cfg, tp, backend, device, fused_qkv) for _ in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
         cos_sin = build_rope_cache(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling,
@@ -110,10 +148,11 @@ class DecoderStack(nn.Module):
 
 class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device,
-                 max_positions: int) -> None:
+                 max_positions: int, fused_qkv: bool | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.model = DecoderStack(cfg, tp, backend, device, max_positions)
+        self.fused_qkv = fused_qkv_default() if fused_qkv is None else fused_qkv
+        self.model = DecoderStack(cfg, tp, backend, device, max_positions, self.fused_qkv)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp, cfg.dtype, device)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

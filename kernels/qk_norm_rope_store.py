@@ -1,0 +1,219 @@
+"""Everything between the QKV projection and attention, in one kernel.
+
+From the packed projection output [T, (H + 2 Hkv) * D] it RMS-normalises each head of q and k
+(Qwen3's q_norm/k_norm; skipped for Llama/Qwen2), rotates q and k at each token's position,
+writes q to the attention input [T, H, D] and k, v into their paged cache slots. Unfused this
+is two strided copies, two norms, two rotary launches and store_kv per layer; the reference
+below is exactly that sequence (the CPU path and the tests use it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._common import (
+    FLOAT_DTYPES,
+    check,
+    check_index_dtype,
+    check_same_device,
+    jit,
+    next_pow2,
+    require_triton,
+    tl,
+    use_triton,
+)
+from kernels.rms_norm import rms_norm_ref
+from kernels.rotary import apply_rotary_ref
+from kernels.store_kv import store_kv_ref
+
+
+@jit
+def _qk_norm_rope_store_kernel(
+    qkv_ptr, q_out_ptr, pos_ptr, cos_sin_ptr, q_w_ptr, k_w_ptr,
+    k_cache_ptr, v_cache_ptr, slot_ptr, eps, num_heads, num_kv_heads,
+    stride_qkv, stride_qt, stride_qh, stride_cs,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HAS_NORM: tl.constexpr,
+):
+    # One program per (token, head) where heads 0..H-1 are q and H..H+Hkv-1 are k; the
+    # packed layout puts k's heads right after q's, so head h starts at column h * D.
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    is_q = h < num_heads
+    d = tl.arange(0, BLOCK_HALF)
+    dmask = d < HALF
+    dt = q_out_ptr.dtype.element_ty
+    row = qkv_ptr + t * stride_qkv + h * HEAD_DIM
+    x1 = tl.load(row + d, mask=dmask, other=0.0).to(tl.float32)
+    x2 = tl.load(row + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        # Rounded as rms_norm_ref: normalised in fp32, cast, times the weight, cast.
+        inv = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / HEAD_DIM + eps)
+        wq1 = tl.load(q_w_ptr + d, mask=dmask, other=0.0).to(dt).to(tl.float32)
+        wq2 = tl.load(q_w_ptr + HALF + d, mask=dmask, other=0.0).to(dt).to(tl.float32)
+        wk1 = tl.load(k_w_ptr + d, mask=dmask, other=0.0).to(dt).to(tl.float32)
+        wk2 = tl.load(k_w_ptr + HALF + d, mask=dmask, other=0.0).to(dt).to(tl.float32)
+        w1 = tl.where(is_q, wq1, wk1)
+        w2 = tl.where(is_q, wq2, wk2)
+        x1 = ((x1 * inv).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        x2 = ((x2 * inv).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    # cos/sin are rounded to the activation dtype first, like HF's cos.to(x.dtype).
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + d, mask=dmask, other=0.0)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d, mask=dmask, other=0.0)
+    cos = cos.to(dt).to(tl.float32)
+    sin = sin.to(dt).to(tl.float32)
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if is_q:
+        q_row = q_out_ptr + t * stride_qt + h * stride_qh
+        tl.store(q_row + d, o1.to(dt), mask=dmask)
+        tl.store(q_row + HALF + d, o2.to(dt), mask=dmask)
+    else:
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:  # -1: a padding row, stores nothing
+            kv_head = h - num_heads
+            blk = slot // BLOCK_SIZE
+            off = slot % BLOCK_SIZE
+            kc = k_cache_ptr + blk * stride_kcb + off * stride_kcs + kv_head * stride_kch
+            cdt = k_cache_ptr.dtype.element_ty
+            tl.store(kc + d, o1.to(dt).to(cdt), mask=dmask)
+            tl.store(kc + HALF + d, o2.to(dt).to(cdt), mask=dmask)
+            v_row = qkv_ptr + t * stride_qkv + (h + num_kv_heads) * HEAD_DIM
+            vc = v_cache_ptr + blk * stride_vcb + off * stride_vcs + kv_head * stride_vch
+            v1 = tl.load(v_row + d, mask=dmask, other=0.0)
+            v2 = tl.load(v_row + HALF + d, mask=dmask, other=0.0)
+            tl.store(vc + d, v1.to(cdt), mask=dmask)
+            tl.store(vc + HALF + d, v2.to(cdt), mask=dmask)
+
+
+def _check(qkv, num_heads, num_kv_heads, positions, cos_sin, q_weight, k_weight, k_cache,
+           v_cache, slot_mapping) -> int:
+    """-> head_dim, after checking every shape against it."""
+    check(num_heads >= 1 and num_kv_heads >= 1,
+          f"num_heads and num_kv_heads must be >= 1, got {num_heads} and {num_kv_heads}")
+    heads = num_heads + 2 * num_kv_heads
+    check(qkv.dim() == 2 and qkv.shape[1] % heads == 0,
+          f"qkv must be [T, (num_heads + 2 * num_kv_heads) * head_dim] with {num_heads} q and "
+          f"{num_kv_heads} kv heads, got {tuple(qkv.shape)}")
+    head_dim = qkv.shape[1] // heads
+    check(head_dim % 2 == 0, f"head_dim must be even, got {head_dim}")
+    check(qkv.dtype in FLOAT_DTYPES, f"unsupported qkv dtype {qkv.dtype}")
+    check(cos_sin.dim() == 2 and cos_sin.shape[1] == head_dim,
+          f"cos_sin must be [max_positions, {head_dim}], got {tuple(cos_sin.shape)}")
+    check(positions.shape == (qkv.shape[0],),
+          f"positions must be [T={qkv.shape[0]}], got {tuple(positions.shape)}")
+    check_index_dtype("positions", positions)
+    check((q_weight is None) == (k_weight is None),
+          "q_weight and k_weight must be given together or not at all")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        check(w is None or w.shape == (head_dim,),
+              f"{name} must be [{head_dim}], got {None if w is None else tuple(w.shape)}")
+    check(k_cache.dim() == 4 and v_cache.shape == k_cache.shape,
+          "k_cache, v_cache must be [num_blocks, block_size, Hkv, D] alike, got "
+          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    check(tuple(k_cache.shape[2:]) == (num_kv_heads, head_dim),
+          f"cache heads/head_dim {tuple(k_cache.shape[2:])} != ({num_kv_heads}, {head_dim})")
+    check(k_cache.dtype == v_cache.dtype, "k_cache and v_cache dtypes differ")
+    check(slot_mapping.shape == (qkv.shape[0],),
+          f"slot_mapping must be [T={qkv.shape[0]}], got {tuple(slot_mapping.shape)}")
+    check_index_dtype("slot_mapping", slot_mapping)
+    return head_dim
+
+
+def qk_norm_rope_store_triton(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    require_triton()
+    head_dim = _check(qkv, num_heads, num_kv_heads, positions, cos_sin, q_weight, k_weight,
+                      k_cache, v_cache, slot_mapping)
+    check_same_device(qkv=qkv, positions=positions, cos_sin=cos_sin, k_cache=k_cache,
+                      v_cache=v_cache, slot_mapping=slot_mapping)
+    check(qkv.stride(1) == 1, "qkv rows must be contiguous")
+    check(cos_sin.stride(1) == 1, "cos_sin must be contiguous in head_dim")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check(t.stride(-1) == 1, f"{name} must be contiguous in head_dim")
+    check(positions.is_contiguous() and slot_mapping.is_contiguous(),
+          "positions and slot_mapping must be contiguous")
+    block_size = k_cache.shape[1]
+    has_norm = q_weight is not None
+    if has_norm:
+        check(q_weight.is_contiguous() and k_weight.is_contiguous(),
+              "q_weight and k_weight must be contiguous")
+        check(q_weight.device == qkv.device and k_weight.device == qkv.device,
+              "q_weight and k_weight must be on qkv's device")
+    t = qkv.shape[0]
+    q = torch.empty(t, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if t == 0:
+        return q
+    half = head_dim // 2
+    dummy = cos_sin  # never read when HAS_NORM is off
+    _qk_norm_rope_store_kernel[(t, num_heads + num_kv_heads)](
+        qkv, q, positions, cos_sin, q_weight if has_norm else dummy,
+        k_weight if has_norm else dummy, k_cache, v_cache, slot_mapping, eps,
+        num_heads, num_kv_heads,
+        qkv.stride(0), q.stride(0), q.stride(1), cos_sin.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=next_pow2(half), BLOCK_SIZE=block_size,
+        HAS_NORM=has_norm, num_warps=1 if head_dim <= 128 else 2,
+    )
+    return q
+
+
+def qk_norm_rope_store_ref(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """The unfused sequence: per-head norms, rotary, store_kv (views, no copies of q/k/v)."""
+    head_dim = _check(qkv, num_heads, num_kv_heads, positions, cos_sin, q_weight, k_weight,
+                      k_cache, v_cache, slot_mapping)
+    q, k, v = (p.unflatten(-1, (-1, head_dim)) for p in qkv.split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1))
+    if q_weight is not None:
+        q, k = rms_norm_ref(q, q_weight, eps), rms_norm_ref(k, k_weight, eps)
+    q, k = apply_rotary_ref(q, k, positions, cos_sin)
+    store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """qkv [T, (H + 2 Hkv) * D] -> q [T, H, D] normed and rotated; k (normed, rotated) and v
+    written into the cache slots of slot_mapping (-1: skip). Norm weights: both or neither."""
+    if use_triton(qkv, k_cache):
+        return qk_norm_rope_store_triton(qkv, num_heads, num_kv_heads, positions, cos_sin,
+                                         q_weight, k_weight, eps, k_cache, v_cache, slot_mapping)
+    return qk_norm_rope_store_ref(qkv, num_heads, num_kv_heads, positions, cos_sin, q_weight,
+                                  k_weight, eps, k_cache, v_cache, slot_mapping)

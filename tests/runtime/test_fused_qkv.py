@@ -1,0 +1,31 @@
+"""The fused q/k-norm + rotary + KV-store path and the op-by-op path it replaced give the same
+tokens as transformers; the environment switch selects between them."""
+
+from __future__ import annotations
+
+import pytest
+from rt_helpers import BLOCK_SIZE, hf_greedy, make_runner, prompts
+from rt_planner import Planner
+
+from gpu_workers.models.decoder import UNFUSED_QKV_ENV
+
+
+def _generate(runner, ps, max_tokens):
+    planner = Planner(BLOCK_SIZE, runner.num_kv_blocks)
+    for i, p in enumerate(ps):
+        planner.add(i, p, max_tokens)
+    return planner.run(runner)
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen3_dir", "tiny_llama_dir"])
+def test_fused_and_unfused_paths_equal_transformers(model, request, monkeypatch):
+    model_dir = request.getfixturevalue(model)
+    ps = prompts(31, [1, 9, 40])
+    want = {i: hf_greedy(model_dir, p, 8) for i, p in enumerate(ps)}
+    fused = make_runner(model_dir, attention_backend="triton")
+    assert fused.model.fused_qkv
+    assert _generate(fused, ps, 8) == want
+    monkeypatch.setenv(UNFUSED_QKV_ENV, "1")
+    unfused = make_runner(model_dir, attention_backend="triton")
+    assert not unfused.model.fused_qkv
+    assert _generate(unfused, ps, 8) == want
