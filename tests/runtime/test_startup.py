@@ -25,6 +25,7 @@ from protocol import (
     StepPlan,
     StepResult,
 )
+from protocol.control import StartupProgress
 from protocol.sockets import MessageSocket
 
 
@@ -99,14 +100,17 @@ def _start(config: WorkerConfig):
     endpoints = Endpoints.ipc(1)  # short private dir: ipc paths have a length limit
     ctx = zmq.Context()
     control = MessageSocket(ctx, zmq.PULL, endpoints.control, bind=True,
-                            accepts=(Ready, StartupFailed))
+                            accepts=(Ready, StartupFailed, StartupProgress))
     results = MessageSocket(ctx, zmq.PULL, endpoints.step_results, bind=True,
                             accepts=(StepResult,))
     proc = multiprocessing.get_context("spawn").Process(
         target=run_worker, args=(config, 0, 1, endpoints))
     proc.start()
-    assert control.poll(120_000), "worker did not report"
-    return ctx, endpoints, control, results, proc, control.recv()
+    while True:  # what start-up is doing, then Ready or StartupFailed
+        assert control.poll(120_000), "worker did not report"
+        report = control.recv()
+        if not isinstance(report, StartupProgress):
+            return ctx, endpoints, control, results, proc, report
 
 
 def test_worker_process_serves_plans_and_stops(tiny_qwen3_dir):
