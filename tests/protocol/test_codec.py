@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import protocol as p
 from protocol.codec import kind_of
+from protocol.control import StartupProgress
 from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
 
 PARAMS = p.SamplingParams(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=7,
@@ -46,6 +47,7 @@ EXAMPLES = [
     p.Ready("worker", 0, 1234, "cuda:0"),
     p.Shutdown("SIGTERM"),
     p.StartupFailed("worker", 1, "KV cache too small"),
+    StartupProgress("worker", 0, "loading weights"),
 ]
 
 
