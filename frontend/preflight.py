@@ -8,6 +8,7 @@ process after seconds of loading, or not at all.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 
@@ -52,7 +53,12 @@ def check_model_fits_tp(config: EngineConfig) -> None:
     from gpu_workers.config import ModelConfig
     from gpu_workers.partition import partition_heads
 
-    model = ModelConfig.from_dir(config.model_dir, config.dtype)
+    try:
+        model = ModelConfig.from_dir(config.model_dir, config.dtype)
+    except KeyError as exc:
+        raise ValueError(f"{config.model_dir}/config.json lacks {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{config.model_dir}/config.json is not valid JSON: {exc}") from None
     partition_heads(model.num_heads, model.num_kv_heads, config.tensor_parallel_size)
 
 

@@ -92,3 +92,14 @@ def test_version_and_help():
         assert flag in serve_help
     assert "{auto,cpu,cuda}" in serve_help and "(default: 256)" in serve_help
     assert _run([LAUNCH, "--help"]).stdout.count("--served-model-name") >= 1
+
+
+@pytest.mark.parametrize("config, expected", [
+    ('{"model_type": "llama"}', "config.json lacks 'num_attention_heads'"),
+    ("{not json", "config.json is not valid JSON"),
+    ('{"model_type": "gpt2"}', "model_type 'gpt2' is not supported"),
+])
+def test_a_broken_config_is_one_line(tmp_path, config, expected):
+    (tmp_path / "config.json").write_text(config)
+    line = _one_line_error(_run([LAUNCH, "--model", str(tmp_path), "--device", "cpu"]))
+    assert expected in line
