@@ -17,7 +17,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from frontend.config import EngineConfig
-from frontend.launcher import Pipeline, StartupError, _print_progress
+from frontend.launcher import Pipeline, StartupError
 from frontend.preflight import check_port_free
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -162,6 +162,11 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def print_progress(text: str) -> None:
+    """What start-up is doing, on stderr (stdout carries the addresses users copy)."""
+    print(f"nanopipe: {text}", file=sys.stderr, flush=True)
+
+
 def _raise_on_sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -189,7 +194,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"nanopipe: {exc}", file=sys.stderr, flush=True)
         return 2
-    pipeline = Pipeline(config, on_progress=_print_progress)
+    pipeline = Pipeline(config, on_progress=print_progress)
     try:
         pipeline.start()
         print(f"nanopipe ready: {config.model_name} on {config.resolved_device}"

@@ -77,10 +77,6 @@ class Child:
         return f"{self.name} exited with code {code}"
 
 
-def _print_progress(text: str) -> None:
-    print(f"nanopipe: {text}", file=sys.stderr, flush=True)
-
-
 class Pipeline:
     """One running pipeline. Use as a context manager, or call start() and stop()."""
 
