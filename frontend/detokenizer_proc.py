@@ -327,6 +327,7 @@ def run_detokenizer(config: DetokenizerConfig, endpoints: Endpoints) -> None:
         actor.serve()
     finally:
         rt.close()
+        rt.remove_run_dir_if_orphaned(endpoints)
 
 
 def main() -> None:

@@ -361,6 +361,7 @@ def run_tokenizer(config: TokenizerConfig, endpoints: Endpoints) -> None:
         actor.serve()
     finally:
         rt.close()
+        rt.remove_run_dir_if_orphaned(endpoints)
 
 
 def main() -> None:

@@ -71,6 +71,7 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
         rt.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+        rt.remove_run_dir_if_orphaned(endpoints)
 
 
 def _serve(runner, steps: MessageSocket, results: MessageSocket | None,

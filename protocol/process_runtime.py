@@ -22,6 +22,7 @@ import zmq
 from protocol.auth import CurveKeys, secure
 from protocol.codec import encode
 from protocol.control import Ready, StartupFailed, StartupProgress
+from protocol.endpoints import Endpoints
 from protocol.sockets import MessageSocket
 
 _PR_SET_PDEATHSIG = 1
@@ -112,6 +113,15 @@ class ProcessRuntime:
             sock.send(encode(StartupFailed(role=self.role, rank=self.rank, error=error)))
         finally:
             sock.close(linger=2000)
+
+    def remove_run_dir_if_orphaned(self, endpoints: Endpoints) -> None:
+        """The launcher was killed and cannot clean up: remove the run directory for it.
+
+        Every actor does this as it exits, last of all, so a file another actor touched
+        while leaving (a socket, the rendezvous file) is removed by whoever leaves after it.
+        """
+        if not self.parent_alive:
+            endpoints.cleanup()
 
     def close(self) -> None:
         for sock in reversed(self._sockets):

@@ -234,10 +234,7 @@ def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int
                 loop.close()
             rt.close()
         finally:
-            if not rt.parent_alive:
-                # The launcher was killed and cannot clean up: remove the run directory (socket
-                # files, rendezvous file) for it, even if closing the sockets failed.
-                endpoints.cleanup()
+            rt.remove_run_dir_if_orphaned(endpoints)  # even if closing the sockets failed
 
 
 def main() -> None:
