@@ -1,8 +1,9 @@
-"""Frontend actors (tokenizer, detokenizer) and the client library."""
+"""nanopipe's user-facing side: the offline `LLM`, the client library, the OpenAI server,
+the frontend actors and the engine front that starts them (see each subpackage)."""
 
-from frontend.async_client import AsyncClient
-from frontend.client import Client
-from frontend.outputs import (
+from frontend.client import (
+    AsyncClient,
+    Client,
     ClientClosedError,
     EngineDeadError,
     RequestDelta,
@@ -28,7 +29,7 @@ __all__ = [
 def __getattr__(name: str):
     # The offline API pulls in the launcher; import it only when asked for.
     if name == "LLM":
-        from frontend.llm import LLM
+        from frontend.engine.llm import LLM
 
         return LLM
     raise AttributeError(f"module 'frontend' has no attribute {name!r}")

@@ -51,7 +51,7 @@ class DetokRequestInfo:
 
 # ---------------------------------------------------------------- scheduler -> watchers
 # The scheduler publishes TokenDeltas on `deltas_pub` for detokenizers that attach to a running
-# pipeline (python -m frontend.stdout_detokenizer). These messages make attaching and
+# pipeline (python -m frontend.actors.stdout_detokenizer). These messages make attaching and
 # detaching deterministic: a PUB socket gives a subscriber no sign that it has joined, nor
 # that the publisher has gone.
 

@@ -180,7 +180,7 @@ def main() -> None:
 
     model_dir = args.model
     if model_dir is None:
-        from frontend.default_model import default_model_dir
+        from frontend.embedded_model import default_model_dir
 
         model_dir = default_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

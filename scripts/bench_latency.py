@@ -87,7 +87,7 @@ def ttft_tpot(start: float, arrivals: list[tuple[float, int]]) -> tuple[float, f
 
 def bench_pipeline(engine_cfg, reqs: list[list[int]], warm: list[int], max_tokens: int):
     from frontend import Client
-    from frontend.launcher import Pipeline
+    from frontend.engine.pipeline import Pipeline
 
     params = greedy(max_tokens)
     t0 = time.perf_counter()
@@ -259,7 +259,7 @@ def main() -> None:
 
     import torch
 
-    from frontend.config import EngineConfig
+    from frontend.engine.config import EngineConfig
     from gpu_workers import ModelConfig
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -90,7 +90,7 @@ def main() -> None:
         out = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
         model_dir = str(make_random(args.make_random, out, args.device))
     elif model_dir is None:
-        from frontend.default_model import default_model_dir
+        from frontend.embedded_model import default_model_dir
 
         model_dir = default_model_dir()
     max_model_len = args.prefix_len + hi + args.max_tokens

@@ -30,8 +30,8 @@ from bench_offline import SHAPES, make_random
 from bench_pipeline import write_synthetic_tokenizer
 
 from frontend import AsyncClient, SamplingParams
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
 
 
 @dataclass

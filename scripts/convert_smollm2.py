@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from frontend.default_model import convert_gguf, default_model_dir
+from frontend.embedded_model import convert_gguf, default_model_dir
 
 
 def main() -> None:

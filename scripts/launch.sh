@@ -5,4 +5,4 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="${here}${PYTHONPATH:+:${PYTHONPATH}}"
-exec "${PYTHON:-python3}" -m frontend.launch "$@"
+exec "${PYTHON:-python3}" -m frontend.engine.cli "$@"

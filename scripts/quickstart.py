@@ -10,8 +10,8 @@ import sys
 import time
 
 from frontend import Client, SamplingParams
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from frontend import default_model as dm
+from frontend.embedded_model import cache as dm
+from frontend.embedded_model import gguf_convert
 
 needs_gguf = pytest.mark.skipif(
     dm._packaged_gguf() is None or importlib.util.find_spec("gguf") is None,
@@ -220,4 +221,4 @@ def test_unpermute_inverts_llama_cpp_rotary_order():
     # llama.cpp's order: within each head, rows [half0 | half1] become interleaved pairs.
     gguf_order = weight.reshape(heads, 2, head_dim // 2, cols).transpose(1, 2).reshape(-1, cols)
     assert not torch.equal(gguf_order, weight)
-    assert torch.equal(dm._unpermute_rotary(gguf_order, heads), weight)
+    assert torch.equal(gguf_convert._unpermute_rotary(gguf_order, heads), weight)

@@ -19,7 +19,7 @@ LAUNCH = str(ROOT / "scripts" / "launch.sh")
 def _nanopipe(*args: str) -> list[str]:
     exe = shutil.which("nanopipe")
     return [exe, *args] if exe else [sys.executable, "-c",
-                                     "import sys; from frontend.launch import main; "
+                                     "import sys; from frontend.engine.cli import main; "
                                      "sys.exit(main())", *args]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from frontend import Client, SamplingParams
-from frontend import default_model as dm
+from frontend.embedded_model import cache as dm
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,8 @@ def _free_port() -> int:
 
 def test_serve_http_reports_progress_and_exits_when_its_engine_dies(tiny_qwen3_dir):
     port = _free_port()
-    cmd = [sys.executable, "-c", "import sys; from frontend.launch import main; sys.exit(main())",
+    cmd = [sys.executable, "-c",
+           "import sys; from frontend.engine.cli import main; sys.exit(main())",
            "serve", tiny_qwen3_dir, "--device", "cpu", "--dtype", "float32",
            "--max-model-len", "128", "--max-num-batched-tokens", "256",
            "--port", str(port), "--served-model-name", "tiny-chat"]

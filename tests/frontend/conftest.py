@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from frontend.detokenizer_proc import DetokenizerConfig, run_detokenizer
-from frontend.tokenizer_proc import TokenizerConfig, run_tokenizer
+from frontend.actors.detokenizer import DetokenizerConfig, run_detokenizer
+from frontend.actors.tokenizer import TokenizerConfig, run_tokenizer
 from protocol import (
     AbortRequests,
     AddRequest,

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from frontend import AsyncClient, Client, EngineDeadError, RequestRejected
-from frontend.tokenizer_proc import error_delta
+from frontend.actors.tokenizer import error_delta
 from protocol import (
     MAX_FRAME_BYTES,
     AbortRequest,

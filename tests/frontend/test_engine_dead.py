@@ -88,7 +88,7 @@ def test_unreachable_address_fails_fast(tmp_path):
 def test_sigterm_stops_a_process_that_is_still_starting(tiny_qwen3_dir, tmp_path):
     import multiprocessing as mp
 
-    from frontend.tokenizer_proc import TokenizerConfig, run_tokenizer
+    from frontend.actors.tokenizer import TokenizerConfig, run_tokenizer
     from protocol import Endpoints
 
     os.makedirs(tmp_path / "run")
@@ -110,7 +110,7 @@ def test_sigterm_stops_a_process_that_is_still_starting(tiny_qwen3_dir, tmp_path
 
 PARENT = """
 import multiprocessing as mp, sys, time
-from frontend.tokenizer_proc import TokenizerConfig, run_tokenizer
+from frontend.actors.tokenizer import TokenizerConfig, run_tokenizer
 from protocol import Endpoints
 if __name__ == "__main__":
     endpoints = Endpoints.ipc(1, run_dir=sys.argv[2])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from frontend.incremental_detok import IncrementalDetokenizer, make_decode_fn
+from frontend.actors.incremental_detok import IncrementalDetokenizer, make_decode_fn
 
 TEXTS = [
     "The capital of France is Paris.",

@@ -8,8 +8,8 @@ import io
 import pytest
 from transformers import AutoTokenizer
 
-from frontend.incremental_detok import context_anchor, make_decode_fn
-from frontend.stdout_detokenizer import AttachError, StdoutPrinter, resolve_address
+from frontend.actors.incremental_detok import context_anchor, make_decode_fn
+from frontend.actors.stdout_detokenizer import AttachError, StdoutPrinter, resolve_address
 from protocol import TokenDeltas
 from protocol.engine_messages import WatchRequest
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from frontend.tokenize_pool import LARGE_JOB_BYTES, TokenizeJob, TokenizePool
+from frontend.actors.tokenize_pool import LARGE_JOB_BYTES, TokenizeJob, TokenizePool
 
 SMALL, LARGE = 10, LARGE_JOB_BYTES + 1
 

@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "http_api"))
 from http_serving import running_server  # noqa: E402
 
 from frontend import AsyncClient, Client
-from frontend.config import EngineConfig
-from frontend.http_server import create_app
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
+from frontend.openai_server.server import create_app
 from protocol import Decoder, ProtocolError, SamplingParams, TokenDeltas
 
 ENGINE = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=16,

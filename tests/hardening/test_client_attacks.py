@@ -13,8 +13,8 @@ import pytest
 import zmq
 
 from frontend import AsyncClient, Client, EngineDeadError, RequestRejected
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
 from protocol import (
     MAX_FRAME_BYTES,
     ClientHello,

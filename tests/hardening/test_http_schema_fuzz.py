@@ -19,15 +19,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from frontend.client import make_request
-from frontend.openai_schema import (
+from frontend.actors.request_validation import InvalidRequest, RequestValidator
+from frontend.client.sync_client import make_request
+from frontend.openai_server.schema import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     params_error,
     validation_error,
 )
-from frontend.request_validation import InvalidRequest, RequestValidator
 from protocol import Decoder, GenerateRequest, SamplingParamsError
 
 pytestmark = pytest.mark.slow

@@ -21,8 +21,8 @@ import zmq
 from pipeline_config import tiny_engine
 
 from frontend import Client
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
 from protocol import (
     AbortRequests,
     AddRequest,

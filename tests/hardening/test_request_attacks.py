@@ -11,8 +11,8 @@ import zmq
 from conftest import ENGINE, GREEDY, MAX_REQUEST_BYTES, PROMPT, DeltaWatcher
 
 from frontend import Client, RequestRejected
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
 from protocol import AddRequest, SamplingParams, SamplingParamsError
 from protocol.client_messages import RequestFieldError
 from protocol.sockets import MessageSocket

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from frontend.outputs import (
+from frontend.client.outputs import (
     EngineDeadError,
     OutputCollector,
     RequestDelta,

@@ -10,9 +10,9 @@ import httpx
 from http_serving import running_server
 
 from frontend import AsyncClient, Client
-from frontend.config import EngineConfig
-from frontend.http_server import create_app
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
+from frontend.openai_server.server import create_app
 from protocol import SamplingParams
 
 ENGINE = dict(device="cpu", dtype="float32", max_model_len=512, max_num_seqs=4,

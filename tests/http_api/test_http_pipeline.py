@@ -20,9 +20,9 @@ import zmq
 from http_serving import running_server
 
 from frontend import AsyncClient, Client
-from frontend.config import EngineConfig
-from frontend.http_server import create_app
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
+from frontend.openai_server.server import create_app
 from protocol import Decoder, SamplingParams, TokenDeltas
 from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
 
@@ -280,7 +280,7 @@ def test_cli_serves_with_api_key(pipeline, direct, model):
     port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "frontend.http_server", "--address", pipeline.address,
+        [sys.executable, "-m", "frontend.openai_server.server", "--address", pipeline.address,
          "--port", str(port), "--api-key", "k3y", "--log-level", "warning"], env=env)
     url = f"http://127.0.0.1:{port}"
     try:

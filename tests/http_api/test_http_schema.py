@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from frontend.openai_schema import (
+from frontend.openai_server.schema import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,

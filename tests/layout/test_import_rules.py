@@ -23,7 +23,9 @@ ALLOWED = {
     "frontend": {"protocol"},
 }
 # Modules of the frontend that start or configure the other actors.
-STARTERS = {"frontend/launcher.py", "frontend/config.py", "frontend/preflight.py"}
+STARTERS = {
+    "frontend/engine/pipeline.py", "frontend/engine/config.py", "frontend/engine/preflight.py",
+}
 FORBIDDEN_THIRD_PARTY = {"scheduler_proc": {"torch", "triton"}, "protocol": {"torch", "triton"}}
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pipeline_config import tiny_engine
 
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import zmq
 from pipeline_config import kv_bytes_per_token, tiny_engine
 
 from frontend import Client, RequestRejected
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline, StartupError
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline, StartupError
 from protocol import ClientHello, GenerateRequest, ResultDelta, SamplingParams, encode
 from protocol.codec import Decoder
 

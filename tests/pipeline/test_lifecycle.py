@@ -15,8 +15,8 @@ from pipeline_config import tiny_engine
 from process_watch import alive, descendants
 
 from frontend import Client, EngineDeadError
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
 from protocol import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_a_dead_process_fails_in_flight_and_new_requests(tiny_qwen3_dir, role):
 def test_stdout_detokenizer_prints_generated_text(tiny_qwen3_dir):
     with Pipeline(EngineConfig(**tiny_engine(tiny_qwen3_dir))) as pipeline:
         printer = subprocess.Popen(
-            [sys.executable, "-m", "frontend.stdout_detokenizer", "--model", tiny_qwen3_dir,
+            [sys.executable, "-m", "frontend.actors.stdout_detokenizer", "--model", tiny_qwen3_dir,
              pipeline.endpoints.deltas_pub],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         )

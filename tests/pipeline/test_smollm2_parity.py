@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from frontend import Client, SamplingParams
-from frontend import default_model as dm
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline
+from frontend.embedded_model import cache as dm
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
 
 QUESTIONS = [
     "What is the capital of France?",

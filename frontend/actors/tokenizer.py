@@ -5,9 +5,9 @@ the detokenizer about a request before the scheduler hears of it (so results alw
 their route). Bad input is answered on the spot and never reaches the rest of the pipeline.
 
 No client can stall another: the I/O loop only measures and classifies request frames; a
-prompt too large to fit max_model_len is refused by its size (frontend/prompt_limits.py), and
+prompt too large to fit max_model_len is refused by its size (frontend/actors/prompt_limits.py), and
 the rest is decoded, validated and tokenized by a small pool of threads
-(frontend/tokenize_pool.py). An abort that arrives while its request is still being
+(frontend/actors/tokenize_pool.py). An abort that arrives while its request is still being
 tokenized is honoured: the request never reaches the scheduler and ends with "abort".
 Every error a client can cause carries its request id whenever the frame's first bytes hold
 one; a REQ peer gets its error inside the envelope it can read.
@@ -27,10 +27,10 @@ from typing import Any
 
 import zmq
 
-from frontend.incremental_detok import PROMPT_TAIL_TOKENS
-from frontend.prompt_limits import PromptLimits
-from frontend.request_validation import InvalidRequest, RequestValidator, salvage_request_id
-from frontend.tokenize_pool import LARGE_JOB_BYTES, TokenizeJob, TokenizePool
+from frontend.actors.incremental_detok import PROMPT_TAIL_TOKENS
+from frontend.actors.prompt_limits import PromptLimits
+from frontend.actors.request_validation import InvalidRequest, RequestValidator, salvage_request_id
+from frontend.actors.tokenize_pool import LARGE_JOB_BYTES, TokenizeJob, TokenizePool
 from protocol import (
     AbortRequest,
     AbortRequests,
@@ -365,7 +365,7 @@ def run_tokenizer(config: TokenizerConfig, endpoints: Endpoints) -> None:
 
 
 def main() -> None:
-    """`python -m frontend.tokenizer_proc`, started by the launcher (spec on stdin)."""
+    """`python -m frontend.actors.tokenizer`, started by the launcher (spec on stdin)."""
     start = read_start()
     run_tokenizer(from_plain(TokenizerConfig, start.config["tokenizer"]),
                   from_plain(Endpoints, start.config["endpoints"]))

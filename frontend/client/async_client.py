@@ -17,7 +17,15 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from frontend.client import (
+from frontend.client.outputs import (
+    ClientClosedError,
+    EngineDeadError,
+    OutputCollector,
+    RequestDelta,
+    RequestOutput,
+    RequestRejected,
+)
+from frontend.client.sync_client import (
     CLOSE_LINGER_MS,
     CONNECT_TIMEOUT_S,
     DISCONNECT_GRACE_S,
@@ -33,14 +41,6 @@ from frontend.client import (
     monitor_event,
     refused,
     to_delta,
-)
-from frontend.outputs import (
-    ClientClosedError,
-    EngineDeadError,
-    OutputCollector,
-    RequestDelta,
-    RequestOutput,
-    RequestRejected,
 )
 from protocol import (
     AbortRequest,

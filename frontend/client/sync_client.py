@@ -28,7 +28,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from frontend.outputs import (
+from frontend.client.outputs import (
     ClientClosedError,
     EngineDeadError,
     OutputCollector,

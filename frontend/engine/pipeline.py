@@ -32,7 +32,7 @@ from typing import Any
 
 import zmq
 
-from frontend.config import EngineConfig
+from frontend.engine.config import EngineConfig
 from protocol import Endpoints, EngineDead, ProtocolError, Ready, StartupFailed
 from protocol.actor_start import ActorStart, encode_start, to_plain
 from protocol.control import StartupProgress
@@ -115,7 +115,7 @@ class Pipeline:
 
     def start(self) -> None:
         """Check the configuration, then start every process and wait for each READY."""
-        from frontend.preflight import check_config
+        from frontend.engine.preflight import check_config
 
         try:
             check_config(self.config)
@@ -165,15 +165,15 @@ class Pipeline:
                        " starting the scheduler, tokenizer and detokenizer")
         self._spawn("scheduler", 0, "scheduler_proc.scheduler_loop",
                     {"scheduler": to_plain(sched_cfg), "world_size": tp})
-        self._spawn("detokenizer", 0, "frontend.detokenizer_proc",
+        self._spawn("detokenizer", 0, "frontend.actors.detokenizer",
                     {"detokenizer": to_plain(cfg.detokenizer_config())})
-        self._spawn("tokenizer", 0, "frontend.tokenizer_proc",
+        self._spawn("tokenizer", 0, "frontend.actors.tokenizer",
                     {"tokenizer": to_plain(cfg.tokenizer_config())})
         self._await_ready({("scheduler", 0), ("detokenizer", 0), ("tokenizer", 0)}, deadline)
         if cfg.stdout:
             # Over tcp the run directory holds the credentials of the internal links.
             target = ep.deltas_pub if ep.keys is None else ep.run_dir
-            self._spawn("stdout_detokenizer", 0, "frontend.stdout_detokenizer", {},
+            self._spawn("stdout_detokenizer", 0, "frontend.actors.stdout_detokenizer", {},
                         argv=["--model", cfg.model_dir, "--control", ep.control, target])
             # Ready means subscribed: every request sent after "ready" is printed.
             self._await_ready({("stdout_detokenizer", 0)}, deadline)

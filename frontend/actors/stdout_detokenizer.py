@@ -1,6 +1,6 @@
 """Watch a running pipeline: print every request's text as it is generated.
 
-    python -m frontend.stdout_detokenizer --model DIR ADDRESS
+    python -m frontend.actors.stdout_detokenizer --model DIR ADDRESS
 
 ADDRESS is the pipeline's public client address (what the launcher prints as "clients
 connect to:"), its `deltas_pub` address, or its run directory (ipc pipelines). The printer
@@ -28,7 +28,7 @@ from typing import TextIO
 
 import zmq
 
-from frontend.incremental_detok import (
+from frontend.actors.incremental_detok import (
     DecodeFn,
     IncrementalDetokenizer,
     context_anchor,
@@ -232,7 +232,7 @@ def run_attached(model: str, address: str, skip_special_tokens: bool = True,
     with the reason. Exits with status 1 and a one-line message when attaching fails or the
     engine dies or falls silent.
     """
-    from frontend.tokenizer_proc import load_tokenizer
+    from frontend.actors.tokenizer import load_tokenizer
 
     out = out or sys.stdout
     rt = ProcessRuntime(PROG)

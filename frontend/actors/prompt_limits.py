@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from frontend.request_validation import InvalidRequest
+from frontend.actors.request_validation import InvalidRequest
 from protocol import MAX_FRAME_BYTES, GenerateRequest
 
 NORMALIZER_SHRINK = 3

@@ -12,7 +12,7 @@ import json
 import os
 import socket
 
-from frontend.config import EngineConfig
+from frontend.engine.config import EngineConfig
 
 
 def check_model_path(model: str) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 
 import zmq
 
-from frontend.client import ENGINE_DEAD_PREFIX, HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
-from frontend.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
-from frontend.tokenizer_proc import error_delta, load_tokenizer
+from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
+from frontend.actors.tokenizer import error_delta, load_tokenizer
+from frontend.client.sync_client import ENGINE_DEAD_PREFIX, HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
 from protocol import (
     AbortRequests,
     ClientHello,
@@ -331,7 +331,7 @@ def run_detokenizer(config: DetokenizerConfig, endpoints: Endpoints) -> None:
 
 
 def main() -> None:
-    """`python -m frontend.detokenizer_proc`, started by the launcher (spec on stdin)."""
+    """`python -m frontend.actors.detokenizer`, started by the launcher (spec on stdin)."""
     start = read_start()
     run_detokenizer(from_plain(DetokenizerConfig, start.config["detokenizer"]),
                     from_plain(Endpoints, start.config["endpoints"]))

@@ -59,7 +59,7 @@ class EngineConfig:
             if not os.path.isfile(os.path.join(self.model, "config.json")):
                 raise ValueError(f"{self.model!r} is not a model directory with a config.json")
             return self.model
-        from frontend.default_model import default_model_dir
+        from frontend.embedded_model import default_model_dir
 
         return default_model_dir()
 
@@ -122,13 +122,13 @@ class EngineConfig:
         )
 
     def tokenizer_config(self):
-        from frontend.tokenizer_proc import TokenizerConfig
+        from frontend.actors.tokenizer import TokenizerConfig
 
         return TokenizerConfig(model=self.model_dir, model_name=self.model_name,
                                max_model_len=self.resolved_max_model_len)
 
     def detokenizer_config(self):
-        from frontend.detokenizer_proc import DetokenizerConfig
+        from frontend.actors.detokenizer import DetokenizerConfig
 
         return DetokenizerConfig(model=self.model_dir)
 

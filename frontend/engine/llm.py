@@ -11,11 +11,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from frontend.async_client import AsyncClient
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline
-from frontend.outputs import OutputCollector
-from frontend.request_validation import CHAT_ROLES
+from frontend.actors.request_validation import CHAT_ROLES
+from frontend.client.async_client import AsyncClient
+from frontend.client.outputs import OutputCollector
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline
 from protocol import SamplingParams
 
 Prompt = str | list[int]
@@ -88,7 +88,7 @@ class LLM:
 
     @functools.cached_property
     def _chat_tokenizer(self) -> Any:
-        from frontend.tokenizer_proc import load_tokenizer
+        from frontend.actors.tokenizer import load_tokenizer
 
         return load_tokenizer(self.config.model_dir)
 

@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP server: FastAPI routes over one AsyncClient of a running pipeline.
 
-`python -m frontend.http_server --address PIPELINE_ADDRESS --port 8000` serves /v1/completions,
-/v1/chat/completions (streaming over SSE or not), /v1/models and /health on 127.0.0.1.
+`python -m frontend.openai_server.server --address PIPELINE_ADDRESS --port 8000` serves
+/v1/completions, /v1/chat/completions (streaming over SSE or not), /v1/models and /health
+on 127.0.0.1.
 A client that goes away aborts its request, so the engine stops spending KV blocks on it.
 """
 
@@ -22,7 +23,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from frontend.openai_schema import (
+from frontend.client.outputs import ClientClosedError, EngineDeadError, RequestRejected
+from frontend.openai_server.schema import (
     ApiError,
     ChatCompletionRequest,
     ChatFormat,
@@ -33,12 +35,11 @@ from frontend.openai_schema import (
     params_error,
     validation_error,
 )
-from frontend.outputs import ClientClosedError, EngineDeadError, RequestRejected
 from protocol import SamplingParams, SamplingParamsError
 from protocol.client_messages import RequestFieldError
 
 if TYPE_CHECKING:
-    from frontend.async_client import AsyncClient
+    from frontend.client.async_client import AsyncClient
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -378,7 +379,7 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
     """
     import uvicorn
 
-    from frontend.async_client import AsyncClient
+    from frontend.client.async_client import AsyncClient
 
     async def stop_with_engine(server: uvicorn.Server) -> None:
         while not server.should_exit:

@@ -16,9 +16,9 @@ import socket
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from frontend.config import EngineConfig
-from frontend.launcher import Pipeline, StartupError
-from frontend.preflight import check_port_free
+from frontend.engine.config import EngineConfig
+from frontend.engine.pipeline import Pipeline, StartupError
+from frontend.engine.preflight import check_port_free
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -204,10 +204,10 @@ def serve(args: argparse.Namespace) -> int:
         # Over tcp an attached tool needs the run's keys, kept in the private run directory.
         attach_at = pipeline.address if pipeline.endpoints.keys is None \
             else pipeline.endpoints.run_dir
-        print(f"attach a detokenizer: python -m frontend.stdout_detokenizer "
+        print(f"attach a detokenizer: python -m frontend.actors.stdout_detokenizer "
               f"--model {config.model_dir} {attach_at}", flush=True)
         if http_sock is not None:
-            from frontend.http_server import serve as serve_http
+            from frontend.openai_server.server import serve as serve_http
 
             host, port = http_sock.getsockname()[:2]
             print(f"HTTP API: http://{host}:{port}/v1", flush=True)
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def launch_main(argv: list[str] | None = None) -> int:
-    """`scripts/launch.sh ...` and `python -m frontend.launch ...`: `nanopipe serve` flags."""
+    """`scripts/launch.sh ...` and `python -m frontend.engine.cli ...`: `nanopipe serve` flags."""
     return serve(parse_serve_args(argv, prog="launch.sh"))
 
 

@@ -1,0 +1,21 @@
+"""The client library: `Client` (blocking), `AsyncClient` (asyncio) and their output types."""
+
+from frontend.client.async_client import AsyncClient
+from frontend.client.outputs import (
+    ClientClosedError,
+    EngineDeadError,
+    RequestDelta,
+    RequestOutput,
+    RequestRejected,
+)
+from frontend.client.sync_client import Client
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "ClientClosedError",
+    "EngineDeadError",
+    "RequestDelta",
+    "RequestOutput",
+    "RequestRejected",
+]
