@@ -50,6 +50,17 @@ def check_triton_layout(q, k_cache, v_cache, block_tables, *index_tensors) -> No
               "index tensors must be contiguous and on q's device")
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """`tl.dot` input precision for inputs of `dtype`, passed to the kernels as a constexpr.
+
+    Triton's default for float32 operands on NVIDIA GPUs is TF32 (10-bit mantissas, ~1e-3
+    relative error), which flips greedy tokens against a float32 reference: float32 asks
+    for IEEE dots. 16-bit inputs are exact in any mode and accumulate in float32; they keep
+    the default so their compiled kernels are unchanged.
+    """
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def gather_kv(
     cache: torch.Tensor, block_ids: torch.Tensor, length: int
 ) -> torch.Tensor:
@@ -63,7 +74,7 @@ def attn_tile(
     q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row_ptr, start, kv_end, pos, qk_scale,
     stride_kb, stride_ks, stride_vb, stride_vs, kv_head_off_k, kv_head_off_v,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """One online-softmax step over keys [start, start + BLOCK_N) of a paged sequence."""
     n = start + tl.arange(0, BLOCK_N)
@@ -88,7 +99,7 @@ def attn_tile(
     else:
         kt = tl.trans(tl.load(k_cache_ptr + kv_head_off_k + k_rows[:, None] + d[None, :]))
         v = tl.load(v_cache_ptr + kv_head_off_v + v_rows[:, None] + d[None, :])
-    s = tl.dot(q, kt) * qk_scale
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         keep = n[None, :] < kv_end
         if CAUSAL:
@@ -98,5 +109,5 @@ def attn_tile(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i

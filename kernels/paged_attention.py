@@ -14,6 +14,7 @@ from kernels._attn_common import (
     attn_tile,
     check_paged_inputs,
     check_triton_layout,
+    dot_precision,
     gather_kv,
 )
 from kernels._common import check, jit, next_pow2, require_triton, tl, use_triton
@@ -27,7 +28,7 @@ def _paged_attention_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # Programs are laid out as sum_b (q_len_b // BLOCK_Q + 1) query tiles; the first tile
     # of sequence b is cu_seqlens_q[b] // BLOCK_Q + b, so a binary search finds b without
@@ -79,13 +80,13 @@ def _paged_attention_kernel(
         acc, m_i, l_i = attn_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, kv_end, pos, qk_scale,
             stride_kb, stride_ks, stride_vb, stride_vs, k_head, v_head,
-            BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, True,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, True, DOT_PRECISION,
         )
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = attn_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, kv_end, pos, qk_scale,
             stride_kb, stride_ks, stride_vb, stride_vs, k_head, v_head,
-            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, True,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, True, DOT_PRECISION,
         )
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
@@ -131,7 +132,8 @@ def paged_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n,
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, num_warps=num_warps, num_stages=num_stages,
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out
 

@@ -12,7 +12,13 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kernels._attn_common import LOG2E, attn_tile, check_paged_inputs, check_triton_layout
+from kernels._attn_common import (
+    LOG2E,
+    attn_tile,
+    check_paged_inputs,
+    check_triton_layout,
+    dot_precision,
+)
 from kernels._common import cdiv, check, jit, next_pow2, require_triton, tl, use_triton
 
 MAX_SPLITS = 64
@@ -25,7 +31,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -51,14 +57,14 @@ def _decode_split_kernel(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n, end, g, qk_scale,
             stride_kb, stride_ks, stride_vb, stride_vs,
             kv_head * stride_kh, kv_head * stride_vh,
-            BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, False,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, False, DOT_PRECISION,
         )
     for n in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = attn_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n, end, g, qk_scale,
             stride_kb, stride_ks, stride_vb, stride_vs,
             kv_head * stride_kh, kv_head * stride_vh,
-            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, False,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, False, DOT_PRECISION,
         )
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     if not SPLIT:
@@ -160,7 +166,8 @@ def paged_decode_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        SPLIT=num_splits > 1, num_warps=num_warps, num_stages=num_stages,
+        SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
