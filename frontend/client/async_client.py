@@ -195,6 +195,8 @@ class _AsyncConnection:
                 core.on_timer(time.monotonic())
                 wait = core.wait_s(time.monotonic())
                 timeout_ms = None if wait is None else int(wait * 1000) + 1
+                if not core.handshaking:
+                    self._ready.set()
                 for sock, _ in await self.poller.poll(timeout_ms):
                     frames = await sock.recv_multipart()
                     if sock in self.monitors:
@@ -202,8 +204,6 @@ class _AsyncConnection:
                                         time.monotonic())
                     else:
                         self._apply(core.on_frame(self.links[sock], frames[-1]))
-                if not core.handshaking:
-                    self._ready.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never leave callers waiting on a dead reader

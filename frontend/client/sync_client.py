@@ -242,6 +242,8 @@ class _IOLoop:
         with self.conn.lock:
             self.core.on_timer(time.monotonic())
             wait = self.core.wait_s(time.monotonic())
+        if not self.core.handshaking:
+            self.conn.ready.set()
         for sock, _ in self.poller.poll(None if wait is None else int(wait * 1000) + 1):
             if sock == self.conn.wake_r:
                 if not self._drain_commands():
@@ -255,8 +257,6 @@ class _IOLoop:
                 with self.conn.lock:
                     actions = self.core.on_frame(self.links[sock], frames[-1])
                 self._apply(actions)
-        if not self.core.handshaking:
-            self.conn.ready.set()
         return True
 
     def _apply(self, actions: list[Action]) -> None:
