@@ -17,7 +17,6 @@ import zmq
 
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
 from frontend.actors.tokenizer import error_delta, load_tokenizer
-from frontend.client.sync_client import ENGINE_DEAD_PREFIX, HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
 from protocol import (
     AbortRequests,
     ClientHello,
@@ -32,6 +31,7 @@ from protocol import (
     TokenDeltas,
 )
 from protocol.actor_start import from_plain, read_start
+from protocol.client_link import ENGINE_DEAD_PREFIX, HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import RouterSocket
 

@@ -1,7 +1,7 @@
 """asyncio client of a running pipeline (zmq.asyncio; uvloop works if the caller installs it).
 
-Same wire conversation as `Client`: one reader task owns the receive side of both DEALER
-sockets and their monitors and routes deltas into per-request asyncio queues.
+Same ClientCore as `Client`: one reader task owns the receive side of both DEALER sockets and
+their monitors, feeds the core, and the core routes deltas into per-request asyncio queues.
 """
 
 from __future__ import annotations
@@ -17,42 +17,25 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from frontend.client.core import (
+    CONNECT_TIMEOUT_S,
+    Action,
+    ClientCore,
+    ConnectionInfo,
+    Link,
+    Open,
+    Phase,
+    make_request,
+)
 from frontend.client.outputs import (
     ClientClosedError,
     EngineDeadError,
     OutputCollector,
     RequestDelta,
     RequestOutput,
-    RequestRejected,
 )
-from frontend.client.sync_client import (
-    CLOSE_LINGER_MS,
-    CONNECT_TIMEOUT_S,
-    DISCONNECT_GRACE_S,
-    MONITOR_EVENTS,
-    ORPHAN_ERROR,
-    ConnectionInfo,
-    HandshakeWatch,
-    check_address,
-    configure_context,
-    error_for,
-    make_decoder,
-    make_request,
-    monitor_event,
-    refused,
-    to_delta,
-)
-from protocol import (
-    AbortRequest,
-    ClientHello,
-    ClientWelcome,
-    EngineDead,
-    ProtocolError,
-    ResultDelta,
-    ResultDeltaBatch,
-    SamplingParams,
-    encode,
-)
+from frontend.client.transport import check_address, close_links, monitor_event, open_link
+from protocol import SamplingParams
 
 
 class AsyncClient(ConnectionInfo):
@@ -65,35 +48,24 @@ class AsyncClient(ConnectionInfo):
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self._conn = _AsyncConnection(address)
+        self._core = self._conn.core
         # The reader task holds the connection, never the client: dropping the client frees it.
         self._finalizer = weakref.finalize(self, self._conn.close_soon)
         self._start_lock: asyncio.Lock | None = None
 
-    # ---------------------------------------------------------- connection
-
     async def start(self) -> None:
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
-        conn = self._conn
+        core = self._core
         async with self._start_lock:
-            if conn.welcome is not None:
+            if core.phase is Phase.READY:
                 return
-            if conn.closed:
+            if core.closed:
                 raise ClientClosedError("the client is closed")
-            if conn.dead is not None:
-                raise EngineDeadError(conn.dead)
+            if core.dead is not None:
+                raise EngineDeadError(core.dead)
             check_address(self.address)
-            conn.open(asyncio.get_running_loop())
-            try:
-                await asyncio.wait_for(conn.handshake(), self.connect_timeout)
-            except (asyncio.TimeoutError, EngineDeadError) as exc:
-                reason = (str(exc) if isinstance(exc, EngineDeadError) else
-                          f"no pipeline answered at {self.address} "
-                          f"within {self.connect_timeout}s")
-                conn.dead = reason
-                conn.release()
-                raise EngineDeadError(reason) from None
-            conn.reader = asyncio.ensure_future(conn.read_loop())
+            await self._conn.connect(asyncio.get_running_loop(), self.connect_timeout)
 
     # ---------------------------------------------------------- public API
 
@@ -139,16 +111,9 @@ class AsyncClient(ConnectionInfo):
         await self.start()
         request_id = uuid.uuid4().hex
         frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream)
-        conn = self._conn
-        if conn.closed:
-            raise ClientClosedError("the client is closed")
-        if conn.dead is not None:
-            raise EngineDeadError(conn.dead)
         q: asyncio.Queue = asyncio.Queue()
-        conn.queues[request_id] = q
-        conn.unanswered.add(request_id)
-        assert conn.requests is not None
-        conn.requests.send(frame, zmq.NOBLOCK)
+        self._core.submit(request_id, q.put_nowait)
+        self._conn.send(frame)
         return request_id, q
 
     async def _next(self, request_id: str, q: asyncio.Queue) -> RequestDelta:
@@ -166,142 +131,85 @@ class AsyncClient(ConnectionInfo):
 
 
 class _AsyncConnection:
-    """The sockets, queues and reader of one AsyncClient, on the loop that opened them."""
+    """The sockets and reader of one AsyncClient, on the loop that opened them."""
 
     def __init__(self, address: str) -> None:
-        self.address = address
-        self.client_id = uuid.uuid4().hex
-        self.welcome: ClientWelcome | None = None
-        self.decoder = make_decoder()
+        self.core = ClientCore(address)
         self.ctx: zmq.asyncio.Context | None = None
-        self.sockets: list[zmq.asyncio.Socket] = []
-        self.monitors: list[zmq.asyncio.Socket] = []
-        self.requests: zmq.asyncio.Socket | None = None
-        self.queues: dict[str, asyncio.Queue] = {}
-        self.unanswered: set[str] = set()
-        """Requests sent that have had no delta yet (see ORPHAN_ERROR in client.py)."""
+        self.sockets: dict[Link, zmq.asyncio.Socket] = {}
+        self.links: dict[zmq.asyncio.Socket, Link] = {}
+        self.monitors: dict[zmq.asyncio.Socket, Link] = {}
+        self.poller = zmq.asyncio.Poller()
         self.reader: asyncio.Task | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.dead: str | None = None
-        self.closed = False
+        self._ready: asyncio.Event | None = None
         self._closing: asyncio.Task | None = None
 
-    def open(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.ctx = zmq.asyncio.Context()
-        configure_context(self.ctx)
+    @property
+    def closed(self) -> bool:
+        return self.core.closed
 
-    async def handshake(self) -> None:
-        self.requests = self._dealer(self.address)
-        welcome = await self._await_welcome(self.requests, self.address)
-        results = self._dealer(welcome.results_address)
-        await self._await_welcome(results, welcome.results_address)
-        self.welcome = welcome
-
-    def _dealer(self, address: str) -> zmq.asyncio.Socket:
-        assert self.ctx is not None
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self.client_id.encode())
-        self.monitors.append(sock.get_monitor_socket(MONITOR_EVENTS))
-        sock.connect(address)
-        sock.send(encode(ClientHello(self.client_id)), zmq.NOBLOCK)
-        self.sockets.append(sock)
-        return sock
-
-    async def _await_welcome(self, sock: zmq.asyncio.Socket, address: str) -> ClientWelcome:
-        """The socket's welcome; EngineDeadError at once if nothing listens at `address`."""
-        monitor = self.monitors[self.sockets.index(sock)]
-        watch = HandshakeWatch()
-        poller = zmq.asyncio.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        while True:
-            for ready, _ in await poller.poll():
-                frames = await ready.recv_multipart()
-                if ready is monitor:
-                    if watch.gave_up(monitor_event(frames)):
-                        raise EngineDeadError(refused(address))
-                    continue
-                try:
-                    msg = self.decoder.decode(frames[-1])
-                except ProtocolError:
-                    continue
-                if isinstance(msg, ClientWelcome):
-                    return msg
-                if isinstance(msg, EngineDead):
-                    raise EngineDeadError(msg.reason)
-
-    async def read_loop(self) -> None:
-        poller = zmq.asyncio.Poller()
-        for sock in (*self.sockets, *self.monitors):
-            poller.register(sock, zmq.POLLIN)
+    async def connect(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        """Run the handshake; EngineDeadError (and everything released) if it fails."""
+        core = self.core
+        if self.reader is None:  # else a cancelled start() left the handshake running
+            self.loop = loop
+            self.ctx = zmq.asyncio.Context()
+            self._ready = asyncio.Event()
+            self._apply([core.start()])
+            self.reader = asyncio.ensure_future(self._read_loop())
+        assert self._ready is not None
         try:
-            lost_at: float | None = None
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            core.fail_all(f"no pipeline answered at {core.address} within {timeout}s")
+        if core.phase is not Phase.READY:
+            await self._stop_reader()
+            self.release()
+            raise EngineDeadError(core.dead)
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Open):
+                assert self.ctx is not None
+                sock, monitor = open_link(self.ctx, self.core, action)
+                self.sockets[action.link] = sock
+                self.links[sock] = action.link
+                self.monitors[monitor] = action.link
+                self.poller.register(sock, zmq.POLLIN)
+                self.poller.register(monitor, zmq.POLLIN)
+            else:
+                self.send(action.frame)
+
+    def send(self, frame: bytes) -> None:
+        sock = self.sockets.get(Link.REQUESTS)
+        if sock is not None and not sock.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.send(frame, zmq.NOBLOCK)
+
+    async def _read_loop(self) -> None:
+        core = self.core
+        assert self._ready is not None
+        try:
             while True:
-                timeout_ms = None
-                if lost_at is not None:
-                    left = lost_at + DISCONNECT_GRACE_S - time.monotonic()
-                    if left <= 0:
-                        lost_at = None
-                        self.fail_all(f"lost the connection to the pipeline at "
-                                      f"{self.address}")
-                    else:
-                        timeout_ms = int(left * 1000) + 1
-                for sock, _ in await poller.poll(timeout_ms):
+                core.on_timer(time.monotonic())
+                wait = core.wait_s(time.monotonic())
+                timeout_ms = None if wait is None else int(wait * 1000) + 1
+                if not core.handshaking:
+                    self._ready.set()
+                for sock, _ in await self.poller.poll(timeout_ms):
                     frames = await sock.recv_multipart()
                     if sock in self.monitors:
-                        # Wait briefly for the EngineDead that names the dead process
-                        # (see DISCONNECT_GRACE_S) before failing with a bare disconnect.
-                        if (monitor_event(frames) == zmq.EVENT_DISCONNECTED
-                                and lost_at is None and self.dead is None):
-                            lost_at = time.monotonic()
+                        core.on_monitor(self.monitors[sock], monitor_event(frames),
+                                        time.monotonic())
                     else:
-                        self._on_frame(frames[-1])
+                        self._apply(core.on_frame(self.links[sock], frames[-1]))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never leave callers waiting on a dead reader
-            self.fail_all(f"client I/O failed: {exc!r}")
-
-    def _on_frame(self, frame: bytes) -> None:
-        try:
-            msg = self.decoder.decode(frame)
-        except ProtocolError:
-            return
-        if isinstance(msg, EngineDead):
-            self.fail_all(msg.reason)
-        elif isinstance(msg, ResultDeltaBatch):
-            for delta in msg.deltas:
-                self._on_delta(delta)
-        elif isinstance(msg, ResultDelta):
-            self._on_delta(msg)
-
-    def _on_delta(self, msg: ResultDelta) -> None:
-        if msg.error is not None and not msg.client_request_id:
-            self._fail_unanswered(msg.error)
-            return
-        self.unanswered.discard(msg.client_request_id)
-        q = self.queues.get(msg.client_request_id)
-        if q is None:
-            return
-        if msg.finish_reason is not None:
-            del self.queues[msg.client_request_id]
-        q.put_nowait(error_for(msg.error) if msg.error is not None else to_delta(msg))
-
-    def fail_all(self, reason: str) -> None:
-        if self.dead is None:
-            self.dead = reason
-        for q in self.queues.values():
-            q.put_nowait(EngineDeadError(reason))
-        self.queues.clear()
-        self.unanswered.clear()
-
-    def _fail_unanswered(self, error: str) -> None:
-        for request_id in sorted(self.unanswered):
-            q = self.queues.get(request_id)
-            if q is not None:
-                self.abort_nowait(request_id)
-                q.put_nowait(RequestRejected(ORPHAN_ERROR + error))
-        self.unanswered.clear()
+            core.fail_all(f"client I/O failed: {exc!r}")
+        finally:
+            self._ready.set()
 
     def abort_nowait(self, request_id: str) -> None:
         """Forget the request and tell the engine; safe from finalizers and other threads."""
@@ -315,30 +223,28 @@ class _AsyncConnection:
         if running is not loop:
             loop.call_soon_threadsafe(self.abort_nowait, request_id)
             return
-        self.queues.pop(request_id, None)
-        self.unanswered.discard(request_id)
-        if self.requests is not None and not self.requests.closed and self.dead is None:
-            with contextlib.suppress(zmq.ZMQError):
-                self.requests.send(encode(AbortRequest(request_id)), zmq.NOBLOCK)
+        self.core.forget(request_id)
+        action = self.core.abort(request_id)
+        if action is not None:
+            self.send(action.frame)
 
     async def aclose(self) -> None:
-        if self.closed:
+        if self.core.closed:
             return
-        self.closed = True
-        for request_id, q in list(self.queues.items()):
-            self.abort_nowait(request_id)
-            q.put_nowait(ClientClosedError(f"request {request_id}: the client was closed"))
-        self.queues.clear()
+        self._apply(self.core.close())
+        await self._stop_reader()
+        self.release()
+
+    async def _stop_reader(self) -> None:
         if self.reader is not None:
             self.reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.reader
-        self.release()
 
     def close_soon(self) -> None:
         """The client was dropped unclosed: close on its loop, if that loop still runs."""
         loop = self.loop
-        if self.closed or loop is None or loop.is_closed():
+        if self.core.closed or loop is None or loop.is_closed():
             return
         with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
             loop.call_soon_threadsafe(self._begin_close)
@@ -347,14 +253,12 @@ class _AsyncConnection:
         self._closing = asyncio.ensure_future(self.aclose())  # the loop keeps only weak refs
 
     def release(self) -> None:
-        for sock in self.sockets:
-            sock.disable_monitor()
-        for monitor in self.monitors:
-            monitor.close(linger=0)
-        for sock in self.sockets:
-            connected = sock is self.requests and self.welcome is not None
-            sock.close(linger=CLOSE_LINGER_MS if connected else 0)
+        close_links(self.sockets, list(self.monitors), self.core.welcome is not None)
+        for sock in (*self.sockets.values(), *self.monitors):
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(sock)
         self.sockets.clear()
+        self.links.clear()
         self.monitors.clear()
         if self.ctx is not None:
             self.ctx.term()

@@ -1,23 +1,17 @@
 """Blocking client of a running pipeline.
 
-A background I/O thread owns the two DEALER sockets (requests to the tokenizer, results
-from the detokenizer) and routes each ResultDelta into its request's queue; caller
-threads only enqueue commands and read their queues, so one Client serves many threads
-and many concurrent requests. A dead pipeline is noticed three ways: an EngineDead
-message, a dropped connection (socket monitor; ZMTP heartbeats turn a hung or
-unreachable peer into a dropped connection), or an optional per-request timeout.
-
-Nothing waits forever on a refusal: an ipc address without a socket file, or one where the
-connection is refused (ipc or tcp: zmq reports CONNECT_RETRIED), fails the handshake at once;
-a request too big for any pipeline to read is refused before it is sent; and an error the
-server could not attribute fails the requests it may belong to (ORPHAN_ERROR).
+A background I/O thread owns the two DEALER sockets (requests to the tokenizer, results from
+the detokenizer) and feeds what they and their monitors receive to the ClientCore, which
+routes each delta into its request's queue; caller threads only enqueue commands and read
+their queues, so one Client serves many threads and many concurrent requests. How a dead,
+refusing or unreachable pipeline is noticed is the core's business (see core.py); this
+module adds only the optional per-request timeout.
 """
 
 from __future__ import annotations
 
 import os
 import queue
-import stat
 import threading
 import time
 import uuid
@@ -26,174 +20,27 @@ from collections.abc import Iterator
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
+from frontend.client.core import (
+    CONNECT_TIMEOUT_S,
+    Action,
+    ClientCore,
+    ConnectionInfo,
+    Link,
+    Open,
+    Phase,
+    make_request,
+)
 from frontend.client.outputs import (
-    ClientClosedError,
     EngineDeadError,
     OutputCollector,
     RequestDelta,
     RequestOutput,
-    RequestRejected,
 )
-from protocol import (
-    MAX_FRAME_BYTES,
-    AbortRequest,
-    ChatMessage,
-    ClientHello,
-    ClientWelcome,
-    Decoder,
-    EngineDead,
-    GenerateRequest,
-    ProtocolError,
-    ResultDelta,
-    ResultDeltaBatch,
-    SamplingParams,
-    encode,
-)
-from protocol.client_messages import as_token_ids
+from frontend.client.transport import check_address, close_links, monitor_event, open_link
+from protocol import SamplingParams
 
-CONNECT_TIMEOUT_S = 60.0
-"""How long the handshake may take before the pipeline is declared unreachable."""
-DISCONNECT_GRACE_S = 3.0
-"""After a lost connection, how long to wait for the pipeline's EngineDead (which names the
-process that died and why) before failing requests with a bare "lost the connection"."""
-HEARTBEAT_IVL_MS = 1000
-HEARTBEAT_TIMEOUT_MS = 10_000
-CLOSE_LINGER_MS = 1000
-"""How long close() waits for its abort messages to leave."""
-REFUSALS_BEFORE_FAILING = 3
-"""Refused connection attempts (zmq retries every ~100 ms) before the handshake gives up:
-nothing listens there. More than one, so a listener's momentarily full backlog is no error."""
-MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
-
-
-# ------------------------------------------------------------ shared with AsyncClient
-
-
-def configure_context(ctx: zmq.Context) -> None:
-    """Defaults for every client socket: heartbeats so a silent peer counts as gone."""
-    ctx.setsockopt(zmq.LINGER, 0)
-    ctx.setsockopt(zmq.SNDHWM, 0)
-    ctx.setsockopt(zmq.RCVHWM, 0)
-    ctx.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-    ctx.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-
-
-def make_decoder() -> Decoder:
-    return Decoder(ClientWelcome, ResultDelta, ResultDeltaBatch, EngineDead)
-
-
-def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, messages: Any,
-                 params: SamplingParams | None, stream: bool) -> bytes:
-    """The encoded request; RequestRejected at once if no pipeline would read a frame so big."""
-    if prompt_token_ids is not None:
-        prompt_token_ids = as_token_ids(prompt_token_ids)
-    if messages is not None:
-        messages = [m if isinstance(m, ChatMessage) else ChatMessage(m["role"], m["content"])
-                    for m in messages]
-    frame = encode(GenerateRequest(
-        client_request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
-        messages=messages, params=params or SamplingParams(), stream=stream))
-    if len(frame) > MAX_FRAME_BYTES:
-        sizes = {"prompt": len(prompt or ""), "prompt_token_ids": len(prompt_token_ids or ()),
-                 "messages": sum(len(m.content) for m in messages or ())}
-        field = max(sizes, key=sizes.__getitem__)
-        raise RequestRejected(f"{field}: the request encodes to {len(frame)} bytes, over the "
-                              f"{MAX_FRAME_BYTES}-byte limit of one message; shorten the {field}")
-    return frame
-
-
-def check_address(address: str) -> None:
-    """Refuse at once an ipc address whose socket file is missing or is no socket: no
-    pipeline can answer there (a pipeline binds its socket before it reports ready)."""
-    if not address.startswith("ipc://"):
-        return
-    path = address[len("ipc://"):]
-    if path.startswith("@"):  # Linux abstract namespace: no file to look at
-        return
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise EngineDeadError(f"no pipeline at {address}: {path}: {exc.strerror}") from None
-    if not stat.S_ISSOCK(mode):
-        raise EngineDeadError(f"no pipeline at {address}: {path} is not a socket")
-
-
-def refused(address: str) -> str:
-    return f"no pipeline at {address}: the connection was refused (nothing listens there)"
-
-
-ORPHAN_ERROR = ("the pipeline refused a request it could not read, without saying which; "
-                "every request of this client still waiting for its first answer fails: ")
-"""An error delta with no request id (the server could not read the id from the frame) fails
-every request that has had no answer yet: the culprit is one of them, and a request that got
-an answer was read. Deterministic, and no request waits forever on a refusal; requests failed
-this way are also aborted, so the engine does not run them unseen."""
-
-
-def to_delta(msg: ResultDelta) -> RequestDelta:
-    top = None
-    if msg.top_token_ids is not None and msg.top_logprobs is not None:
-        top = [list(zip(ids, lps, strict=True))
-               for ids, lps in zip(msg.top_token_ids, msg.top_logprobs, strict=True)]
-    return RequestDelta(request_id=msg.client_request_id, text=msg.text,
-                        token_ids=msg.token_ids, finish_reason=msg.finish_reason,
-                        prompt_tokens=msg.prompt_tokens,
-                        completion_tokens=msg.completion_tokens, logprobs=msg.logprobs,
-                        top_logprobs=top)
-
-
-ENGINE_DEAD_PREFIX = "engine dead"
-"""Request errors that start with this mean the engine died, not that the input was bad."""
-
-
-def error_for(message: str) -> Exception:
-    if message.startswith(ENGINE_DEAD_PREFIX):
-        return EngineDeadError(message)
-    return RequestRejected(message)
-
-
-def monitor_event(monitor_frames: list[bytes]) -> int:
-    return parse_monitor_message(monitor_frames)["event"]
-
-
-class HandshakeWatch:
-    """Counts refused connection attempts of one socket until it first connects."""
-
-    def __init__(self) -> None:
-        self.connected = False
-        self.refusals = 0
-
-    def gave_up(self, event: int) -> bool:
-        """True when this event shows nothing listens at the address."""
-        if event == zmq.EVENT_CONNECTED:
-            self.connected = True
-        elif event == zmq.EVENT_CONNECT_RETRIED and not self.connected:
-            self.refusals += 1
-        return self.refusals >= REFUSALS_BEFORE_FAILING
-
-
-class ConnectionInfo:
-    """What Client and AsyncClient report about their connection (held in `_conn`)."""
-
-    _conn: Any
-
-    @property
-    def client_id(self) -> str:
-        return self._conn.client_id
-
-    @property
-    def welcome(self) -> ClientWelcome | None:
-        return self._conn.welcome
-
-    @property
-    def dead(self) -> bool:
-        """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
-        return self._conn.dead is not None
-
-
-# ------------------------------------------------------------ Client
+__all__ = ["Client", "ResultStream", "make_request"]
 
 
 class Client(ConnectionInfo):
@@ -210,11 +57,12 @@ class Client(ConnectionInfo):
         self.address = address
         self.timeout = timeout
         self._conn = _Connection(address)
+        self._core = self._conn.core
         # The I/O thread holds the connection, never the Client: dropping the Client frees it.
         self._finalizer = weakref.finalize(self, self._conn.close)
         self._conn.start()
-        if not self._conn.ready.wait(connect_timeout) or self._conn.welcome is None:
-            reason = (self._conn.dead
+        if not self._conn.ready.wait(connect_timeout) or self._core.phase is not Phase.READY:
+            reason = (self._core.dead
                       or f"no pipeline answered at {address} within {connect_timeout}s")
             self.close()
             raise EngineDeadError(reason)
@@ -255,8 +103,10 @@ class Client(ConnectionInfo):
 
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop a request; it then finishes with finish_reason "abort"."""
-        if not self._conn.closed:
-            self._conn.command(encode(AbortRequest(request_id)))
+        with self._conn.lock:
+            action = self._core.abort(request_id)
+        if action is not None:
+            self._conn.command(action.frame)
 
     def close(self) -> None:
         """Abort whatever is in flight and release the sockets."""
@@ -275,15 +125,9 @@ class Client(ConnectionInfo):
         request_id = uuid.uuid4().hex
         frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream)
         q: queue.SimpleQueue = queue.SimpleQueue()
-        conn = self._conn
-        with conn.lock:
-            if conn.closed:
-                raise ClientClosedError("the client is closed")
-            if conn.dead is not None:
-                raise EngineDeadError(conn.dead)
-            conn.queues[request_id] = q
-            conn.unanswered.add(request_id)
-        conn.command(frame)
+        with self._conn.lock:
+            self._core.submit(request_id, q.put)
+        self._conn.command(frame)
         return request_id, q
 
     def _next(self, request_id: str, q: queue.SimpleQueue) -> RequestDelta:
@@ -300,34 +144,31 @@ class Client(ConnectionInfo):
 
     def _forget(self, request_id: str) -> None:
         with self._conn.lock:
-            self._conn.queues.pop(request_id, None)
-            self._conn.unanswered.discard(request_id)
+            self._core.forget(request_id)
 
 
 class _Connection:
-    """What the I/O thread shares with its Client: request queues, the command pipe, the
-    zmq context. Sockets live on the I/O thread only; the thread tears everything down when
-    it stops, so close() works from any thread (a finalizer may run on the I/O thread)."""
+    """What the I/O thread shares with its Client: the core (under `lock`), the command pipe,
+    the zmq context. Sockets live on the I/O thread only; the thread tears everything down
+    when it stops, so close() works from any thread (a finalizer may run on the I/O thread)."""
 
     def __init__(self, address: str) -> None:
-        self.address = address
-        self.client_id = uuid.uuid4().hex
-        self.welcome: ClientWelcome | None = None
+        self.core = ClientCore(address)
         self.lock = threading.Lock()
-        self.queues: dict[str, queue.SimpleQueue] = {}
-        self.unanswered: set[str] = set()
-        """Requests sent that have had no delta yet (see ORPHAN_ERROR)."""
-        self.dead: str | None = None
-        self.closed = False
         self._released = False
-        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.commands: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        """Frames for the requests link; None stops the I/O thread."""
         self.wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self.ctx = zmq.Context()
-        configure_context(self.ctx)
         self.ready = threading.Event()
+        """Set once the handshake is over, whichever way it ended."""
         self._thread = threading.Thread(target=self._io_main, name="nanopipe-client-io",
                                         daemon=True)
+
+    @property
+    def closed(self) -> bool:
+        return self.core.closed
 
     def start(self) -> None:
         self._thread.start()
@@ -344,14 +185,12 @@ class _Connection:
 
     def close(self) -> None:
         with self.lock:
-            if self.closed:
+            if self.core.closed:
                 return
-            self.closed = True
-            pending = list(self.queues.items())
-            self.queues.clear()
-        for request_id, q in pending:
-            self.command(encode(AbortRequest(request_id)))
-            q.put(ClientClosedError(f"request {request_id}: the client was closed"))
+            actions = self.core.close()
+        for action in actions:
+            assert not isinstance(action, Open)
+            self.command(action.frame)
         self.command(None)
         if threading.current_thread() is not self._thread and self._thread.ident is not None:
             self._thread.join()
@@ -360,9 +199,10 @@ class _Connection:
 
     def _io_main(self) -> None:
         try:
-            _ClientIO(self).run()
+            _IOLoop(self).run()
         except Exception as exc:  # never leave callers waiting on a thread that died
-            self.fail_all(f"client I/O failed: {exc!r}")
+            with self.lock:
+                self.core.fail_all(f"client I/O failed: {exc!r}")
         finally:
             self.ready.set()
             self._release()
@@ -377,114 +217,65 @@ class _Connection:
             os.close(self._wake_w)
         self.ctx.term()
 
-    def route(self, msg: Any) -> None:
-        if isinstance(msg, EngineDead):
-            self.fail_all(msg.reason)
-            return
-        if isinstance(msg, ResultDeltaBatch):
-            for delta in msg.deltas:
-                self.route(delta)
-            return
-        if msg.error is not None and not msg.client_request_id:
-            self.fail_unanswered(msg.error)
-            return
-        with self.lock:
-            q = self.queues.get(msg.client_request_id)
-            self.unanswered.discard(msg.client_request_id)
-            if q is not None and msg.finish_reason is not None:
-                del self.queues[msg.client_request_id]
-        if q is None:
-            return  # aborted or timed out already
-        if msg.error is not None:
-            q.put(error_for(msg.error))
-        else:
-            q.put(to_delta(msg))
 
-    def fail_all(self, reason: str) -> None:
-        with self.lock:
-            if self.dead is None:
-                self.dead = reason
-            pending = list(self.queues.values())
-            self.queues.clear()
-            self.unanswered.clear()
-        for q in pending:
-            q.put(EngineDeadError(reason))
-
-    def fail_unanswered(self, error: str) -> None:
-        with self.lock:
-            failed = [(rid, self.queues.pop(rid)) for rid in sorted(self.unanswered)
-                      if rid in self.queues]
-            self.unanswered.clear()
-        for request_id, q in failed:
-            self.command(encode(AbortRequest(request_id)))
-            q.put(RequestRejected(ORPHAN_ERROR + error))
-
-
-class _ClientIO:
+class _IOLoop:
     """The I/O thread's state: sockets are made, used and closed on this thread only."""
 
     def __init__(self, conn: _Connection) -> None:
         self.conn = conn
-        self.decoder = make_decoder()
+        self.core = conn.core
         self.poller = zmq.Poller()
-        self.monitors: dict[zmq.Socket, tuple[str, HandshakeWatch]] = {}
-        self.sockets: list[zmq.Socket] = []
-        self.requests = self._dealer(conn.address)
-        self.results: zmq.Socket | None = None
-        self.lost_at: float | None = None
-        """When a connection dropped, while waiting for the EngineDead that explains it."""
+        self.sockets: dict[Link, zmq.Socket] = {}
+        self.links: dict[zmq.Socket, Link] = {}
+        self.monitors: dict[zmq.Socket, Link] = {}
         self.poller.register(conn.wake_r, zmq.POLLIN)
-
-    def _dealer(self, address: str) -> zmq.Socket:
-        sock = self.conn.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self.conn.client_id.encode())
-        monitor = sock.get_monitor_socket(MONITOR_EVENTS)
-        sock.connect(address)
-        sock.send(encode(ClientHello(self.conn.client_id)))
-        self.poller.register(sock, zmq.POLLIN)
-        self.poller.register(monitor, zmq.POLLIN)
-        self.sockets.append(sock)
-        self.monitors[monitor] = (address, HandshakeWatch())
-        return sock
+        self._apply([self.core.start()])
 
     def run(self) -> None:
         try:
             while self._step():
                 pass
         finally:
-            self._close()
+            close_links(self.sockets, list(self.monitors), self.core.welcome is not None)
 
     def _step(self) -> bool:
-        timeout_ms = None
-        if self.lost_at is not None:
-            left = self.lost_at + DISCONNECT_GRACE_S - time.monotonic()
-            if left <= 0:
-                self.lost_at = None
-                self.conn.fail_all(f"lost the connection to the pipeline at "
-                                   f"{self.conn.address}")
-            else:
-                timeout_ms = int(left * 1000) + 1
-        for sock, _ in self.poller.poll(timeout_ms):
+        with self.conn.lock:
+            self.core.on_timer(time.monotonic())
+            wait = self.core.wait_s(time.monotonic())
+        if not self.core.handshaking:
+            self.conn.ready.set()
+        for sock, _ in self.poller.poll(None if wait is None else int(wait * 1000) + 1):
             if sock == self.conn.wake_r:
                 if not self._drain_commands():
                     return False
             elif sock in self.monitors:
-                self._on_monitor(sock)
+                event = monitor_event(sock.recv_multipart())
+                with self.conn.lock:
+                    self.core.on_monitor(self.monitors[sock], event, time.monotonic())
             else:
-                self._on_frame(sock)
+                frames = sock.recv_multipart()
+                with self.conn.lock:
+                    actions = self.core.on_frame(self.links[sock], frames[-1])
+                self._apply(actions)
         return True
 
-    def _on_monitor(self, monitor: zmq.Socket) -> None:
-        event = monitor_event(monitor.recv_multipart())
-        address, watch = self.monitors[monitor]
-        if event == zmq.EVENT_DISCONNECTED:
-            # The surviving processes relay the launcher's EngineDead with the reason;
-            # give it a moment to arrive so every client learns the same, deterministic one.
-            if self.lost_at is None and self.conn.dead is None:
-                self.lost_at = time.monotonic()
-        elif watch.gave_up(event) and not self.conn.ready.is_set():
-            self.conn.fail_all(refused(address))
-            self.conn.ready.set()
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Open):
+                sock, monitor = open_link(self.conn.ctx, self.core, action)
+                self.sockets[action.link] = sock
+                self.links[sock] = action.link
+                self.monitors[monitor] = action.link
+                self.poller.register(sock, zmq.POLLIN)
+                self.poller.register(monitor, zmq.POLLIN)
+            else:
+                self._send(action.frame)
+
+    def _send(self, frame: bytes) -> None:
+        try:
+            self.sockets[Link.REQUESTS].send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def _drain_commands(self) -> bool:
         os.read(self.conn.wake_r, 4096)
@@ -495,42 +286,7 @@ class _ClientIO:
                 return True
             if frame is None:
                 return False
-            try:
-                self.requests.send(frame, zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-
-    def _on_frame(self, sock: zmq.Socket) -> None:
-        frames = sock.recv_multipart()
-        try:
-            msg = self.decoder.decode(frames[-1])
-        except ProtocolError:
-            return  # not ours to crash on; the engine never sends these
-        if isinstance(msg, ClientWelcome):
-            self._on_welcome(sock, msg)
-        elif isinstance(msg, EngineDead) and not self.conn.ready.is_set():
-            self.conn.fail_all(msg.reason)
-            self.conn.ready.set()
-        else:
-            self.conn.route(msg)
-
-    def _on_welcome(self, sock: zmq.Socket, msg: ClientWelcome) -> None:
-        if sock is self.requests and self.results is None:
-            self.results = self._dealer(msg.results_address)
-            self.welcome = msg
-        elif sock is self.results and not self.conn.ready.is_set():
-            self.conn.welcome = self.welcome
-            self.conn.ready.set()
-
-    def _close(self) -> None:
-        for sock in self.sockets:
-            sock.disable_monitor()
-        for monitor in self.monitors:
-            monitor.close(linger=0)
-        # Once connected, the tokenizer socket lingers briefly so close()'s aborts get out.
-        self.requests.close(linger=CLOSE_LINGER_MS if self.conn.welcome else 0)
-        if self.results is not None:
-            self.results.close(linger=0)
+            self._send(frame)
 
 
 class ResultStream(Iterator[RequestDelta]):

@@ -1,0 +1,326 @@
+"""The client's half of the connection protocol, with no I/O in it.
+
+`Client` (an I/O thread) and `AsyncClient` (a reader task) both drive one `ClientCore`: they
+open the sockets it asks for, feed it every frame and socket-monitor event that arrives, and
+carry out what it returns. The core alone decides the two-step handshake, which request a
+delta belongs to, and which requests fail, and why, when the pipeline refuses, dies or
+drops the connection. It is not thread-safe: the blocking client calls it under one lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from frontend.client.outputs import (
+    ClientClosedError,
+    EngineDeadError,
+    RequestDelta,
+    RequestRejected,
+)
+from protocol import (
+    MAX_FRAME_BYTES,
+    AbortRequest,
+    ChatMessage,
+    ClientHello,
+    ClientWelcome,
+    Decoder,
+    EngineDead,
+    GenerateRequest,
+    ProtocolError,
+    ResultDelta,
+    ResultDeltaBatch,
+    SamplingParams,
+    encode,
+)
+from protocol.client_link import ENGINE_DEAD_PREFIX
+from protocol.client_messages import as_token_ids
+
+CONNECT_TIMEOUT_S = 60.0
+"""How long the handshake may take before the pipeline is declared unreachable."""
+DISCONNECT_GRACE_S = 3.0
+"""After a lost connection, how long to wait for the pipeline's EngineDead (which names the
+process that died and why) before failing requests with a bare "lost the connection"."""
+REFUSALS_BEFORE_FAILING = 3
+"""Refused connection attempts (zmq retries every ~100 ms) before the handshake gives up:
+nothing listens there. More than one, so a listener's momentarily full backlog is no error."""
+ORPHAN_ERROR = ("the pipeline refused a request it could not read, without saying which; "
+                "every request of this client still waiting for its first answer fails: ")
+"""An error delta with no request id (the server could not read the id from the frame) fails
+every request that has had no answer yet: the culprit is one of them, and a request that got
+an answer was read. Deterministic, and no request waits forever on a refusal; requests failed
+this way are also aborted, so the engine does not run them unseen."""
+
+
+def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, messages: Any,
+                 params: SamplingParams | None, stream: bool) -> bytes:
+    """The encoded request; RequestRejected at once if no pipeline would read a frame so big."""
+    if prompt_token_ids is not None:
+        prompt_token_ids = as_token_ids(prompt_token_ids)
+    if messages is not None:
+        messages = [m if isinstance(m, ChatMessage) else ChatMessage(m["role"], m["content"])
+                    for m in messages]
+    frame = encode(GenerateRequest(
+        client_request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
+        messages=messages, params=params or SamplingParams(), stream=stream))
+    if len(frame) > MAX_FRAME_BYTES:
+        sizes = {"prompt": len(prompt or ""), "prompt_token_ids": len(prompt_token_ids or ()),
+                 "messages": sum(len(m.content) for m in messages or ())}
+        field = max(sizes, key=sizes.__getitem__)
+        raise RequestRejected(f"{field}: the request encodes to {len(frame)} bytes, over the "
+                              f"{MAX_FRAME_BYTES}-byte limit of one message; shorten the {field}")
+    return frame
+
+
+def outcome(msg: ResultDelta) -> RequestDelta | Exception:
+    """What one result means to its caller: the only place the client reads error texts."""
+    if msg.error is not None:
+        if msg.error.startswith(ENGINE_DEAD_PREFIX):
+            return EngineDeadError(msg.error)
+        return RequestRejected(msg.error)
+    top = None
+    if msg.top_token_ids is not None and msg.top_logprobs is not None:
+        top = [list(zip(ids, lps, strict=True))
+               for ids, lps in zip(msg.top_token_ids, msg.top_logprobs, strict=True)]
+    return RequestDelta(request_id=msg.client_request_id, text=msg.text,
+                        token_ids=msg.token_ids, finish_reason=msg.finish_reason,
+                        prompt_tokens=msg.prompt_tokens,
+                        completion_tokens=msg.completion_tokens, logprobs=msg.logprobs,
+                        top_logprobs=top)
+
+
+def refused(address: str) -> str:
+    return f"no pipeline at {address}: the connection was refused (nothing listens there)"
+
+
+class Link(enum.Enum):
+    REQUESTS = "requests"
+    """DEALER to the tokenizer: requests and aborts out; its welcome and refusals back."""
+    RESULTS = "results"
+    """DEALER to the detokenizer: results back."""
+
+
+class Phase(enum.Enum):
+    CONNECTING = enum.auto()
+    """Hello sent to the tokenizer; waiting for its welcome (which names the results link)."""
+    JOINING = enum.auto()
+    """Hello sent on the results link; waiting for the detokenizer's welcome."""
+    READY = enum.auto()
+    FAILED = enum.auto()
+    """The handshake ended without a pipeline: `ClientCore.dead` says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    """Connect a DEALER (identity: the client id) for `link` to `address`, then send `hello`."""
+
+    link: Link
+    address: str
+    hello: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send `frame` on the requests link."""
+
+    frame: bytes
+
+
+Action = Open | Send
+Sink = Callable[[RequestDelta | Exception], None]
+"""Where a request's deltas go (a queue's put); an exception is its last item."""
+
+
+class HandshakeWatch:
+    """Counts refused connection attempts of one link until it first connects."""
+
+    def __init__(self) -> None:
+        self.connected = False
+        self.refusals = 0
+
+    def gave_up(self, event: int) -> bool:
+        """True when this event shows nothing listens at the address."""
+        if event == zmq.EVENT_CONNECTED:
+            self.connected = True
+        elif event == zmq.EVENT_CONNECT_RETRIED and not self.connected:
+            self.refusals += 1
+        return self.refusals >= REFUSALS_BEFORE_FAILING
+
+
+class ClientCore:
+    """The state of one client's connection: handshake, in-flight requests, death."""
+
+    def __init__(self, address: str, client_id: str | None = None) -> None:
+        self.address = address
+        self.client_id = client_id or uuid.uuid4().hex
+        self.phase = Phase.CONNECTING
+        self.welcome: ClientWelcome | None = None
+        """The tokenizer's welcome, once both links are up."""
+        self.dead: str | None = None
+        """Why the pipeline is gone; every request then fails with EngineDeadError."""
+        self.closed = False
+        self.lost_at: float | None = None
+        """When a connection dropped, while waiting for the EngineDead that explains it."""
+        self._decoder = Decoder(ClientWelcome, ResultDelta, ResultDeltaBatch, EngineDead)
+        self._sinks: dict[str, Sink] = {}
+        self._unanswered: set[str] = set()
+        """Requests sent that have had no delta yet (see ORPHAN_ERROR)."""
+        self._addresses = {Link.REQUESTS: address}
+        self._watches = {Link.REQUESTS: HandshakeWatch(), Link.RESULTS: HandshakeWatch()}
+        self._first_welcome: ClientWelcome | None = None
+
+    @property
+    def handshaking(self) -> bool:
+        return self.phase in (Phase.CONNECTING, Phase.JOINING)
+
+    def start(self) -> Open:
+        """The first action: open the requests link."""
+        return Open(Link.REQUESTS, self.address, encode(ClientHello(self.client_id)))
+
+    # ---------------------------------------------------------- what arrives
+
+    def on_frame(self, link: Link, frame: bytes) -> list[Action]:
+        try:
+            msg = self._decoder.decode(frame)
+        except ProtocolError:
+            return []  # not ours to crash on; the engine never sends these
+        if isinstance(msg, ClientWelcome):
+            return self._on_welcome(link, msg)
+        if isinstance(msg, EngineDead):
+            self.fail_all(msg.reason)
+            return []
+        deltas = msg.deltas if isinstance(msg, ResultDeltaBatch) else [msg]
+        actions: list[Action] = []
+        for delta in deltas:
+            actions += self._route(delta)
+        return actions
+
+    def on_monitor(self, link: Link, event: int, now: float) -> None:
+        if event == zmq.EVENT_DISCONNECTED:
+            # The surviving processes relay the launcher's EngineDead with the reason; give it
+            # a moment to arrive so every client learns the same, deterministic one.
+            if self.lost_at is None and self.dead is None:
+                self.lost_at = now
+        elif self._watches[link].gave_up(event) and self.handshaking:
+            self.fail_all(refused(self._addresses[link]))
+
+    def wait_s(self, now: float) -> float | None:
+        """How long the driver may wait for I/O before calling on_timer (None: forever)."""
+        if self.lost_at is None:
+            return None
+        return max(0.0, self.lost_at + DISCONNECT_GRACE_S - now)
+
+    def on_timer(self, now: float) -> None:
+        if self.lost_at is not None and now >= self.lost_at + DISCONNECT_GRACE_S:
+            self.lost_at = None
+            self.fail_all(f"lost the connection to the pipeline at {self.address}")
+
+    def _on_welcome(self, link: Link, msg: ClientWelcome) -> list[Action]:
+        if link is Link.REQUESTS and self.phase is Phase.CONNECTING:
+            self._first_welcome = msg
+            self._addresses[Link.RESULTS] = msg.results_address
+            self.phase = Phase.JOINING
+            return [Open(Link.RESULTS, msg.results_address, encode(ClientHello(self.client_id)))]
+        if link is Link.RESULTS and self.phase is Phase.JOINING:
+            self.welcome = self._first_welcome
+            self.phase = Phase.READY
+        return []
+
+    def _route(self, msg: ResultDelta) -> list[Action]:
+        request_id = msg.client_request_id
+        if msg.error is not None and not request_id:
+            return self._fail_unanswered(msg.error)
+        self._unanswered.discard(request_id)
+        sink = self._sinks.get(request_id)
+        if sink is None:
+            return []  # aborted or timed out already
+        if msg.finish_reason is not None:
+            del self._sinks[request_id]
+        sink(outcome(msg))
+        return []
+
+    def _fail_unanswered(self, error: str) -> list[Action]:
+        actions: list[Action] = []
+        for request_id in sorted(self._unanswered):
+            sink = self._sinks.pop(request_id, None)
+            if sink is not None:
+                actions.append(Send(encode(AbortRequest(request_id))))
+                sink(RequestRejected(ORPHAN_ERROR + error))
+        self._unanswered.clear()
+        return actions
+
+    # ---------------------------------------------------------- what the caller does
+
+    def submit(self, request_id: str, sink: Sink) -> None:
+        """Track a request about to be sent; refuses once the client is closed or dead."""
+        if self.closed:
+            raise ClientClosedError("the client is closed")
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
+        self._sinks[request_id] = sink
+        self._unanswered.add(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """The caller stopped waiting for the request: its later deltas are dropped."""
+        self._sinks.pop(request_id, None)
+        self._unanswered.discard(request_id)
+
+    def abort(self, request_id: str) -> Send | None:
+        """The frame that stops a request at the engine; None when nothing would read it."""
+        if self.closed or self.dead is not None:
+            return None
+        return Send(encode(AbortRequest(request_id)))
+
+    def fail_all(self, reason: str) -> None:
+        """The pipeline is gone: every request in flight fails, and so will later ones."""
+        if self.dead is None:
+            self.dead = reason
+        if self.handshaking:
+            self.phase = Phase.FAILED
+        sinks = list(self._sinks.values())
+        self._sinks.clear()
+        self._unanswered.clear()
+        for sink in sinks:
+            sink(EngineDeadError(reason))
+
+    def close(self) -> list[Action]:
+        """Fail what is in flight with ClientClosedError; returns the aborts to send."""
+        if self.closed:
+            return []
+        self.closed = True
+        pending = list(self._sinks.items())
+        self._sinks.clear()
+        self._unanswered.clear()
+        actions: list[Action] = []
+        for request_id, sink in pending:
+            actions.append(Send(encode(AbortRequest(request_id))))
+            sink(ClientClosedError(f"request {request_id}: the client was closed"))
+        return actions
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._sinks)
+
+
+class ConnectionInfo:
+    """What Client and AsyncClient report about their connection (their `_core`)."""
+
+    _core: ClientCore
+
+    @property
+    def client_id(self) -> str:
+        return self._core.client_id
+
+    @property
+    def welcome(self) -> ClientWelcome | None:
+        return self._core.welcome
+
+    @property
+    def dead(self) -> bool:
+        """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
+        return self._core.dead is not None

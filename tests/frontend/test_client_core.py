@@ -1,0 +1,261 @@
+"""The client's connection protocol on its own: frames and monitor events in, outcomes out.
+
+No sockets and no processes: each test feeds ClientCore what the pipeline would send and
+checks what reaches each request and what the core asks its driver to send or open.
+"""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from frontend.client.core import (
+    DISCONNECT_GRACE_S,
+    ORPHAN_ERROR,
+    REFUSALS_BEFORE_FAILING,
+    ClientCore,
+    Link,
+    Open,
+    Phase,
+    Send,
+)
+from frontend.client.outputs import (
+    ClientClosedError,
+    EngineDeadError,
+    RequestDelta,
+    RequestRejected,
+)
+from protocol import (
+    AbortRequest,
+    ClientHello,
+    ClientWelcome,
+    Decoder,
+    EngineDead,
+    ResultDelta,
+    ResultDeltaBatch,
+    encode,
+)
+from protocol.client_link import ENGINE_DEAD_PREFIX
+
+ADDRESS = "tcp://127.0.0.1:5555"
+RESULTS = "tcp://127.0.0.1:5556"
+WELCOME = ClientWelcome(results_address=RESULTS, model="tiny", max_model_len=128)
+SENT = Decoder(AbortRequest, ClientHello)
+"""Reads what the core sends, as the tokenizer would."""
+
+
+def delta(request_id: str, text: str = "", finish: str | None = None,
+          error: str | None = None, token_ids: list[int] | None = None) -> ResultDelta:
+    return ResultDelta(client_request_id=request_id, text=text, token_ids=token_ids or [],
+                       finish_reason="error" if error else finish, prompt_tokens=3,
+                       completion_tokens=len(token_ids or []), logprobs=None, error=error)
+
+
+def ready_core() -> ClientCore:
+    core = ClientCore(ADDRESS)
+    core.start()
+    core.on_frame(Link.REQUESTS, encode(WELCOME))
+    core.on_frame(Link.RESULTS, encode(WELCOME))
+    assert core.phase is Phase.READY
+    return core
+
+
+def submit(core: ClientCore, request_id: str) -> list:
+    got: list = []
+    core.submit(request_id, got.append)
+    return got
+
+
+def aborted(actions: list) -> list[str]:
+    return [SENT.decode(a.frame).client_request_id for a in actions if isinstance(a, Send)]
+
+
+def test_handshake_opens_the_results_link_named_by_the_tokenizer():
+    core = ClientCore(ADDRESS)
+    first = core.start()
+    assert first.link is Link.REQUESTS and first.address == ADDRESS
+    assert SENT.decode(first.hello) == ClientHello(core.client_id)
+    assert core.phase is Phase.CONNECTING and core.handshaking
+
+    # A welcome on the results link before the tokenizer's is not the handshake's.
+    assert core.on_frame(Link.RESULTS, encode(WELCOME)) == []
+    assert core.phase is Phase.CONNECTING
+
+    (opened,) = core.on_frame(Link.REQUESTS, encode(WELCOME))
+    assert isinstance(opened, Open) and opened.link is Link.RESULTS
+    assert opened.address == RESULTS
+    assert SENT.decode(opened.hello) == ClientHello(core.client_id)
+    assert core.phase is Phase.JOINING and core.welcome is None
+
+    assert core.on_frame(Link.RESULTS, encode(WELCOME)) == []
+    assert core.phase is Phase.READY and not core.handshaking
+    assert core.welcome == WELCOME
+    # A repeated welcome opens nothing more.
+    assert core.on_frame(Link.REQUESTS, encode(WELCOME)) == []
+
+
+def test_deltas_reach_their_own_request_until_it_finishes():
+    core = ready_core()
+    a, b = submit(core, "a"), submit(core, "b")
+    batch = ResultDeltaBatch([delta("a", "x", token_ids=[1]), delta("b", "y", token_ids=[2])])
+    assert core.on_frame(Link.RESULTS, encode(batch)) == []
+    core.on_frame(Link.RESULTS, encode(delta("b", "z", finish="length", token_ids=[3])))
+    assert [d.text for d in a] == ["x"] and [d.text for d in b] == ["y", "z"]
+    assert all(isinstance(d, RequestDelta) for d in a + b)
+    assert b[-1].finish_reason == "length" and b[-1].request_id == "b"
+    assert core.in_flight == 1
+    # After its final delta a request gets nothing more; an unknown id is dropped quietly.
+    core.on_frame(Link.RESULTS, encode(delta("b", "late")))
+    core.on_frame(Link.RESULTS, encode(delta("nobody", "lost", finish="stop")))
+    assert len(b) == 2 and len(a) == 1
+
+
+def test_top_logprobs_become_pairs():
+    core = ready_core()
+    got = submit(core, "a")
+    msg = ResultDelta(client_request_id="a", text="t", token_ids=[5], finish_reason="stop",
+                      prompt_tokens=1, completion_tokens=1, logprobs=[-0.5], error=None,
+                      top_token_ids=[[5, 6]], top_logprobs=[[-0.5, -1.5]])
+    core.on_frame(Link.RESULTS, encode(msg))
+    assert got[0].top_logprobs == [[(5, -0.5), (6, -1.5)]] and got[0].logprobs == [-0.5]
+
+
+def test_forgotten_request_gets_nothing():
+    core = ready_core()
+    got = submit(core, "a")
+    core.forget("a")
+    core.on_frame(Link.RESULTS, encode(delta("a", "x")))
+    assert got == [] and core.in_flight == 0
+
+
+def test_a_refused_request_fails_alone():
+    core = ready_core()
+    bad, good = submit(core, "bad"), submit(core, "good")
+    core.on_frame(Link.REQUESTS, encode(delta("bad", error="prompt must not be empty")))
+    (err,) = bad
+    assert isinstance(err, RequestRejected) and "prompt must not be empty" in str(err)
+    core.on_frame(Link.RESULTS, encode(delta("good", "ok", finish="stop")))
+    assert good[0].text == "ok" and core.dead is None
+
+
+def test_a_request_error_from_a_dead_engine_is_engine_dead():
+    core = ready_core()
+    got = submit(core, "a")
+    core.on_frame(Link.RESULTS, encode(delta("a", error=f"{ENGINE_DEAD_PREFIX}: worker 0")))
+    assert isinstance(got[0], EngineDeadError) and "worker 0" in str(got[0])
+
+
+def test_an_error_without_id_fails_and_aborts_every_unanswered_request():
+    core = ready_core()
+    answered, x, y = submit(core, "answered"), submit(core, "x"), submit(core, "y")
+    core.on_frame(Link.RESULTS, encode(delta("answered", "hi")))
+    actions = core.on_frame(Link.REQUESTS, encode(delta("", error="malformed message")))
+    assert aborted(actions) == ["x", "y"]
+    for got in (x, y):
+        (err,) = got
+        assert isinstance(err, RequestRejected)
+        assert str(err) == ORPHAN_ERROR + "malformed message"
+    assert [d.text for d in answered] == ["hi"] and core.in_flight == 1
+    # Requests failed this way are gone: a late delta for them is dropped.
+    core.on_frame(Link.RESULTS, encode(delta("x", "late")))
+    assert len(x) == 1
+
+
+def test_engine_dead_fails_everything_in_flight_and_later():
+    core = ready_core()
+    a, b = submit(core, "a"), submit(core, "b")
+    core.on_frame(Link.RESULTS, encode(EngineDead("worker 1 exited with code -9")))
+    for got in (a, b):
+        (err,) = got
+        assert isinstance(err, EngineDeadError) and "worker 1" in str(err)
+    assert core.dead == "worker 1 exited with code -9" and core.in_flight == 0
+    with pytest.raises(EngineDeadError, match="worker 1"):
+        submit(core, "c")
+    assert core.abort("a") is None  # nothing would read it
+
+
+def test_engine_dead_during_the_handshake_fails_it():
+    core = ClientCore(ADDRESS)
+    core.start()
+    core.on_frame(Link.REQUESTS, encode(EngineDead("scheduler exited")))
+    assert core.phase is Phase.FAILED and core.dead == "scheduler exited"
+
+
+@pytest.mark.parametrize("link", [Link.REQUESTS, Link.RESULTS])
+def test_refused_connections_fail_the_handshake(link):
+    core = ClientCore(ADDRESS)
+    core.start()
+    if link is Link.RESULTS:
+        core.on_frame(Link.REQUESTS, encode(WELCOME))
+    for _ in range(REFUSALS_BEFORE_FAILING - 1):
+        core.on_monitor(link, zmq.EVENT_CONNECT_RETRIED, now=0.0)
+    assert core.handshaking
+    core.on_monitor(link, zmq.EVENT_CONNECT_RETRIED, now=0.0)
+    assert core.phase is Phase.FAILED
+    expected = ADDRESS if link is Link.REQUESTS else RESULTS
+    assert core.dead == (f"no pipeline at {expected}: the connection was refused "
+                         f"(nothing listens there)")
+
+
+def test_retries_after_a_connection_are_no_refusal():
+    core = ClientCore(ADDRESS)
+    core.start()
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_CONNECTED, now=0.0)
+    for _ in range(REFUSALS_BEFORE_FAILING + 2):
+        core.on_monitor(Link.REQUESTS, zmq.EVENT_CONNECT_RETRIED, now=0.0)
+    assert core.phase is Phase.CONNECTING and core.dead is None
+
+
+def test_a_lost_connection_waits_for_the_reason_then_fails():
+    core = ready_core()
+    got = submit(core, "a")
+    assert core.wait_s(now=10.0) is None
+    core.on_monitor(Link.RESULTS, zmq.EVENT_DISCONNECTED, now=10.0)
+    assert core.wait_s(now=11.0) == pytest.approx(DISCONNECT_GRACE_S - 1.0)
+    core.on_timer(now=10.0 + DISCONNECT_GRACE_S - 0.01)
+    assert got == [] and core.dead is None
+    core.on_timer(now=10.0 + DISCONNECT_GRACE_S)
+    (err,) = got
+    assert isinstance(err, EngineDeadError)
+    assert str(err) == f"lost the connection to the pipeline at {ADDRESS}"
+    assert core.wait_s(now=20.0) is None
+
+
+def test_the_engine_dead_reason_wins_within_the_grace():
+    core = ready_core()
+    got = submit(core, "a")
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_DISCONNECTED, now=0.0)
+    core.on_frame(Link.RESULTS, encode(EngineDead("worker 0 was killed")))
+    core.on_timer(now=DISCONNECT_GRACE_S + 1)
+    assert [str(e) for e in got] == ["worker 0 was killed"]
+    assert core.dead == "worker 0 was killed"
+
+
+def test_a_lost_connection_during_the_handshake_fails_it():
+    core = ClientCore(ADDRESS)
+    core.start()
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_DISCONNECTED, now=0.0)
+    core.on_timer(now=DISCONNECT_GRACE_S)
+    assert core.phase is Phase.FAILED and "lost the connection" in core.dead
+
+
+def test_close_fails_and_aborts_what_is_in_flight():
+    core = ready_core()
+    a, b = submit(core, "a"), submit(core, "b")
+    actions = core.close()
+    assert sorted(aborted(actions)) == ["a", "b"]
+    for rid, got in (("a", a), ("b", b)):
+        (err,) = got
+        assert isinstance(err, ClientClosedError)
+        assert str(err) == f"request {rid}: the client was closed"
+    assert core.close() == [] and core.abort("a") is None
+    with pytest.raises(ClientClosedError):
+        submit(core, "c")
+
+
+def test_frames_the_client_cannot_read_are_dropped():
+    core = ready_core()
+    got = submit(core, "a")
+    for frame in (b"", b"\xff\x00garbage", encode(ClientHello("me")), encode(WELCOME)[:-1]):
+        assert core.on_frame(Link.RESULTS, frame) == []
+    assert got == [] and core.phase is Phase.READY and core.dead is None
