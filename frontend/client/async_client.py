@@ -277,7 +277,7 @@ class _AsyncConnection:
 
     def _on_delta(self, msg: ResultDelta) -> None:
         if msg.error is not None and not msg.client_request_id:
-            self._fail_unanswered(msg.error)
+            self._fail_unanswered(msg.error.message)
             return
         self.unanswered.discard(msg.client_request_id)
         q = self.queues.get(msg.client_request_id)

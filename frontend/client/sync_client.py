@@ -44,14 +44,17 @@ from protocol import (
     ClientWelcome,
     Decoder,
     EngineDead,
+    ErrorKind,
     GenerateRequest,
     ProtocolError,
+    RequestError,
     ResultDelta,
     ResultDeltaBatch,
     SamplingParams,
     encode,
 )
 from protocol.client_messages import as_token_ids
+from protocol.outcomes import finish_reason_string
 
 CONNECT_TIMEOUT_S = 60.0
 """How long the handshake may take before the pipeline is declared unreachable."""
@@ -138,20 +141,17 @@ def to_delta(msg: ResultDelta) -> RequestDelta:
         top = [list(zip(ids, lps, strict=True))
                for ids, lps in zip(msg.top_token_ids, msg.top_logprobs, strict=True)]
     return RequestDelta(request_id=msg.client_request_id, text=msg.text,
-                        token_ids=msg.token_ids, finish_reason=msg.finish_reason,
+                        token_ids=msg.token_ids,
+                        finish_reason=finish_reason_string(msg.finish_reason),
                         prompt_tokens=msg.prompt_tokens,
                         completion_tokens=msg.completion_tokens, logprobs=msg.logprobs,
                         top_logprobs=top)
 
 
-ENGINE_DEAD_PREFIX = "engine dead"
-"""Request errors that start with this mean the engine died, not that the input was bad."""
-
-
-def error_for(message: str) -> Exception:
-    if message.startswith(ENGINE_DEAD_PREFIX):
-        return EngineDeadError(message)
-    return RequestRejected(message)
+def error_for(error: RequestError) -> Exception:
+    if error.kind is ErrorKind.ENGINE_DEAD:
+        return EngineDeadError(error.message)
+    return RequestRejected(error.message, error.field)
 
 
 def monitor_event(monitor_frames: list[bytes]) -> int:
@@ -386,7 +386,7 @@ class _Connection:
                 self.route(delta)
             return
         if msg.error is not None and not msg.client_request_id:
-            self.fail_unanswered(msg.error)
+            self.fail_unanswered(msg.error.message)
             return
         with self.lock:
             q = self.queues.get(msg.client_request_id)
