@@ -19,7 +19,14 @@ from frontend import AsyncClient, Client
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
 from frontend.openai_server.server import create_app
-from protocol import Decoder, ProtocolError, SamplingParams, TokenDeltas
+from protocol import (
+    Decoder,
+    FinishReason,
+    ProtocolError,
+    RequestError,
+    SamplingParams,
+    TokenDeltas,
+)
 
 ENGINE = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=16,
               max_num_batched_tokens=512)
@@ -89,7 +96,8 @@ class DeltaWatcher:
                 if fin is not None:
                     self.finished[rid] = (fin, err)
 
-    def wait_for(self, rid: int, timeout: float = 30.0) -> tuple[str, str | None]:
+    def wait_for(self, rid: int, timeout: float = 30.0
+                 ) -> tuple[FinishReason, RequestError | None]:
         deadline = time.monotonic() + timeout
         while rid not in self.finished:
             if time.monotonic() > deadline:
