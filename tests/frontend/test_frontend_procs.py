@@ -105,7 +105,7 @@ def test_stop_string_ends_the_request_and_tells_the_scheduler(pipe, client):
     out = client.generate(PROMPT, params=params)
     assert out.text == "The capital of France is " and out.finish_reason == "stop"
     rid = pipe.scheduler.added[-1].request_id
-    wait_for(lambda: any(a.request_ids == [rid] and a.reason == "stop"
+    wait_for(lambda: any(a.request_ids == [rid] and a.reason is FinishReason.STOP
                          for a in pipe.scheduler.aborts))
     deltas = list(client.stream(PROMPT, params=params))
     assert "".join(d.text for d in deltas) == "The capital of France is "
@@ -187,7 +187,7 @@ def test_many_concurrent_requests_over_one_client(client, tokenizer):
 
 
 def aborted(pipe, request_id: int) -> bool:
-    return any(request_id in a.request_ids and a.reason == "abort"
+    return any(request_id in a.request_ids and a.reason is FinishReason.ABORT
                for a in pipe.scheduler.aborts)
 
 
