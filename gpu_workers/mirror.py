@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocol import NewSequence, SamplingParams, StepPlan
+from protocol import NewSequence, StepPlan
 
 _INT32_LIMIT = 2**31
 """Token ids are stored as int32."""
@@ -54,7 +54,6 @@ class SequenceTable:
         """Failures of the last applied plan, for its StepResult."""
         self.rows: dict[int, int] = {}
         self.free: list[int] = []
-        self.params: list[SamplingParams | None] = []
         self.tokens = np.zeros((0, max_tokens), np.int32)
         self.block_tables = np.zeros((0, max_blocks), np.int32)
         self.num_tokens = np.zeros(0, np.int64)
@@ -89,7 +88,6 @@ class SequenceTable:
             col = getattr(self, name)
             setattr(self, name, np.concatenate([col, np.zeros((extra, *col.shape[1:]), col.dtype)]))
         self.pending_pos[old:] = -1
-        self.params.extend([None] * extra)
         self.free.extend(range(old + extra - 1, old - 1, -1))
 
     def __len__(self) -> int:
@@ -146,7 +144,6 @@ class SequenceTable:
     def _release(self, sid: int) -> None:
         row = self.rows.pop(sid, None)
         if row is not None:
-            self.params[row] = None
             self.free.append(row)
 
     def _fail(self, sid: int, error: str) -> None:
@@ -220,7 +217,6 @@ class SequenceTable:
         self.num_computed[row] = seq.num_computed
         self.num_blocks[row] = 0
         self._append_blocks(row, blocks)
-        self.params[row] = p
         for name, value in values.items():
             getattr(self, name)[row] = value
         return row

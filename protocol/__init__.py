@@ -14,8 +14,10 @@ from protocol.codec import MAX_FRAME_BYTES, Decoder, ProtocolError, encode
 from protocol.control import Ready, Shutdown, StartupFailed
 from protocol.endpoints import Endpoints
 from protocol.engine_messages import AbortRequests, AddRequest, DetokRequestInfo
+from protocol.outcomes import ErrorKind, FieldError, FinishReason, RequestError
 from protocol.sampling_params import SamplingParams, SamplingParamsError
 from protocol.step_messages import (
+    OUT_OF_BAND_STEP,
     CachedSequences,
     NewSequence,
     StepPlan,
@@ -25,6 +27,7 @@ from protocol.step_messages import (
 
 __all__ = [
     "MAX_FRAME_BYTES",
+    "OUT_OF_BAND_STEP",
     "AbortRequest",
     "AbortRequests",
     "AddRequest",
@@ -36,10 +39,14 @@ __all__ = [
     "DetokRequestInfo",
     "Endpoints",
     "EngineDead",
+    "ErrorKind",
+    "FieldError",
+    "FinishReason",
     "GenerateRequest",
     "NewSequence",
     "ProtocolError",
     "Ready",
+    "RequestError",
     "ResultDelta",
     "ResultDeltaBatch",
     "SamplingParams",

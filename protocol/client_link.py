@@ -10,6 +10,3 @@ HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 10_000
 """A peer silent this long counts as gone: a hung or vanished host becomes a dropped
 connection (the client fails its requests; the detokenizer drops the route and aborts)."""
-
-ENGINE_DEAD_PREFIX = "engine dead"
-"""A request error that starts with this means the engine died, not that the input was bad."""

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.codec import message, struct
+from protocol.outcomes import FieldError, FinishReason, RequestError
 from protocol.sampling_params import SamplingParams, check_token_ids
 
 
-class RequestFieldError(ValueError):
-    """A request field that no process could carry or store; the message names the field."""
+class RequestFieldError(FieldError):
+    """A request field that no process could carry or store (`field` names it)."""
 
 
 def as_token_ids(values: Any) -> list[Any]:
@@ -89,12 +90,13 @@ class ResultDelta:
     client_request_id: str
     text: str
     token_ids: list[int]
-    finish_reason: str | None
+    finish_reason: FinishReason | None
+    """None while the request runs (outcomes.py maps it to the string users see)."""
     prompt_tokens: int
     completion_tokens: int
     logprobs: list[float] | None
-    error: str | None
-    """Set when the request was rejected or failed; finish_reason is then "error"."""
+    error: RequestError | None
+    """Set when the request was rejected or failed; finish_reason is then ERROR."""
     top_token_ids: list[list[int]] | None = None
     """Per token: the most likely tokens at its step, best first (with top_logprobs)."""
     top_logprobs: list[list[float]] | None = None
@@ -115,6 +117,9 @@ class ResultDeltaBatch:
 @message(0x06)
 @dataclass(frozen=True, slots=True)
 class EngineDead:
-    """The pipeline lost a process: every in-flight and later request fails with this reason."""
+    """The pipeline lost a process: every in-flight and later request fails with this reason.
+
+    Engine death is this message of its own (and ErrorKind.ENGINE_DEAD on a request's error),
+    never a text to recognise."""
 
     reason: str

@@ -2,15 +2,17 @@
 
 A message is a dataclass registered with `@message(kind)`; it travels as the msgpack
 array `[kind, field0, field1, ...]`. Nested dataclasses registered with `@struct` travel
-as plain arrays of their fields. A `Decoder` is built for one socket with the message
-types that socket may carry; it checks the kind, the field count and every field's type
-against the dataclass annotations and refuses anything else. Nothing is ever unpickled:
+as plain arrays of their fields, `IntEnum` fields as their integers. A `Decoder` is built
+for one socket with the message types that socket may carry; it checks the kind, the field
+count and every field's type (an enum's value too) against the dataclass annotations and
+refuses anything else. Nothing is ever unpickled:
 msgpack cannot express arbitrary objects, and extension types are refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from collections.abc import Callable
@@ -26,6 +28,9 @@ T = TypeVar("T")
 
 class ProtocolError(ValueError):
     """A frame that is not a well-formed message of a kind this socket accepts."""
+
+    field: str | None = None
+    """The request field at fault, when a field's own check refused the value."""
 
 
 _KIND_ATTR = "__wire_kind__"
@@ -69,8 +74,15 @@ def kind_of(cls: type) -> int:
 def _to_wire(value: Any) -> Any:
     if hasattr(type(value), _SCHEMA_ATTR):
         return [_to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)]
-    if isinstance(value, list | tuple) and value and hasattr(type(value[0]), _SCHEMA_ATTR):
-        return [_to_wire(v) for v in value]
+    if isinstance(value, list | tuple):
+        # A list of structs, possibly with None among them (a column of optional errors):
+        # the first item that is not None tells. IntEnum values need nothing: msgpack packs
+        # them as the integers they are.
+        for item in value:
+            if item is not None:
+                if hasattr(type(item), _SCHEMA_ATTR):
+                    return [_to_wire(v) for v in value]
+                break
     return value
 
 
@@ -121,6 +133,18 @@ def _int_list(value: Any, where: str) -> list[int]:
     return value
 
 
+def _enum_checker(enum_type: type[enum.IntEnum]) -> Checker:
+    members = {int(m): m for m in enum_type}
+
+    def check(value: Any, where: str) -> enum.IntEnum:
+        member = members.get(value) if type(value) is int else None
+        if member is None:
+            raise ProtocolError(f"{where}: {value!r} is not a {enum_type.__name__}")
+        return member
+
+    return check
+
+
 def _checker_for(annotation: Any) -> Checker:
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -142,6 +166,8 @@ def _checker_for(annotation: Any) -> Checker:
             return [check_item(item, where) for item in value]
 
         return check_list
+    if isinstance(annotation, type) and issubclass(annotation, enum.IntEnum):
+        return _enum_checker(annotation)
     if annotation is int:
         return _check_int
     if annotation is float:
@@ -174,13 +200,31 @@ def _build(cls: type[T], values: Any, where: str) -> T:
         raise ProtocolError(
             f"{cls.__name__}: expected {len(schema)} fields, got {len(values)}"
         )
-    args = [check(v, where) for (where, check), v in zip(schema, values)]
+    try:
+        args = [check(v, where) for (where, check), v in zip(schema, values)]
+    except ProtocolError as exc:
+        _qualify_field(exc, cls, values)
+        raise
     try:
         return cls(*args)
     except ProtocolError:
         raise
     except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"{cls.__name__}: {exc}") from exc
+        error = ProtocolError(f"{cls.__name__}: {exc}")
+        error.field = getattr(exc, "field", None)
+        raise error from exc
+
+
+def _qualify_field(exc: ProtocolError, cls: type, values: list) -> None:
+    """A nested struct refused one of its fields: name it from `cls` down ("params.top_p")."""
+    if exc.field is None:
+        return
+    for f, (where, check), v in zip(dataclasses.fields(cls), _schema(cls), values):
+        try:
+            check(v, where)
+        except ProtocolError:
+            exc.field = f"{f.name}.{exc.field}"
+            return
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:

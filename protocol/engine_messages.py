@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.codec import message
+from protocol.outcomes import FinishReason
 from protocol.sampling_params import SamplingParams
 
 
@@ -26,8 +27,8 @@ class AddRequest:
 @dataclass(frozen=True, slots=True)
 class AbortRequests:
     request_ids: list[int]
-    reason: str
-    """"abort" (client gave up) or "stop" (the detokenizer matched a stop string)."""
+    reason: FinishReason
+    """ABORT (the client gave up) or STOP (the detokenizer matched a stop string)."""
 
 
 @message(0x12)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from protocol.codec import struct
+from protocol.outcomes import FieldError
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -42,29 +43,35 @@ MAX_REPETITION_PENALTY = 1e6
 they overflow to infinities (a NaN distribution)."""
 
 
-class SamplingParamsError(ValueError):
-    """A sampling parameter outside its allowed range; the message names the field."""
+class SamplingParamsError(FieldError):
+    """A sampling parameter outside its allowed range; `field` names it (as does the message,
+    which starts with it)."""
+
+
+def _bad(field: str, text: str) -> SamplingParamsError:
+    """The error for `field`; its message starts with the field's name."""
+    return SamplingParamsError(field, f"{field} {text}")
 
 
 def _finite(name: str, value: int | float) -> None:
     if isinstance(value, int) and abs(value) > FLOAT32_MAX:  # float() would overflow
         value = math.inf
     if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
-        raise SamplingParamsError(f"{name} must be a finite float32 number, got {value}")
+        raise _bad(name, f"must be a finite float32 number, got {value}")
 
 
-def check_token_ids(name: str, ids: object, error: type[ValueError]) -> None:
+def check_token_ids(name: str, ids: object, error: type[FieldError]) -> None:
     """Every id an integer (not a bool, not a float) that the worker's int32 columns hold.
 
     Negative and out-of-vocabulary ids are the tokenizer's to refuse: only it knows the
     vocabulary."""
     if not isinstance(ids, list | tuple):
-        raise error(f"{name} must be a list of integers, got {type(ids).__name__}")
+        raise error(name, f"{name} must be a list of integers, got {type(ids).__name__}")
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, int):
-            raise error(f"{name}[{i}] must be an integer token id, got {t!r}")
+            raise error(name, f"{name}[{i}] must be an integer token id, got {t!r}")
         if not -MAX_TOKEN_ID <= t <= MAX_TOKEN_ID:
-            raise error(f"{name}[{i}] = {t} is not a token id (at most {MAX_TOKEN_ID})")
+            raise error(name, f"{name}[{i}] = {t} is not a token id (at most {MAX_TOKEN_ID})")
 
 
 @struct
@@ -101,73 +108,65 @@ class SamplingParams:
                      "repetition_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise SamplingParamsError(f"{name} must be a number, got {value!r}")
+                raise _bad(name, f"must be a number, got {value!r}")
             _finite(name, value)
         for name in ("top_k", "max_tokens", "top_logprobs"):
             value = getattr(self, name)
             if name == "max_tokens" and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
-                raise SamplingParamsError(f"{name} must be an integer, got {value!r}")
+                raise _bad(name, f"must be an integer, got {value!r}")
         if self.temperature < 0:
-            raise SamplingParamsError(f"temperature must be >= 0, got {self.temperature}")
+            raise _bad("temperature", f"must be >= 0, got {self.temperature}")
         if 0 < self.temperature < MIN_TEMPERATURE:
-            raise SamplingParamsError(
-                f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {self.temperature}")
+            raise _bad("temperature",
+                       f"must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {self.temperature}")
         if not MIN_TOP_P <= self.top_p <= 1:
-            raise SamplingParamsError(
-                f"top_p must be in [{MIN_TOP_P:.4g}, 1] (use temperature=0 for greedy), "
-                f"got {self.top_p}")
+            raise _bad("top_p", f"must be in [{MIN_TOP_P:.4g}, 1] (use temperature=0 for "
+                       f"greedy), got {self.top_p}")
         if not -1 <= self.top_k <= MAX_TOP_K:
-            raise SamplingParamsError(
-                f"top_k must be -1 or 0 (off) or in [1, {MAX_TOP_K}], got {self.top_k}")
+            raise _bad("top_k", f"must be -1 or 0 (off) or in [1, {MAX_TOP_K}], got {self.top_k}")
         if not 0 <= self.min_p <= 1:
-            raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise _bad("min_p", f"must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -MAX_ABS_PENALTY <= getattr(self, name) <= MAX_ABS_PENALTY:
-                raise SamplingParamsError(
-                    f"{name} must be in [-{MAX_ABS_PENALTY}, {MAX_ABS_PENALTY}], "
-                    f"got {getattr(self, name)}")
+                raise _bad(name, f"must be in [-{MAX_ABS_PENALTY}, {MAX_ABS_PENALTY}], "
+                           f"got {getattr(self, name)}")
         if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
-            raise SamplingParamsError(
-                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, "
-                f"{MAX_REPETITION_PENALTY}], got {self.repetition_penalty}")
+            raise _bad("repetition_penalty", f"must be in [{MIN_REPETITION_PENALTY}, "
+                       f"{MAX_REPETITION_PENALTY}], got {self.repetition_penalty}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise SamplingParamsError(
-                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+            raise _bad("top_logprobs",
+                       f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
-            raise SamplingParamsError("top_logprobs needs logprobs=True")
+            raise _bad("top_logprobs", "needs logprobs=True")
         if self.max_tokens is not None and not 1 <= self.max_tokens <= MAX_MAX_TOKENS:
-            raise SamplingParamsError(
-                f"max_tokens must be in [1, {MAX_MAX_TOKENS}], got {self.max_tokens}")
+            raise _bad("max_tokens", f"must be in [1, {MAX_MAX_TOKENS}], got {self.max_tokens}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
             or self.seed > MAX_SEED
         ):
-            raise SamplingParamsError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+            raise _bad("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         self._check_stops()
 
     def _check_stops(self) -> None:
         if not isinstance(self.stop, list | tuple):
-            raise SamplingParamsError("stop must be a list of strings")
+            raise _bad("stop", "must be a list of strings")
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise SamplingParamsError(f"stop accepts at most {MAX_STOP_STRINGS} strings")
+            raise _bad("stop", f"accepts at most {MAX_STOP_STRINGS} strings")
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise SamplingParamsError(f"stop strings must be non-empty strings, got {s!r}")
+                raise _bad("stop", f"strings must be non-empty strings, got {s!r}")
             if len(s) > MAX_STOP_STRING_CHARS:
-                raise SamplingParamsError(
-                    f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters"
-                )
+                raise _bad("stop", f"strings must be at most {MAX_STOP_STRING_CHARS} characters")
         if not isinstance(self.stop_token_ids, list | tuple):
-            raise SamplingParamsError("stop_token_ids must be a list of integers")
+            raise _bad("stop_token_ids", "must be a list of integers")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise SamplingParamsError(f"stop_token_ids accepts at most {MAX_STOP_TOKEN_IDS} ids")
+            raise _bad("stop_token_ids", f"accepts at most {MAX_STOP_TOKEN_IDS} ids")
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
-                raise SamplingParamsError(
-                    f"stop_token_ids must be integers in [0, {MAX_TOKEN_ID}], got {t!r}"
-                )
+                raise _bad("stop_token_ids",
+                           f"must be integers in [0, {MAX_TOKEN_ID}], got {t!r}")
 
     @property
     def greedy(self) -> bool:

@@ -23,7 +23,10 @@ class MessageSocket:
 
     def __init__(self, ctx: zmq.Context, kind: int, address: str, *, bind: bool,
                  accepts: tuple[type, ...] = (), identity: bytes | None = None,
-                 security: CurveKeys | None = None) -> None:
+                 security: CurveKeys | None = None,
+                 options: dict[int, int] | None = None) -> None:
+        """`options`: more socket options, set before it binds or connects (a listener
+        copies its options to each connection then)."""
         self.socket = ctx.socket(kind)
         self.socket.setsockopt(zmq.LINGER, 0)
         try:
@@ -35,6 +38,8 @@ class MessageSocket:
         self.socket.setsockopt(zmq.RCVHWM, 0)
         if identity is not None:
             self.socket.setsockopt(zmq.IDENTITY, identity)
+        for option, value in (options or {}).items():
+            self.socket.setsockopt(option, value)
         if kind == zmq.SUB:
             self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         if bind:
@@ -73,9 +78,10 @@ class RouterSocket(MessageSocket):
     """A ROUTER that talks to many peers, each known by its routing identity."""
 
     def __init__(self, ctx: zmq.Context, address: str, *, accepts: tuple[type, ...],
-                 security: CurveKeys | None = None) -> None:
+                 security: CurveKeys | None = None,
+                 options: dict[int, int] | None = None) -> None:
         super().__init__(ctx, zmq.ROUTER, address, bind=True, accepts=accepts,
-                         security=security)
+                         security=security, options=options)
         # Raise instead of silently dropping a frame for a peer that has gone away.
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol.codec import message, struct
+from protocol.outcomes import FinishReason, RequestError
 from protocol.sampling_params import SamplingParams
+
+OUT_OF_BAND_STEP = -1
+"""TokenDeltas.step_id of deltas that no step produced (admission errors, aborts, failures)."""
 
 
 @struct
@@ -86,10 +90,12 @@ class TokenDeltas:
     """What one step added to each request; finish_reasons[i] is None while it runs."""
 
     step_id: int
+    """The step that produced these tokens, or OUT_OF_BAND_STEP."""
     request_ids: list[int]
     token_ids: list[list[int]]
-    finish_reasons: list[str | None]
-    errors: list[str | None]
+    finish_reasons: list[FinishReason | None]
+    errors: list[RequestError | None]
+    """Set (with finish reason ERROR) for a request that failed."""
     logprobs: list[list[float]] | None
     top_token_ids: list[list[list[int]]] | None = None
     """Per request, per token: the most likely tokens (when any request asked for them)."""

@@ -15,7 +15,19 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 
-from protocol import AddRequest, CachedSequences, NewSequence, StepPlan, StepResult, TokenDeltas
+from protocol import (
+    OUT_OF_BAND_STEP,
+    AddRequest,
+    CachedSequences,
+    ErrorKind,
+    FinishReason,
+    NewSequence,
+    RequestError,
+    StepPlan,
+    StepResult,
+    TokenDeltas,
+)
+from protocol.outcomes import invalid
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.sequence import Sequence, SequenceStatus
@@ -23,11 +35,10 @@ from scheduler_proc.sequence import Sequence, SequenceStatus
 RUNNING = SequenceStatus.RUNNING
 WAITING = SequenceStatus.WAITING
 FINISHED = SequenceStatus.FINISHED
+STOP, LENGTH, ABORT, ERROR = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT,
+                              FinishReason.ERROR)
 
 _NO_LOGPROBS: list[float] = []  # shared placeholder; dropped when the step has no logprobs
-
-OUT_OF_BAND_STEP = -1
-"""step_id of TokenDeltas that no step produced (admission errors, aborts)."""
 
 
 class Scheduler:
@@ -53,40 +64,47 @@ class Scheduler:
     # ------------------------------------------------------------------ requests
 
     def add_request(self, req: AddRequest) -> None:
-        """Queue a request, or finish it at once with an "error" delta if it can never run."""
-        if req.params.max_tokens is None:  # "until the context is full"
-            room = max(1, self.config.max_model_len - len(req.prompt_token_ids))
-            req = dataclasses.replace(req, params=dataclasses.replace(req.params, max_tokens=room))
+        """Queue a request, or finish it at once with an error delta if it can never run.
+
+        The one place where a request's length is judged against max_model_len and the KV
+        pool, and where max_tokens=None ("until the context is full") becomes a number."""
         error = self._admission_error(req)
         if error is not None:
-            self._deltas.add(req.request_id, [], "error", error)
+            self._deltas.add(req.request_id, [], ERROR, error)
             return
+        if req.params.max_tokens is None:
+            room = self.config.max_model_len - len(req.prompt_token_ids)
+            req = dataclasses.replace(req, params=dataclasses.replace(req.params, max_tokens=room))
         seq = Sequence(req.request_id, req.prompt_token_ids, req.params, req.eos_token_ids)
         self.seqs[seq.seq_id] = seq
         self.waiting.append(seq)
 
-    def _admission_error(self, req: AddRequest) -> str | None:
+    def _admission_error(self, req: AddRequest) -> RequestError | None:
         cfg = self.config
         n = len(req.prompt_token_ids)
+        max_len = cfg.max_model_len
         if req.request_id in self.seqs:
-            return f"request id {req.request_id} is already in use"
+            return RequestError(ErrorKind.REQUEST_FAILED,
+                                f"request id {req.request_id} is already in use")
         if n == 0:
-            return "the prompt is empty"
-        total = n + req.params.max_tokens
-        if total > cfg.max_model_len:
-            return (
-                f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) = {total} "
-                f"exceeds max_model_len ({cfg.max_model_len})"
-            )
+            return invalid("the prompt is empty", "prompt")
+        if n >= max_len:
+            return invalid(f"the prompt has {n} tokens, but max_model_len is {max_len}: "
+                           f"shorten the prompt", "prompt")
+        max_tokens = req.params.max_tokens
+        total = max_len if max_tokens is None else n + max_tokens
+        if total > max_len:
+            return invalid(f"the prompt has {n} tokens and params.max_tokens is {max_tokens}: "
+                           f"together they exceed max_model_len {max_len}; lower max_tokens "
+                           f"to at most {max_len - n}", "params.max_tokens")
         # KV is never written for the last sampled token, hence total - 1.
         if self.block_manager.blocks_for(total - 1) > cfg.num_kv_blocks:
-            return (
-                f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) needs more KV "
-                f"cache than the whole pool ({cfg.kv_capacity_tokens} tokens)"
-            )
+            return invalid(f"the prompt ({n} tokens) + max_tokens ({total - n}) needs more KV "
+                           f"cache than the whole pool ({cfg.kv_capacity_tokens} tokens)",
+                           "params.max_tokens")
         return None
 
-    def abort(self, request_ids: list[int], reason: str = "abort") -> None:
+    def abort(self, request_ids: list[int], reason: FinishReason = ABORT) -> None:
         """Finish requests now and free every block they hold.
 
         Overlap hazard: an aborted sequence may still be in plans in flight; the tokens their
@@ -104,11 +122,11 @@ class Scheduler:
             self._finish(seq, reason)
             self._deltas.add(rid, [], reason, None)
 
-    def fail_all(self, error: str) -> TokenDeltas | None:
-        """Finish every unfinished request with an "error" delta (e.g. the engine died)."""
+    def fail_all(self, error: RequestError) -> TokenDeltas | None:
+        """Finish every unfinished request with an error delta (e.g. the engine died)."""
         for seq in list(self.seqs.values()):
-            self._finish(seq, "error")
-            self._deltas.add(seq.seq_id, [], "error", error)
+            self._finish(seq, ERROR)
+            self._deltas.add(seq.seq_id, [], ERROR, error)
         self.running.clear()
         self.waiting.clear()
         self._inflight.clear()
@@ -304,9 +322,9 @@ class Scheduler:
             length = len(token_ids)
             reason = None
             if tok in seq.eos_ids or tok in seq.stop_ids:
-                reason = "stop"
+                reason = STOP
             elif length - seq.num_prompt_tokens >= seq.max_tokens or length >= max_model_len:
-                reason = "length"
+                reason = LENGTH
             add_id(seq.seq_id)
             add_tokens([tok])
             add_reason(reason)
@@ -345,8 +363,9 @@ class Scheduler:
                 self.running.remove(seq)
             else:
                 self.waiting.remove(seq)
-            self._finish(seq, "error")
-            self._deltas.add(sid, [], "error", f"the engine could not run this request: {error}")
+            self._finish(seq, ERROR)
+            self._deltas.add(sid, [], ERROR, RequestError(
+                ErrorKind.REQUEST_FAILED, f"the engine could not run this request: {error}"))
 
     @staticmethod
     def _match(seqs: list[Sequence], result: StepResult) -> list[Sequence]:
@@ -372,7 +391,7 @@ class Scheduler:
             seq.num_pending -= 1
         return matched
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Mark finished and free its blocks once; the caller unlinks it from its queue."""
         assert seq.status is not FINISHED, f"sequence {seq.seq_id} finished twice"
         if seq.block_table:
@@ -421,8 +440,8 @@ class _DeltaBuffer:
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.tokens: list[list[int]] = []
-        self.reasons: list[str | None] = []
-        self.errors: list[str | None] = []
+        self.reasons: list[FinishReason | None] = []
+        self.errors: list[RequestError | None] = []
         self.logprobs: list[list[float]] = []
         # Filled only once a step brings top alternatives; padded for the rows before it.
         self.top_ids: list[list[list[int]]] = []
@@ -437,8 +456,8 @@ class _DeltaBuffer:
         self,
         rid: int,
         tokens: list[int],
-        reason: str | None,
-        error: str | None,
+        reason: FinishReason | None,
+        error: RequestError | None,
         logprob: float | None = None,
     ) -> None:
         self.ids.append(rid)

@@ -19,11 +19,15 @@ import threading
 import zmq
 
 from protocol import (
+    OUT_OF_BAND_STEP,
     AbortRequests,
     AddRequest,
     Endpoints,
     EngineDead,
+    ErrorKind,
+    FinishReason,
     ProtocolError,
+    RequestError,
     Shutdown,
     StepResult,
     TokenDeltas,
@@ -69,6 +73,10 @@ def _writer(outbox: queue.SimpleQueue) -> None:
                 sock.send_bytes(frame)
             except zmq.ZMQError as exc:  # a peer gone at shutdown; the launcher handles death
                 log.warning("scheduler: send failed: %s", exc)
+
+
+def _dead(reason: str) -> RequestError:
+    return RequestError(ErrorKind.ENGINE_DEAD, f"engine dead: {reason}")
 
 
 class SchedulerLoop:
@@ -125,8 +133,8 @@ class SchedulerLoop:
             self.outbox.put(((self.deltas_pub,), self.publisher.announce(
                 msg.request_id, msg.client_request_id)))
             if self.dead_reason is not None:
-                self._emit(TokenDeltas(-1, [msg.request_id], [[]], ["error"],
-                                       [f"engine dead: {self.dead_reason}"], None))
+                self._emit(TokenDeltas(OUT_OF_BAND_STEP, [msg.request_id], [[]],
+                                       [FinishReason.ERROR], [_dead(self.dead_reason)], None))
             else:
                 sched.add_request(msg)
         elif isinstance(msg, AbortRequests):
@@ -142,7 +150,7 @@ class SchedulerLoop:
         if self.dead_reason is None:
             self.dead_reason = reason
             log.error("scheduler: engine dead: %s", reason)
-            self._emit(self.sched.fail_all(f"engine dead: {reason}"))
+            self._emit(self.sched.fail_all(_dead(reason)))
             self.publisher.dead_reason = reason
             self.outbox.put(((self.deltas_pub,), WatchGoodbye(reason, engine_dead=True)))
 
@@ -226,7 +234,7 @@ def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int
             # A bug must not leave clients waiting: fail what is in flight, then exit so the
             # launcher declares the engine dead.
             log.exception("scheduler: loop failed")
-            loop._emit(loop.sched.fail_all(f"scheduler error: {exc}"))
+            loop._emit(loop.sched.fail_all(_dead(f"scheduler error: {exc}")))
             raise
     finally:
         try:

@@ -6,7 +6,7 @@ import enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from protocol import SamplingParams
+    from protocol import FinishReason, SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -59,7 +59,7 @@ class Sequence:
         self.num_pending = 0
         self.block_table: list[int] = []
         self.status = SequenceStatus.WAITING
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.params = params
         # EOS is ignored on request; explicit stop token ids never are.
         self.eos_ids: frozenset[int] = (

@@ -16,7 +16,7 @@ from typing import Any
 import zmq
 
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
-from frontend.actors.tokenizer import error_delta, load_tokenizer
+from frontend.actors.tokenizer import error_delta, load_tokenizer, malformed
 from protocol import (
     AbortRequests,
     ClientHello,
@@ -24,18 +24,33 @@ from protocol import (
     DetokRequestInfo,
     Endpoints,
     EngineDead,
+    ErrorKind,
+    FinishReason,
     ProtocolError,
+    RequestError,
     ResultDelta,
     ResultDeltaBatch,
     Shutdown,
     TokenDeltas,
 )
 from protocol.actor_start import from_plain, read_start
-from protocol.client_link import ENGINE_DEAD_PREFIX, HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
+from protocol.client_link import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import RouterSocket
 
 log = logging.getLogger(__name__)
+
+STOP, ABORT = FinishReason.STOP, FinishReason.ABORT
+
+
+def text_token_ids(token_ids: list[int], finish: FinishReason | None) -> list[int]:
+    """The tokens whose text the client sees: a request stopped by EOS or a stop token id
+    keeps that last token but not its text."""
+    return token_ids[:-1] if finish is STOP and token_ids else token_ids
+
+
+def engine_dead_error(reason: str) -> RequestError:
+    return RequestError(ErrorKind.ENGINE_DEAD, f"engine dead: {reason}")
 
 
 @dataclass(frozen=True)
@@ -97,17 +112,10 @@ class DetokenizerActor:
                                security=endpoints.keys)
         # Heartbeats drop the route of a client whose host vanished, so its streaming
         # requests are aborted at their next delta instead of running to max_tokens.
-        # They must be set before bind (a listener copies its options then), and
-        # RouterSocket binds as it is made: pass them as context defaults for this socket.
         heartbeat = {zmq.HEARTBEAT_IVL: HEARTBEAT_IVL_MS,
                      zmq.HEARTBEAT_TIMEOUT: HEARTBEAT_TIMEOUT_MS}
-        rt.ctx.sockopts.update(heartbeat)
-        try:
-            self.router = rt.adopt(RouterSocket(rt.ctx, endpoints.results,
-                                                accepts=(ClientHello,)))
-        finally:
-            for opt in heartbeat:
-                rt.ctx.sockopts.pop(opt)
+        self.router = rt.adopt(RouterSocket(rt.ctx, endpoints.results, accepts=(ClientHello,),
+                                            options=heartbeat))
         self.to_scheduler = rt.socket(zmq.PUSH, endpoints.scheduler_in, bind=False,
                                       security=endpoints.keys)
         self.peers: dict[str, bytes] = {}  # client_id -> routing id on the results socket
@@ -142,7 +150,7 @@ class DetokenizerActor:
         except ProtocolError as exc:
             peer = getattr(exc, "peer", None)
             if peer is not None:
-                self.router.send_to(peer, error_delta("", f"malformed message: {exc}"))
+                self.router.send_to(peer, error_delta("", malformed(exc)))
             return
         if self.dead_reason is not None:
             self.router.send_to(peer, EngineDead(self.dead_reason))
@@ -172,7 +180,7 @@ class DetokenizerActor:
         self.max_announced = max(self.max_announced, info.request_id)
         if self.dead_reason is not None:
             self._send(info, error_delta(info.client_request_id,
-                                         f"{ENGINE_DEAD_PREFIX}: {self.dead_reason}"))
+                                         engine_dead_error(self.dead_reason)))
             return
         detok = IncrementalDetokenizer(
             self.decode, info.prompt_tail_token_ids,
@@ -212,10 +220,10 @@ class DetokenizerActor:
             for rid in gone:
                 del self.requests[rid]
             if gone:
-                self.to_scheduler.send(AbortRequests(request_ids=gone, reason="abort"))
+                self.to_scheduler.send(AbortRequests(request_ids=gone, reason=ABORT))
 
-    def _on_delta(self, request_id: int, token_ids: list[int], finish: str | None,
-                  error: str | None, logprobs: list[float] | None,
+    def _on_delta(self, request_id: int, token_ids: list[int], finish: FinishReason | None,
+                  error: RequestError | None, logprobs: list[float] | None,
                   top: Top | None = None) -> None:
         req = self.requests.get(request_id)
         if req is None:
@@ -233,13 +241,11 @@ class DetokenizerActor:
         if not info.stream and not info.stop:
             self._accumulate(req, request_id, token_ids, finish, logprobs, top)
             return
-        # A request stopped by EOS or a stop token id keeps that token but not its text.
-        text_ids = token_ids[:-1] if finish == "stop" and token_ids else token_ids
-        text = req.detok.add(text_ids)
+        text = req.detok.add(text_token_ids(token_ids, finish))
         if req.detok.finished:
             if finish is None:  # a stop string: the scheduler cannot know, tell it
-                self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason="stop"))
-            finish = "stop"
+                self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason=STOP))
+            finish = STOP
         if finish is not None:
             text += req.detok.flush()
             del self.requests[request_id]
@@ -263,10 +269,10 @@ class DetokenizerActor:
         if not self._send(info, delta) and finish is None:
             # The client is gone: free the request's KV blocks now, not at max_tokens.
             del self.requests[request_id]
-            self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason="abort"))
+            self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason=ABORT))
 
     def _accumulate(self, req: _Request, request_id: int, token_ids: list[int],
-                    finish: str | None, logprobs: list[float] | None,
+                    finish: FinishReason | None, logprobs: list[float] | None,
                     top: Top | None) -> None:
         """A non-streaming request with no stop strings needs no text until it ends: decode
         once then, instead of once per step."""
@@ -278,8 +284,7 @@ class DetokenizerActor:
             return
         del self.requests[request_id]
         ids = req.token_ids
-        # A request stopped by EOS or a stop token id keeps that token but not its text.
-        text = req.detok.add(ids[:-1] if finish == "stop" and ids else ids) + req.detok.flush()
+        text = req.detok.add(text_token_ids(ids, finish)) + req.detok.flush()
         self._send(req.info, ResultDelta(
             client_request_id=req.info.client_request_id, text=text, token_ids=ids,
             finish_reason=finish, prompt_tokens=req.info.num_prompt_tokens,
@@ -306,7 +311,7 @@ class DetokenizerActor:
             self.router.send_to(peer, EngineDead(reason))
         for req in self.requests.values():
             self._send(req.info, error_delta(req.info.client_request_id,
-                                             f"{ENGINE_DEAD_PREFIX}: {reason}"))
+                                             engine_dead_error(reason)))
         self.requests.clear()
         self.early.clear()
 

@@ -66,16 +66,16 @@ class PromptLimits:
             self._check_text("prompt", _utf8_len(req.prompt))
         if req.prompt_token_ids is not None and len(req.prompt_token_ids) >= self.max_model_len:
             raise InvalidRequest(
-                f"prompt_token_ids has {len(req.prompt_token_ids)} tokens, but max_model_len "
-                f"is {self.max_model_len}: shorten the prompt")
+                "prompt_token_ids", f"prompt_token_ids has {len(req.prompt_token_ids)} tokens, "
+                f"but max_model_len is {self.max_model_len}: shorten the prompt")
         if req.messages is not None:
             self._check_text("messages", sum(_utf8_len(m.content) for m in req.messages))
 
     def _check_text(self, field: str, size: int) -> None:
         if size > self.max_text_bytes:
             raise InvalidRequest(
-                f"{field} is {size} bytes: text over {self.max_text_bytes} bytes has at least "
-                f"max_model_len ({self.max_model_len}) tokens with this tokenizer (a token "
+                field, f"{field} is {size} bytes: text over {self.max_text_bytes} bytes has at "
+                f"least max_model_len ({self.max_model_len}) tokens with this tokenizer (a token "
                 f"stands for at most {self.bytes_per_token} bytes); shorten the {field}")
 
     def frame_error(self, size: int) -> str:

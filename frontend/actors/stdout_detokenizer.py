@@ -122,7 +122,7 @@ class StdoutPrinter:
             if finish is not None or error is not None:
                 del self.detoks[request_id]
                 self._end_line()
-                note = f"error: {error}" if error is not None else f"finish: {finish}"
+                note = f"error: {error.message}" if error is not None else f"finish: {finish}"
                 self.out.write(f"[{self._tag(request_id)}] <{note}>\n")
                 self.names.pop(request_id, None)
                 self.current = None

@@ -8,7 +8,7 @@ No client can stall another: the I/O loop only measures and classifies request f
 prompt too large to fit max_model_len is refused by its size (frontend/actors/prompt_limits.py), and
 the rest is decoded, validated and tokenized by a small pool of threads
 (frontend/actors/tokenize_pool.py). An abort that arrives while its request is still being
-tokenized is honoured: the request never reaches the scheduler and ends with "abort".
+tokenized is honoured: the request never reaches the scheduler and ends with ABORT.
 Every error a client can cause carries its request id whenever the frame's first bytes hold
 one; a REQ peer gets its error inside the envelope it can read.
 """
@@ -16,7 +16,6 @@ one; a REQ peer gets its error inside the envelope it can read.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import json
 import logging
@@ -29,7 +28,12 @@ import zmq
 
 from frontend.actors.incremental_detok import PROMPT_TAIL_TOKENS
 from frontend.actors.prompt_limits import PromptLimits
-from frontend.actors.request_validation import InvalidRequest, RequestValidator, salvage_request_id
+from frontend.actors.request_validation import (
+    InvalidRequest,
+    RequestValidator,
+    peek_request_id,
+    salvage_request_id,
+)
 from frontend.actors.tokenize_pool import LARGE_JOB_BYTES, TokenizeJob, TokenizePool
 from protocol import (
     AbortRequest,
@@ -41,14 +45,17 @@ from protocol import (
     DetokRequestInfo,
     Endpoints,
     EngineDead,
+    ErrorKind,
+    FinishReason,
     GenerateRequest,
     ProtocolError,
+    RequestError,
     ResultDelta,
     Shutdown,
     encode,
 )
 from protocol.actor_start import from_plain, read_start
-from protocol.codec import kind_of, peek_head
+from protocol.outcomes import invalid
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import RouterSocket
 
@@ -107,16 +114,21 @@ def model_vocab_size(model: str, tokenizer: Any) -> int:
     return len(tokenizer)
 
 
-def error_delta(client_request_id: str, error: str) -> ResultDelta:
+def error_delta(client_request_id: str, error: RequestError) -> ResultDelta:
     return ResultDelta(client_request_id=client_request_id, text="", token_ids=[],
-                       finish_reason="error", prompt_tokens=0, completion_tokens=0,
+                       finish_reason=FinishReason.ERROR, prompt_tokens=0, completion_tokens=0,
                        logprobs=None, error=error)
 
 
 def abort_delta(client_request_id: str) -> ResultDelta:
     return ResultDelta(client_request_id=client_request_id, text="", token_ids=[],
-                       finish_reason="abort", prompt_tokens=0, completion_tokens=0,
+                       finish_reason=FinishReason.ABORT, prompt_tokens=0, completion_tokens=0,
                        logprobs=None, error=None)
+
+
+def malformed(exc: ProtocolError | str) -> RequestError:
+    """A frame no decoder accepts; the field, when one field's own check refused it."""
+    return invalid(f"malformed message: {exc}", getattr(exc, "field", None))
 
 
 @dataclass(frozen=True)
@@ -139,7 +151,7 @@ class TokenizerActor:
         self.endpoints = endpoints
         self.rt = rt
         vocab = config.vocab_size or model_vocab_size(config.model, tokenizer)
-        self.validator = RequestValidator(tokenizer, vocab, config.max_model_len)
+        self.validator = RequestValidator(tokenizer, vocab)
         self.limits = PromptLimits.for_tokenizer(tokenizer, config.max_model_len)
         self.client_budget_bytes = max(CLIENT_PENDING_BYTES, 2 * self.limits.max_frame_bytes)
         self.request_decoder = Decoder(GenerateRequest, max_bytes=self.limits.max_frame_bytes)
@@ -160,7 +172,7 @@ class TokenizerActor:
         self.dead_reason: str | None = None
         # Each thread tokenizes with its own copy: a fast tokenizer is not safe to share.
         validators = [self.validator] + [
-            RequestValidator(copy.deepcopy(tokenizer), vocab, config.max_model_len)
+            RequestValidator(copy.deepcopy(tokenizer), vocab)
             for _ in range(threads - 1)]
         self.pool = TokenizePool([functools.partial(self._prepare, v) for v in validators])
 
@@ -208,22 +220,21 @@ class TokenizerActor:
             self._refuse_envelope(peer, body)
             return
         if len(body) != 1:
-            self.router.send_to(peer, error_delta("", "malformed message: expected one frame"))
+            self.router.send_to(peer, error_delta("", malformed("expected one frame")))
             return
         frame = body[0].buffer
-        head = peek_head(frame, 2)
-        if head is not None and head[0] == kind_of(GenerateRequest):
-            request_id = head[1] if type(head[1]) is str else ""
+        request_id = peek_request_id(frame)
+        if request_id is not None:
             self._on_generate_frame(peer, request_id, frame)
             return
         if len(frame) > LARGE_JOB_BYTES:  # not worth decoding here: no control frame is large
-            self.router.send_to(peer, error_delta("", (
-                f"malformed message: a frame of {len(frame)} bytes that is not a request")))
+            self.router.send_to(peer, error_delta("", malformed(
+                f"a frame of {len(frame)} bytes that is not a request")))
             return
         try:
             msg = self.router.decode(frame)
         except ProtocolError as exc:
-            self.router.send_to(peer, error_delta("", f"malformed message: {exc}"))
+            self.router.send_to(peer, error_delta("", malformed(exc)))
             return
         if isinstance(msg, ClientHello):
             self._on_hello(peer, msg)
@@ -237,7 +248,7 @@ class TokenizerActor:
         with the same envelope, which is the only reply such a peer can read."""
         envelope = [f.bytes for f in body[:-1]]
         request_id = salvage_request_id(body[-1].buffer) or ""
-        reply = error_delta(request_id, (
+        reply = error_delta(request_id, invalid(
             "this socket serves DEALER peers (nanopipe's Client and AsyncClient); a REQ "
             "socket cannot receive results: connect with zmq.DEALER and send one frame"))
         try:
@@ -262,15 +273,17 @@ class TokenizerActor:
             return
         if peer not in self.clients:
             self.router.send_to(peer, error_delta(
-                request_id, "send ClientHello before any request"))
+                request_id, invalid("send ClientHello before any request")))
             return
         size = len(frame)
         if size > self.limits.max_frame_bytes:
-            self.router.send_to(peer, error_delta(request_id, self.limits.frame_error(size)))
+            self.router.send_to(peer, error_delta(
+                request_id, invalid(self.limits.frame_error(size), "prompt")))
             return
         pending = self.pool.pending_bytes(peer)
         if pending + size > self.client_budget_bytes:
-            self.router.send_to(peer, error_delta(request_id, (
+            self.router.send_to(peer, error_delta(request_id, RequestError(
+                ErrorKind.REQUEST_FAILED,
                 f"busy: this client already has {pending} bytes of requests waiting to be "
                 f"tokenized (at most {self.client_budget_bytes}); retry when some finish")))
             return
@@ -284,16 +297,17 @@ class TokenizerActor:
         try:
             req = self.request_decoder.decode(job.frame)
         except ProtocolError as exc:
-            job.result = f"malformed message: {exc}"
+            job.result = malformed(exc)
             return
         try:
             self.limits.check(req)  # before tokenizing: a prompt too big to fit costs nothing
             job.result = Prepared(req, validator.prompt_token_ids(req))
         except InvalidRequest as exc:
-            job.result = str(exc)
+            job.result = exc.to_wire()
         except Exception as exc:  # a tokenizer failure is this request's problem only
             log.exception("tokenizer: could not tokenize request")
-            job.result = f"the prompt could not be tokenized: {exc}"
+            job.result = RequestError(ErrorKind.REQUEST_FAILED,
+                                      f"the prompt could not be tokenized: {exc}")
 
     def _on_prepared(self, job: TokenizeJob) -> None:
         key = (job.peer, job.client_request_id)
@@ -307,16 +321,14 @@ class TokenizerActor:
         elif isinstance(result, Prepared):
             self._forward(job.peer, result.request, result.token_ids)
         else:
-            error = result if isinstance(result, str) else f"internal error: {result!r}"
+            error = result if isinstance(result, RequestError) else RequestError(
+                ErrorKind.REQUEST_FAILED, f"internal error: {result!r}")
             self.router.send_to(job.peer, error_delta(job.client_request_id, error))
 
     def _forward(self, peer: bytes, req: GenerateRequest, ids: list[int]) -> None:
         request_id = self.next_request_id
         self.next_request_id += 1
-        params = req.params
-        if params.max_tokens is None:
-            params = dataclasses.replace(
-                params, max_tokens=self.validator.max_tokens(len(ids), None))
+        params = req.params  # the scheduler judges its length (and resolves max_tokens=None)
         # The detokenizer must know the route before any token of this request can exist.
         self.to_detok.send(DetokRequestInfo(
             request_id=request_id, client_id=self.clients[peer],
@@ -343,7 +355,8 @@ class TokenizerActor:
             return
         request_id = self.request_ids.pop((peer, msg.client_request_id), None)
         if request_id is not None:
-            self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason="abort"))
+            self.to_scheduler.send(AbortRequests(request_ids=[request_id],
+                                                 reason=FinishReason.ABORT))
 
 
 def run_tokenizer(config: TokenizerConfig, endpoints: Endpoints) -> None:

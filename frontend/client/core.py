@@ -31,6 +31,7 @@ from protocol import (
     ClientWelcome,
     Decoder,
     EngineDead,
+    ErrorKind,
     GenerateRequest,
     ProtocolError,
     ResultDelta,
@@ -38,8 +39,8 @@ from protocol import (
     SamplingParams,
     encode,
 )
-from protocol.client_link import ENGINE_DEAD_PREFIX
 from protocol.client_messages import as_token_ids
+from protocol.outcomes import finish_reason_string
 
 CONNECT_TIMEOUT_S = 60.0
 """How long the handshake may take before the pipeline is declared unreachable."""
@@ -73,22 +74,24 @@ def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, mes
                  "messages": sum(len(m.content) for m in messages or ())}
         field = max(sizes, key=sizes.__getitem__)
         raise RequestRejected(f"{field}: the request encodes to {len(frame)} bytes, over the "
-                              f"{MAX_FRAME_BYTES}-byte limit of one message; shorten the {field}")
+                              f"{MAX_FRAME_BYTES}-byte limit of one message; shorten the {field}",
+                              field)
     return frame
 
 
 def outcome(msg: ResultDelta) -> RequestDelta | Exception:
-    """What one result means to its caller: the only place the client reads error texts."""
+    """What one result means to its caller: the only place the client reads wire outcomes."""
     if msg.error is not None:
-        if msg.error.startswith(ENGINE_DEAD_PREFIX):
-            return EngineDeadError(msg.error)
-        return RequestRejected(msg.error)
+        if msg.error.kind is ErrorKind.ENGINE_DEAD:
+            return EngineDeadError(msg.error.message)
+        return RequestRejected(msg.error.message, msg.error.field)
     top = None
     if msg.top_token_ids is not None and msg.top_logprobs is not None:
         top = [list(zip(ids, lps, strict=True))
                for ids, lps in zip(msg.top_token_ids, msg.top_logprobs, strict=True)]
     return RequestDelta(request_id=msg.client_request_id, text=msg.text,
-                        token_ids=msg.token_ids, finish_reason=msg.finish_reason,
+                        token_ids=msg.token_ids,
+                        finish_reason=finish_reason_string(msg.finish_reason),
                         prompt_tokens=msg.prompt_tokens,
                         completion_tokens=msg.completion_tokens, logprobs=msg.logprobs,
                         top_logprobs=top)
@@ -234,7 +237,7 @@ class ClientCore:
     def _route(self, msg: ResultDelta) -> list[Action]:
         request_id = msg.client_request_id
         if msg.error is not None and not request_id:
-            return self._fail_unanswered(msg.error)
+            return self._fail_unanswered(msg.error.message)
         self._unanswered.discard(request_id)
         sink = self._sinks.get(request_id)
         if sink is None:

@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 
 class RequestRejected(ValueError):
-    """The engine refused the request (bad input); the message names the field."""
+    """The engine refused the request (bad input); `field` names the request field at fault
+    ("prompt", "params.max_tokens"...; None when no one field is), as does the message."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class EngineDeadError(RuntimeError):

@@ -80,15 +80,25 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 """What the worker's int32 token columns hold (the tokenizer checks the vocabulary)."""
 
 
-_PARAM_FIELDS = {f.name for f in SamplingParams.__dataclass_fields__.values()}
 # pydantic puts union-member tags ("str", "list[int]", "TextPart") into error locations.
 _LOC_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|[A-Z]\w*|function-.*)$")
 
 
 def params_error(exc: SamplingParamsError) -> ApiError:
-    """SamplingParams names the field first in its message; report it as the param."""
-    first = str(exc).split(" ", 1)[0]
-    return invalid(str(exc), first if first in _PARAM_FIELDS else None)
+    return invalid(str(exc), exc.field)
+
+
+_BODY_NAMES = {"prompt_token_ids": "prompt", "client_request_id": None}
+"""Engine request fields that the OpenAI body names otherwise (or not at all)."""
+
+
+def http_param(field: str | None) -> str | None:
+    """The body's name of a field the engine names as a GenerateRequest field
+    ("params.max_tokens" is `max_tokens`, "prompt_token_ids" is `prompt`)."""
+    if field is None:
+        return None
+    name = field.removeprefix("params.")
+    return _BODY_NAMES.get(name, name)
 
 
 def validation_error(errors: list[dict[str, Any]]) -> ApiError:

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import hmac
-import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,6 +31,7 @@ from frontend.openai_server.schema import (
     CompletionRequest,
     dumps,
     error_body,
+    http_param,
     params_error,
     validation_error,
 )
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_PARAMS_FIELD = re.compile(r"\bparams\.(\w+)")
-_ENGINE_FIELDS = {"prompt": "prompt", "prompt_token_ids": "prompt", "messages": "messages"}
 
 MAX_BYTES_PER_TOKEN = 64
 """A generous bound on what one prompt token costs in a JSON body: an id is at most 11 bytes,
@@ -65,20 +63,9 @@ def _api_error(exc: BaseException) -> ApiError:
         return ApiError(503, f"engine is dead: {exc}", type="engine_dead", code="engine_dead")
     if isinstance(exc, SamplingParamsError):
         return params_error(exc)
-    if isinstance(exc, RequestFieldError):
-        return ApiError(400, str(exc), param=str(exc).split("[", 1)[0].split(" ", 1)[0])
-    if isinstance(exc, RequestRejected):
-        return ApiError(400, str(exc), param=_rejected_param(str(exc)))
+    if isinstance(exc, RequestFieldError | RequestRejected):
+        return ApiError(400, str(exc), param=http_param(exc.field))
     return ApiError(500, f"internal error: {exc}", type="server_error")
-
-
-def _rejected_param(message: str) -> str | None:
-    """The request field a tokenizer refusal names ("params.max_tokens is ...", "prompt ...")."""
-    match = _PARAMS_FIELD.search(message)
-    if match is not None:
-        return match.group(1)
-    words = message.removeprefix("the ").split(" ", 1)  # "the prompt has 900 tokens, ..."
-    return _ENGINE_FIELDS.get(words[0].split("[", 1)[0])
 
 
 def _error_response(exc: BaseException) -> JSONResponse:

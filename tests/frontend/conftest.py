@@ -26,7 +26,10 @@ from protocol import (
     AddRequest,
     Endpoints,
     EngineDead,
+    ErrorKind,
+    FinishReason,
     Ready,
+    RequestError,
     StartupFailed,
     TokenDeltas,
     encode,
@@ -52,8 +55,9 @@ class FakeScheduler:
 
     Binds scheduler_in, pushes to detok_in. Each step "generates" the next prompt token
     for every running request (cycling through the prompt), so the output text of a
-    request echoes its prompt. Ends a request with "length" after max_tokens, with "stop"
-    on an EOS/stop token id, with "abort" on AbortRequests; fails seed FAIL_SEED.
+    request echoes its prompt. Ends a request with LENGTH after max_tokens (None: the rest of
+    max_model_len), with STOP on an EOS/stop token id, with ABORT on AbortRequests; fails
+    seed FAIL_SEED. Unlike the real one, it judges no request's length.
     """
 
     endpoints: Endpoints
@@ -63,6 +67,7 @@ class FakeScheduler:
     added: list[AddRequest] = field(default_factory=list)
     aborts: list[AbortRequests] = field(default_factory=list)
     engine_dead: list[str] = field(default_factory=list)
+    max_model_len: int = MAX_MODEL_LEN
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -96,7 +101,8 @@ class FakeScheduler:
             self.aborts.append(msg)
             ids = [i for i in msg.request_ids if self._running.pop(i, None) is not None]
             if ids:
-                self._emit(ids, [[] for _ in ids], ["abort"] * len(ids), [None] * len(ids), None)
+                self._emit(ids, [[] for _ in ids], [msg.reason] * len(ids), [None] * len(ids),
+                           None)
         else:
             self.engine_dead.append(msg.reason)
 
@@ -111,14 +117,17 @@ class FakeScheduler:
             stops = set(req.params.stop_token_ids)
             if not req.params.ignore_eos:
                 stops |= set(req.eos_token_ids)
+            max_tokens = req.params.max_tokens or self.max_model_len - len(prompt)
             if req.params.seed == FAIL_SEED:
-                finish, error = "error", "stand-in scheduler failure"
+                finish, error = FinishReason.ERROR, RequestError(
+                    ErrorKind.REQUEST_FAILED, "stand-in scheduler failure")
             elif req.params.seed == DEAD_SEED:
-                finish, error = "error", "engine dead: worker 0 exited with code -9"
+                finish, error = FinishReason.ERROR, RequestError(
+                    ErrorKind.ENGINE_DEAD, "engine dead: worker 0 exited with code -9")
             elif token in stops:
-                finish = "stop"
-            elif run.produced >= req.params.max_tokens:
-                finish = "length"
+                finish = FinishReason.STOP
+            elif run.produced >= max_tokens:
+                finish = FinishReason.LENGTH
             if finish is not None:
                 del self._running[rid]
             ids.append(rid)
@@ -167,7 +176,7 @@ def start_frontend(model_dir: str, step_s: float = 0.001,
     ctx = zmq.Context.instance()
     control = MessageSocket(ctx, zmq.PULL, endpoints.control, bind=True,
                             accepts=(Ready, StartupFailed))
-    scheduler = FakeScheduler(endpoints, step_s=step_s)
+    scheduler = FakeScheduler(endpoints, step_s=step_s, max_model_len=max_model_len)
     spawn = mp.get_context("spawn")
     procs = {
         "tokenizer": spawn.Process(target=run_tokenizer, daemon=True, args=(

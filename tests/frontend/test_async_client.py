@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from frontend import AsyncClient, ClientClosedError, RequestRejected
-from protocol import SamplingParams
+from protocol import FinishReason, SamplingParams
 
 PROMPT = "The capital of France is Paris."
 
@@ -29,7 +29,7 @@ async def until(condition, timeout: float = 10.0) -> None:
 
 
 def aborted(pipe, request_id: int) -> bool:
-    return any(request_id in a.request_ids and a.reason == "abort"
+    return any(request_id in a.request_ids and a.reason is FinishReason.ABORT
                for a in pipe.scheduler.aborts)
 
 

@@ -35,7 +35,7 @@ from protocol import (
     ResultDeltaBatch,
     encode,
 )
-from protocol.client_link import ENGINE_DEAD_PREFIX
+from protocol.outcomes import ErrorKind, FinishReason, RequestError
 
 ADDRESS = "tcp://127.0.0.1:5555"
 RESULTS = "tcp://127.0.0.1:5556"
@@ -44,11 +44,14 @@ SENT = Decoder(AbortRequest, ClientHello)
 """Reads what the core sends, as the tokenizer would."""
 
 
-def delta(request_id: str, text: str = "", finish: str | None = None,
-          error: str | None = None, token_ids: list[int] | None = None) -> ResultDelta:
+def delta(request_id: str, text: str = "", finish: FinishReason | None = None,
+          error: str | None = None, token_ids: list[int] | None = None,
+          kind: ErrorKind = ErrorKind.INVALID_REQUEST, field: str | None = None
+          ) -> ResultDelta:
     return ResultDelta(client_request_id=request_id, text=text, token_ids=token_ids or [],
-                       finish_reason="error" if error else finish, prompt_tokens=3,
-                       completion_tokens=len(token_ids or []), logprobs=None, error=error)
+                       finish_reason=FinishReason.ERROR if error else finish, prompt_tokens=3,
+                       completion_tokens=len(token_ids or []), logprobs=None,
+                       error=None if error is None else RequestError(kind, error, field))
 
 
 def ready_core() -> ClientCore:
@@ -99,22 +102,23 @@ def test_deltas_reach_their_own_request_until_it_finishes():
     a, b = submit(core, "a"), submit(core, "b")
     batch = ResultDeltaBatch([delta("a", "x", token_ids=[1]), delta("b", "y", token_ids=[2])])
     assert core.on_frame(Link.RESULTS, encode(batch)) == []
-    core.on_frame(Link.RESULTS, encode(delta("b", "z", finish="length", token_ids=[3])))
+    core.on_frame(Link.RESULTS, encode(delta("b", "z", finish=FinishReason.LENGTH, token_ids=[3])))
     assert [d.text for d in a] == ["x"] and [d.text for d in b] == ["y", "z"]
     assert all(isinstance(d, RequestDelta) for d in a + b)
     assert b[-1].finish_reason == "length" and b[-1].request_id == "b"
     assert core.in_flight == 1
     # After its final delta a request gets nothing more; an unknown id is dropped quietly.
     core.on_frame(Link.RESULTS, encode(delta("b", "late")))
-    core.on_frame(Link.RESULTS, encode(delta("nobody", "lost", finish="stop")))
+    core.on_frame(Link.RESULTS, encode(delta("nobody", "lost", finish=FinishReason.STOP)))
     assert len(b) == 2 and len(a) == 1
 
 
 def test_top_logprobs_become_pairs():
     core = ready_core()
     got = submit(core, "a")
-    msg = ResultDelta(client_request_id="a", text="t", token_ids=[5], finish_reason="stop",
-                      prompt_tokens=1, completion_tokens=1, logprobs=[-0.5], error=None,
+    msg = ResultDelta(client_request_id="a", text="t", token_ids=[5],
+                      finish_reason=FinishReason.STOP, prompt_tokens=1, completion_tokens=1,
+                      logprobs=[-0.5], error=None,
                       top_token_ids=[[5, 6]], top_logprobs=[[-0.5, -1.5]])
     core.on_frame(Link.RESULTS, encode(msg))
     assert got[0].top_logprobs == [[(5, -0.5), (6, -1.5)]] and got[0].logprobs == [-0.5]
@@ -131,17 +135,20 @@ def test_forgotten_request_gets_nothing():
 def test_a_refused_request_fails_alone():
     core = ready_core()
     bad, good = submit(core, "bad"), submit(core, "good")
-    core.on_frame(Link.REQUESTS, encode(delta("bad", error="prompt must not be empty")))
+    core.on_frame(Link.REQUESTS, encode(delta("bad", error="prompt must not be empty",
+                                              field="prompt")))
     (err,) = bad
     assert isinstance(err, RequestRejected) and "prompt must not be empty" in str(err)
-    core.on_frame(Link.RESULTS, encode(delta("good", "ok", finish="stop")))
+    assert err.field == "prompt"
+    core.on_frame(Link.RESULTS, encode(delta("good", "ok", finish=FinishReason.STOP)))
     assert good[0].text == "ok" and core.dead is None
 
 
 def test_a_request_error_from_a_dead_engine_is_engine_dead():
     core = ready_core()
     got = submit(core, "a")
-    core.on_frame(Link.RESULTS, encode(delta("a", error=f"{ENGINE_DEAD_PREFIX}: worker 0")))
+    core.on_frame(Link.RESULTS, encode(delta("a", error="worker 0 was killed",
+                                                    kind=ErrorKind.ENGINE_DEAD)))
     assert isinstance(got[0], EngineDeadError) and "worker 0" in str(got[0])
 
 

@@ -13,13 +13,14 @@ import pytest
 import zmq
 
 from frontend import AsyncClient, Client, EngineDeadError, RequestRejected
-from frontend.actors.tokenizer import error_delta
+from frontend.actors.tokenizer import error_delta, malformed
 from protocol import (
     MAX_FRAME_BYTES,
     AbortRequest,
     ClientHello,
     ClientWelcome,
     Decoder,
+    FinishReason,
     GenerateRequest,
     ResultDelta,
     encode,
@@ -63,13 +64,13 @@ class StandInServer:
                     if len(self.generate) == self.expect:
                         first = self.generate[0]
                         self._send(peer, ResultDelta(first, "a", [1], None, 1, 1, None, None))
-                        self._send(peer, error_delta("", "malformed message: lost its id"))
+                        self._send(peer, error_delta("", malformed("lost its id")))
                 else:
                     self.aborted.append(msg.client_request_id)
                     if len(self.aborted) == self.expect - 1:
                         first = self.generate[0]
-                        self._send(peer, ResultDelta(first, "b", [2], "length", 1, 2, None,
-                                                     None))
+                        self._send(peer, ResultDelta(first, "b", [2], FinishReason.LENGTH,
+                                                     1, 2, None, None))
 
     def _send(self, peer: bytes, msg) -> None:
         self.requests.send_multipart([peer, encode(msg)])

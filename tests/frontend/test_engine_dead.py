@@ -11,7 +11,7 @@ import time
 import pytest
 
 from frontend import AsyncClient, Client, EngineDeadError
-from protocol import EngineDead, SamplingParams, Shutdown
+from protocol import EngineDead, FinishReason, SamplingParams, Shutdown
 from tests.frontend.conftest import start_frontend, stop_frontend
 
 LONG = SamplingParams(max_tokens=120, ignore_eos=True)
@@ -186,7 +186,8 @@ def test_deltas_that_overtake_their_request_info_are_buffered(fresh_pipe, tiny_q
         rid = 10**6
         pipe.send(pipe.endpoints.detok_in, TokenDeltas(1, [rid], [ids[:2]], [None], [None],
                                                        None))
-        pipe.send(pipe.endpoints.detok_in, TokenDeltas(2, [rid], [ids[2:]], ["length"], [None],
+        pipe.send(pipe.endpoints.detok_in, TokenDeltas(2, [rid], [ids[2:]], [FinishReason.LENGTH],
+                                                       [None],
                                                        None))
         time.sleep(0.2)
         pipe.send(pipe.endpoints.detok_in, DetokRequestInfo(
@@ -197,6 +198,6 @@ def test_deltas_that_overtake_their_request_info_are_buffered(fresh_pipe, tiny_q
         assert (out.client_request_id, out.text, out.token_ids) == ("early",
                                                                     " over the lazy dog", ids)
         assert (out.finish_reason, out.prompt_tokens, out.completion_tokens) == (
-            "length", 9, len(ids))
+            FinishReason.LENGTH, 9, len(ids))
     finally:
         sock.close()

@@ -20,6 +20,7 @@ from protocol import (
     ClientHello,
     ClientWelcome,
     Decoder,
+    FinishReason,
     GenerateRequest,
     ResultDelta,
     SamplingParams,
@@ -104,7 +105,7 @@ def test_stop_string_ends_the_request_and_tells_the_scheduler(pipe, client):
     out = client.generate(PROMPT, params=params)
     assert out.text == "The capital of France is " and out.finish_reason == "stop"
     rid = pipe.scheduler.added[-1].request_id
-    wait_for(lambda: any(a.request_ids == [rid] and a.reason == "stop"
+    wait_for(lambda: any(a.request_ids == [rid] and a.reason is FinishReason.STOP
                          for a in pipe.scheduler.aborts))
     deltas = list(client.stream(PROMPT, params=params))
     assert "".join(d.text for d in deltas) == "The capital of France is "
@@ -133,21 +134,24 @@ def test_special_tokens_skipped_or_kept(client, tokenizer):
 def test_rejections_reach_the_client_and_others_go_on(pipe, client):
     long_running = client.stream(PROMPT, params=SamplingParams(max_tokens=100, ignore_eos=True))
     first = next(long_running)
-    bad = [
-        (dict(prompt=""), "prompt must not be empty"),
-        (dict(prompt=None), "exactly one of prompt, prompt_token_ids and messages"),
-        (dict(prompt="x", prompt_token_ids=[1]), "exactly one of"),
-        (dict(prompt_token_ids=[1, 99999]), "prompt_token_ids[1] = 99999"),
-        (dict(prompt_token_ids=[-5]), "prompt_token_ids[0] = -5"),
-        (dict(prompt="hi", params=SamplingParams(max_tokens=500)), "max_model_len 128"),
-        (dict(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role"),
-        (dict(messages=[]), "messages must not be empty"),
+    bad = [  # (request, message, the field the error names)
+        (dict(prompt=""), "prompt must not be empty", "prompt"),
+        (dict(prompt=None), "exactly one of prompt, prompt_token_ids and messages", "prompt"),
+        (dict(prompt="x", prompt_token_ids=[1]), "exactly one of", "prompt"),
+        (dict(prompt_token_ids=[1, 99999]), "prompt_token_ids[1] = 99999", "prompt_token_ids"),
+        (dict(prompt_token_ids=[-5]), "prompt_token_ids[0] = -5", "prompt_token_ids"),
+        (dict(prompt="hi", params=SamplingParams(stop_token_ids=[99999])),
+         "params.stop_token_ids[0] = 99999", "params.stop_token_ids"),
+        (dict(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role", "messages"),
+        (dict(messages=[]), "messages must not be empty", "messages"),
     ]
-    for kwargs, expected in bad:
-        with pytest.raises(RequestRejected, match=expected.replace("[", r"\[")):
+    for kwargs, expected, field in bad:
+        with pytest.raises(RequestRejected, match=expected.replace("[", r"\[")) as info:
             client.generate(**kwargs)
-        with pytest.raises(RequestRejected, match=expected.replace("[", r"\[")):
+        assert info.value.field == field
+        with pytest.raises(RequestRejected, match=expected.replace("[", r"\[")) as info:
             next(client.stream(**kwargs))
+        assert info.value.field == field
     rest = list(long_running)
     assert first.completion_tokens + len(rest) == 100 and rest[-1].finish_reason == "length"
     assert client.generate(PROMPT, params=SamplingParams(max_tokens=2)).finish_reason == "length"
@@ -183,7 +187,7 @@ def test_many_concurrent_requests_over_one_client(client, tokenizer):
 
 
 def aborted(pipe, request_id: int) -> bool:
-    return any(request_id in a.request_ids and a.reason == "abort"
+    return any(request_id in a.request_ids and a.reason is FinishReason.ABORT
                for a in pipe.scheduler.aborts)
 
 
@@ -285,24 +289,26 @@ def test_malformed_frames_get_errors_and_harm_nothing(pipe, client):
         assert isinstance(decoder.decode(sock.recv()), ClientWelcome)
         sock.send(b"\xc1 not msgpack")
         reply = decoder.decode(sock.recv())
-        assert reply.finish_reason == "error" and "malformed message" in reply.error
+        assert reply.finish_reason is FinishReason.ERROR
+        assert "malformed message" in reply.error.message
         sock.send_multipart([b"two", b"frames"])
-        assert "expected one frame" in decoder.decode(sock.recv()).error
+        assert "expected one frame" in decoder.decode(sock.recv()).error.message
         sock.send(msgpack.packb([0x7F, 1, 2]))
-        assert "not accepted" in decoder.decode(sock.recv()).error
+        assert "not accepted" in decoder.decode(sock.recv()).error.message
         # Sampling parameters no client library would build: refused by its request id.
         req = msgpack.unpackb(encode(GenerateRequest("bad-1", "hi", None, None,
                                                      SamplingParams(), False)))
         req[5][1] = 7.5  # top_p
         sock.send(msgpack.packb(req))
         reply = decoder.decode(sock.recv())
-        assert reply.client_request_id == "bad-1" and "top_p" in reply.error
+        assert reply.client_request_id == "bad-1" and "top_p" in reply.error.message
+        assert reply.error.field == "params.top_p"
     finally:
         sock.close()
     results = raw_dealer(client.welcome.results_address)
     try:
         results.send(b"junk")
-        assert "malformed message" in decoder.decode(results.recv()).error
+        assert "malformed message" in decoder.decode(results.recv()).error.message
     finally:
         results.close()
     assert client.generate(PROMPT, params=SamplingParams(max_tokens=3)).completion_tokens == 3
@@ -314,6 +320,6 @@ def test_request_before_hello_is_refused(pipe):
     try:
         sock.send(encode(GenerateRequest("r", "hi", None, None, SamplingParams(), False)))
         reply = Decoder(ResultDelta).decode(sock.recv())
-        assert reply.client_request_id == "r" and "ClientHello" in reply.error
+        assert reply.client_request_id == "r" and "ClientHello" in reply.error.message
     finally:
         sock.close()

@@ -10,11 +10,11 @@ from transformers import AutoTokenizer
 
 from frontend.actors.incremental_detok import context_anchor, make_decode_fn
 from frontend.actors.stdout_detokenizer import AttachError, StdoutPrinter, resolve_address
-from protocol import TokenDeltas
+from protocol import FinishReason, TokenDeltas
 from protocol.engine_messages import WatchRequest
 
 
-def deltas(step: int, items: dict[int, tuple[list[int], str | None]]) -> TokenDeltas:
+def deltas(step: int, items: dict[int, tuple[list[int], FinishReason | None]]) -> TokenDeltas:
     ids = list(items)
     return TokenDeltas(step_id=step, request_ids=ids, token_ids=[items[i][0] for i in ids],
                        finish_reasons=[items[i][1] for i in ids], errors=[None] * len(ids),
@@ -29,8 +29,9 @@ def test_printer_tags_each_request_with_its_client_id(tiny_qwen3_dir):
     printer.on_request(WatchRequest(7, "chat-a"))
     for i, t in enumerate(a[:-1]):
         printer.on_deltas(deltas(i, {7: ([t], None)}))
-    printer.on_deltas(deltas(10, {7: ([a[-1]], "length"), 9: (b, None)}))
-    printer.on_deltas(deltas(11, {9: ([tok.convert_tokens_to_ids("<|im_end|>")], "stop")}))
+    printer.on_deltas(deltas(10, {7: ([a[-1]], FinishReason.LENGTH), 9: (b, None)}))
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    printer.on_deltas(deltas(11, {9: ([im_end], FinishReason.STOP)}))
     # Request 9 was never announced (it began before the printer attached).
     assert out.getvalue() == ("[chat-a] Hello 😀 there\n[chat-a] <finish: length>\n"
                               "[#9] Rome\n[#9] <finish: stop>\n")
@@ -55,5 +56,5 @@ def test_printer_keeps_the_first_words_space_with_sentencepiece(sp_tokenizer_dir
     printer = StdoutPrinter(make_decode_fn(tok), out, context=context_anchor(tok))
     printer.on_request(WatchRequest(3, "r3"))
     for i, t in enumerate(gen):
-        printer.on_deltas(deltas(i, {3: ([t], "length" if i == len(gen) - 1 else None)}))
+        printer.on_deltas(deltas(i, {3: ([t], FinishReason.LENGTH if i == len(gen) - 1 else None)}))
     assert out.getvalue() == "[r3]  import the model\n[r3] <finish: length>\n"

@@ -15,6 +15,7 @@ from protocol import (
     ClientHello,
     ClientWelcome,
     Decoder,
+    FinishReason,
     GenerateRequest,
     ResultDelta,
     SamplingParams,
@@ -107,7 +108,7 @@ def test_an_oversized_frame_is_refused_by_its_request_id(pipe, size):
     try:
         sock.send(encode(GenerateRequest("big-1", "x" * size, None, None, ONE, False)))
         reply = Decoder(ResultDelta).decode(sock.recv())
-        assert reply.client_request_id == "big-1" and "shorten the prompt" in reply.error
+        assert reply.client_request_id == "big-1" and "shorten the prompt" in reply.error.message
     finally:
         sock.close()
 
@@ -120,10 +121,10 @@ def test_a_req_socket_gets_a_reply_it_can_read(pipe):
     try:
         sock.send(encode(ClientHello("req-peer")))
         reply = Decoder(ResultDelta).decode(sock.recv())
-        assert reply.finish_reason == "error" and "zmq.DEALER" in reply.error
+        assert reply.finish_reason is FinishReason.ERROR and "zmq.DEALER" in reply.error.message
         sock.send(encode(GenerateRequest("req-1", "hi", None, None, ONE, False)))
         reply = Decoder(ResultDelta).decode(sock.recv())
-        assert reply.client_request_id == "req-1" and "zmq.DEALER" in reply.error
+        assert reply.client_request_id == "req-1" and "zmq.DEALER" in reply.error.message
     finally:
         sock.close()
     with Client(pipe.address, timeout=30) as client:

@@ -8,7 +8,14 @@ import time
 
 import zmq
 
-from protocol import Decoder, ProtocolError, SamplingParams, TokenDeltas
+from protocol import (
+    Decoder,
+    FinishReason,
+    ProtocolError,
+    RequestError,
+    SamplingParams,
+    TokenDeltas,
+)
 
 ENGINE = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=16,
               max_num_batched_tokens=512)
@@ -22,7 +29,7 @@ class DeltaWatcher:
     """Collects every TokenDeltas the scheduler publishes: per request, tokens and outcome."""
 
     def __init__(self, address: str) -> None:
-        self.finished: dict[int, tuple[str, str | None]] = {}
+        self.finished: dict[int, tuple[FinishReason, RequestError | None]] = {}
         self._stop = threading.Event()
         self._ctx = zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
@@ -46,7 +53,8 @@ class DeltaWatcher:
                 if fin is not None:
                     self.finished[rid] = (fin, err)
 
-    def wait_for(self, rid: int, timeout: float = 30.0) -> tuple[str, str | None]:
+    def wait_for(self, rid: int, timeout: float = 30.0
+                 ) -> tuple[FinishReason, RequestError | None]:
         deadline = time.monotonic() + timeout
         while rid not in self.finished:
             if time.monotonic() > deadline:

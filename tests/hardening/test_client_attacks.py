@@ -20,6 +20,7 @@ from protocol import (
     ClientHello,
     ClientWelcome,
     Decoder,
+    FinishReason,
     GenerateRequest,
     ResultDelta,
     SamplingParams,
@@ -94,7 +95,7 @@ def test_a_prompt_over_the_frame_limit_fails_at_once(pipeline, baseline):
         assert isinstance(Decoder(ClientWelcome).decode(sock.recv()), ClientWelcome)
         sock.send(encode(GenerateRequest("huge-1", huge, None, None, GREEDY, False)))
         reply = Decoder(ResultDelta).decode(sock.recv())
-        assert reply.client_request_id == "huge-1" and reply.finish_reason == "error"
+        assert reply.client_request_id == "huge-1" and reply.finish_reason is FinishReason.ERROR
     finally:
         sock.close()
         ctx.term()
@@ -126,7 +127,7 @@ def test_a_req_socket_gets_an_error_it_can_read(pipeline, baseline):
         sock.connect(pipeline.address)
         sock.send(encode(GenerateRequest("req-1", PROBE, None, None, GREEDY, False)))
         reply = Decoder(ResultDelta).decode(sock.recv())
-        assert reply.client_request_id == "req-1" and "zmq.DEALER" in reply.error
+        assert reply.client_request_id == "req-1" and "zmq.DEALER" in reply.error.message
     finally:
         sock.close()
         ctx.term()

@@ -47,7 +47,7 @@ class CharTokenizer:
         return "".join(m["content"] for m in conversation)
 
 
-VALIDATOR = RequestValidator(CharTokenizer(), VOCAB, MAX_MODEL_LEN)
+VALIDATOR = RequestValidator(CharTokenizer(), VOCAB)
 DECODER = Decoder(GenerateRequest)
 
 # ------------------------------------------------------------------ bodies
@@ -186,8 +186,8 @@ def handle(model: type, body: bytes) -> bytes | None:
         decoded = DECODER.decode(frame)  # the tokenizer must accept what the server sends
         try:
             VALIDATOR.prompt_token_ids(decoded)
-        except InvalidRequest:
-            pass
+        except InvalidRequest as exc:
+            assert exc.field, exc  # a tokenizer refusal names its field too
     return frames[0]
 
 

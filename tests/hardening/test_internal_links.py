@@ -27,6 +27,7 @@ from protocol import (
     AbortRequests,
     AddRequest,
     EngineDead,
+    FinishReason,
     SamplingParams,
     Shutdown,
     StartupFailed,
@@ -52,7 +53,7 @@ def _damage(name: str) -> list[bytes]:
     """Frames that would hurt if delivered: abort every stream, declare the engine dead,
     stop a worker, or feed a socket a message kind it does not accept."""
     if name == "scheduler_in":
-        return [encode(AbortRequests(ALL_IDS, "abort")), encode(EngineDead("stranger"))]
+        return [encode(AbortRequests(ALL_IDS, FinishReason.ABORT)), encode(EngineDead("stranger"))]
     if name.startswith("worker_steps"):
         return [encode(StepResult(1, [0], [1], None)), encode(Shutdown("stranger"))]
     if name == "control":
@@ -208,7 +209,7 @@ def test_a_member_of_the_run_can_abort_so_the_attack_above_is_real(tcp_pipeline,
         sock.setsockopt(zmq.CURVE_PUBLICKEY, ep.keys.client_public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, ep.keys.client_secret)
         sock.connect(ep.scheduler_in)
-        sock.send(encode(AbortRequests(ALL_IDS, "abort")))
+        sock.send(encode(AbortRequests(ALL_IDS, FinishReason.ABORT)))
         sock.close()
 
     try:

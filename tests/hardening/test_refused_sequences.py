@@ -14,7 +14,10 @@ from gpu_workers.mirror import SequenceTable
 from protocol import (
     AddRequest,
     CachedSequences,
+    ErrorKind,
+    FinishReason,
     NewSequence,
+    RequestError,
     SamplingParams,
     StepPlan,
     StepResult,
@@ -52,7 +55,7 @@ def run(requests: list[AddRequest], overlap: bool) -> tuple[dict, dict, Schedule
     for req in requests:
         sched.add_request(req)
     tokens: dict[int, list[int]] = {}
-    outcome: dict[int, tuple[str, str | None]] = {}
+    outcome: dict[int, tuple[FinishReason, RequestError | None]] = {}
 
     def collect(deltas: TokenDeltas | None) -> None:
         if deltas is None:
@@ -87,10 +90,11 @@ def test_a_refused_sequence_fails_its_request_alone(overlap, bad_prompt, why):
             AddRequest(3, [10, 11], PARAMS, [])]
     tokens, outcome, sched, worker = run(
         [good[0], AddRequest(2, bad_prompt, PARAMS, []), good[1]], overlap)
-    assert outcome[2][0] == "error" and why in outcome[2][1]
+    assert outcome[2][0] is FinishReason.ERROR and why in outcome[2][1].message
+    assert outcome[2][1].kind is ErrorKind.REQUEST_FAILED
     assert tokens[2] == []
-    assert tokens[1] == [7, 8, 9, 10, 11] and outcome[1] == ("length", None)
-    assert tokens[3] == [12, 13, 14, 15, 16] and outcome[3] == ("length", None)
+    assert tokens[1] == [7, 8, 9, 10, 11] and outcome[1] == (FinishReason.LENGTH, None)
+    assert tokens[3] == [12, 13, 14, 15, 16] and outcome[3] == (FinishReason.LENGTH, None)
     assert sched.block_manager.num_free == BLOCKS  # its blocks came back
     assert not worker.table.failed and not worker.table.rows  # the drop reached the mirror
 

@@ -13,7 +13,7 @@ from attack_support import ENGINE, GREEDY, MAX_REQUEST_BYTES, PROMPT, DeltaWatch
 from frontend import Client, RequestRejected
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
-from protocol import AddRequest, SamplingParams, SamplingParamsError
+from protocol import AddRequest, FinishReason, SamplingParams, SamplingParamsError
 from protocol.client_messages import RequestFieldError
 from protocol.sockets import MessageSocket
 
@@ -96,8 +96,8 @@ def _attack_alongside_a_healthy_request(pipeline: Pipeline, client: Client,
         assert tokens == reference
         for rid in bad:
             reason, error = watcher.wait_for(rid)
-            assert reason == "error"
-            assert "outside the vocabulary" in error, error
+            assert reason is FinishReason.ERROR
+            assert "outside the vocabulary" in error.message, error
     finally:
         watcher.close()
     for _ in range(3):  # the engine goes on serving, and its answers have not changed

@@ -55,7 +55,7 @@ class FakeClient:
             if call.kwargs.get("prompt") == CRASH:
                 raise RuntimeError("boom")
             if call.kwargs.get("prompt") == REJECT:
-                raise RequestRejected("prompt: this prompt is refused")
+                raise RequestRejected("prompt: this prompt is refused", "prompt")
             params = call.params
             n_prompt = len(call.kwargs.get("prompt_token_ids") or []) or 7
             if params.max_tokens is None:  # the rest of the context, as the tokenizer does
@@ -66,7 +66,7 @@ class FakeClient:
                     f"the prompt has {n_prompt} tokens and params.max_tokens is "
                     f"{params.max_tokens}: together they exceed max_model_len "
                     f"{self.max_model_len}; lower max_tokens to at most "
-                    f"{self.max_model_len - n_prompt}")
+                    f"{self.max_model_len - n_prompt}", "params.max_tokens")
             try:
                 for i in range(params.max_tokens):
                     if self.token_delay_s:

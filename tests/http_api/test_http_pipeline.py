@@ -241,7 +241,7 @@ class DeltaWatcher:
             for rid, toks, fin in zip(msg.request_ids, msg.token_ids, msg.finish_reasons):
                 self.tokens[rid] = self.tokens.get(rid, 0) + len(toks)
                 if fin is not None:
-                    self.finished[rid] = fin
+                    self.finished[rid] = str(fin)  # the string users see
 
     def close(self) -> None:
         self._stop.set()

@@ -12,7 +12,14 @@ from pipeline_config import kv_bytes_per_token, tiny_engine
 from frontend import Client, RequestRejected
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline, StartupError
-from protocol import ClientHello, GenerateRequest, ResultDelta, SamplingParams, encode
+from protocol import (
+    ClientHello,
+    FinishReason,
+    GenerateRequest,
+    ResultDelta,
+    SamplingParams,
+    encode,
+)
 from protocol.codec import Decoder
 
 OK = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -69,8 +76,9 @@ def test_malformed_frames_and_bad_params_on_the_wire(qwen3_pipeline):
         for frame in (b"\x93\x01\x02", b"garbage", msgpack.packb(fields)):
             sock.send(frame)
             reply = decoder.decode(sock.recv())
-            assert reply.finish_reason == "error" and reply.error
-        assert "temperature" in reply.error
+            assert reply.finish_reason is FinishReason.ERROR and reply.error
+        assert "temperature" in reply.error.message
+        assert reply.error.field == "params.temperature"
     finally:
         sock.close()
         ctx.term()

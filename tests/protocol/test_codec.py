@@ -11,6 +11,11 @@ import protocol as p
 from protocol.codec import kind_of
 from protocol.control import StartupProgress
 from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
+from protocol.outcomes import FINISH_REASON_STRINGS, ErrorKind, FinishReason, RequestError
+
+STOP, LENGTH, ERROR = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ERROR
+EMPTY = RequestError(ErrorKind.INVALID_REQUEST, "prompt must not be empty", "prompt")
+DEAD = RequestError(ErrorKind.ENGINE_DEAD, "engine dead: worker 0 exited")
 
 PARAMS = p.SamplingParams(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=7,
                           max_tokens=33, ignore_eos=True, stop=["\n\n", "END"],
@@ -23,15 +28,16 @@ EXAMPLES = [
     p.AbortRequest("r1"),
     p.ClientHello("client-1"),
     p.ClientWelcome("ipc:///tmp/x/results", "tiny", 2048, "ipc:///tmp/x/deltas_pub"),
-    p.ResultDelta("r1", "text ✓", [5, 6], "stop", 3, 2, [-0.5, -1.0], None),
-    p.ResultDelta("r1", "", [], "error", 0, 0, None, "prompt must not be empty"),
+    p.ResultDelta("r1", "text ✓", [5, 6], STOP, 3, 2, [-0.5, -1.0], None),
+    p.ResultDelta("r1", "", [], ERROR, 0, 0, None, EMPTY),
     p.ResultDeltaBatch([
         p.ResultDelta("r1", "a", [5], None, 3, 1, None, None),
-        p.ResultDelta("r2", "b", [6], "length", 4, 9, [-0.1], None),
+        p.ResultDelta("r2", "b", [6], LENGTH, 4, 9, [-0.1], None),
+        p.ResultDelta("r3", "", [], ERROR, 4, 0, None, DEAD),
     ]),
     p.EngineDead("worker rank 1 exited with code -9"),
     p.AddRequest(4, [1, 2, 3], PARAMS, [0], "r1"),
-    p.AbortRequests([4, 5], "stop"),
+    p.AbortRequests([4, 5], STOP),
     p.DetokRequestInfo(4, "client-1", "r1", [7, 8], 120, ["END"], True, True, False),
     p.StepPlan(
         9, [1, 2],
@@ -40,7 +46,9 @@ EXAMPLES = [
     ),
     p.StepResult(9, [4, 5], [100, 101], None),
     p.StepResult(9, [4], [100], [-0.25]),
-    p.TokenDeltas(9, [4, 5], [[100], []], [None, "length"], [None, None], None),
+    p.TokenDeltas(9, [4, 5], [[100], []], [None, LENGTH], [None, None], None),
+    p.TokenDeltas(p.OUT_OF_BAND_STEP, [4, 5, 6], [[], [], []], [None, ERROR, ERROR],
+                  [None, DEAD, EMPTY], None),
     WatchHeartbeat(1.0, None),
     WatchRequest(4, "r1"),
     WatchGoodbye("worker 0 exited with code -9", True),
@@ -83,7 +91,7 @@ def test_pickle_is_refused():
 
 
 def test_kind_not_accepted_on_this_socket():
-    frame = p.encode(p.AbortRequests([1], "abort"))
+    frame = p.encode(p.AbortRequests([1], FinishReason.ABORT))
     with pytest.raises(p.ProtocolError, match="not accepted"):
         p.Decoder(p.StepResult).decode(frame)
 
@@ -139,8 +147,46 @@ def test_nested_struct_is_type_checked():
         p.Decoder(p.AddRequest).decode(msgpack.packb(good))
 
 
+def test_finish_reasons_and_errors_travel_as_enums():
+    frame = p.encode(p.ResultDeltaBatch([p.ResultDelta("r", "", [], ERROR, 0, 0, None, DEAD)]))
+    raw = msgpack.unpackb(frame)
+    assert raw[1][0][3] == 3 and raw[1][0][7] == [2, DEAD.message, None]  # integers, no text
+    (delta,) = p.Decoder(p.ResultDeltaBatch).decode(frame).deltas
+    assert delta.finish_reason is FinishReason.ERROR and delta.error.kind is ErrorKind.ENGINE_DEAD
+    deltas = p.Decoder(p.TokenDeltas).decode(p.encode(example(p.TokenDeltas)))
+    assert [type(r) for r in deltas.finish_reasons] == [type(None), FinishReason]
+
+
+def test_the_one_table_names_every_finish_reason_as_openai_does():
+    assert {str(r) for r in FinishReason} == {"stop", "length", "abort", "error"}
+    assert set(FINISH_REASON_STRINGS) == set(FinishReason)
+    assert f"{FinishReason.LENGTH}" == "length"
+
+
+@pytest.mark.parametrize("payload, match", [
+    ([0x11, [1], 4], "not a FinishReason"),
+    ([0x11, [1], "stop"], "not a FinishReason"),
+    ([0x11, [1], True], "not a FinishReason"),
+    ([0x22, 1, [1], [[]], [9], [None], None, None, None], "not a FinishReason"),
+    ([0x22, 1, [1], [[]], [3], [[7, "x", None]], None, None, None], "not a ErrorKind"),
+    ([0x22, 1, [1], [[]], [3], ["engine dead: x"], None, None, None], "RequestError"),
+])
+def test_unknown_enum_values_are_refused(payload, match):
+    decoder = p.Decoder(p.AbortRequests, p.TokenDeltas)
+    with pytest.raises(p.ProtocolError, match=match):
+        decoder.decode(msgpack.packb(payload))
+
+
+def test_a_refused_nested_field_is_named_from_the_message_down():
+    raw = msgpack.unpackb(p.encode(p.GenerateRequest("r1", "hi", None, None, PARAMS, False)))
+    raw[5][1] = 0.0  # top_p
+    with pytest.raises(p.ProtocolError) as info:
+        p.Decoder(p.GenerateRequest).decode(msgpack.packb(raw))
+    assert info.value.field == "params.top_p"
+
+
 def test_extension_types_are_refused():
-    frame = msgpack.packb([0x11, msgpack.ExtType(1, b"x"), "abort"])
+    frame = msgpack.packb([0x11, msgpack.ExtType(1, b"x"), 2])
     with pytest.raises(p.ProtocolError, match="extension"):
         p.Decoder(p.AbortRequests).decode(frame)
 

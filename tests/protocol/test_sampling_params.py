@@ -47,8 +47,9 @@ from protocol import SamplingParams, SamplingParamsError
     ],
 )
 def test_out_of_range_values_name_the_field(kwargs, field):
-    with pytest.raises(SamplingParamsError, match=field):
+    with pytest.raises(SamplingParamsError, match=field) as info:
         SamplingParams(**kwargs)
+    assert info.value.field == field
 
 
 def test_defaults_and_greedy():

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from protocol import AddRequest, SamplingParams, StepPlan, StepResult, TokenDeltas
+from protocol import (
+    AddRequest,
+    FinishReason,
+    RequestError,
+    SamplingParams,
+    StepPlan,
+    StepResult,
+    TokenDeltas,
+)
 from scheduler_proc import Scheduler
 
 VOCAB = 64
@@ -37,9 +45,9 @@ def reference_generate(
         tokens.append(tok)
         out.append(tok)
         if (tok in eos and not params.ignore_eos) or tok in params.stop_token_ids:
-            return out, "stop"
+            return out, FinishReason.STOP
         if len(out) >= params.max_tokens or len(tokens) >= max_model_len:
-            return out, "length"
+            return out, FinishReason.LENGTH
 
 
 def _prefix_id(parent: int, token: int) -> int:
@@ -122,8 +130,8 @@ class FakeWorker:
 @dataclass
 class Output:
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    error: str | None = None
+    finish_reason: FinishReason | None = None
+    error: RequestError | None = None
 
 
 class Collector:

@@ -8,7 +8,7 @@ import time
 import pytest
 import zmq
 
-from protocol import Decoder, Endpoints, TokenDeltas
+from protocol import Decoder, Endpoints, FinishReason, TokenDeltas
 from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
 from scheduler_proc.deltas_publisher import DeltasPublisher
 
@@ -37,7 +37,7 @@ def receive(sub: zmq.Socket, timeout_s: float = 5.0):
 
 
 def finished(request_id: int) -> TokenDeltas:
-    return TokenDeltas(1, [request_id], [[5]], ["stop"], [None], None)
+    return TokenDeltas(1, [request_id], [[5]], [FinishReason.STOP], [None], None)
 
 
 def test_each_subscriber_is_greeted_at_once_with_the_running_requests(wiring):

@@ -15,6 +15,8 @@ from protocol import (
     AbortRequests,
     Endpoints,
     EngineDead,
+    ErrorKind,
+    FinishReason,
     Ready,
     Shutdown,
     StartupFailed,
@@ -110,7 +112,8 @@ def test_loop_serves_requests_to_completion(overlap):
             assert (out[r.request_id].token_ids, out[r.request_id].finish_reason) == ref
         h.front.send(make_request(50, 60, max_tokens=4))
         out = h.collect_until(finished([50])).outputs
-        assert out[50].finish_reason == "error" and "max_model_len" in out[50].error
+        assert out[50].finish_reason is FinishReason.ERROR
+        assert "max_model_len" in out[50].error.message
     finally:
         h.close()
 
@@ -121,18 +124,20 @@ def test_loop_abort_and_engine_dead():
     try:
         h.front.send(make_request(1, 5, max_tokens=50, ignore_eos=True))
         h.collect_until(lambda outs: 1 in outs and outs[1].token_ids)
-        h.front.send(AbortRequests([1], "abort"))
+        h.front.send(AbortRequests([1], FinishReason.ABORT))
         out = h.collect_until(finished([1])).outputs
-        assert out[1].finish_reason == "abort" and len(out[1].token_ids) < 50
+        assert out[1].finish_reason == FinishReason.ABORT and len(out[1].token_ids) < 50
         h.worker_stalled.set()
         h.front.send(make_request(2, 5, max_tokens=50, ignore_eos=True))
         time.sleep(0.3)
         h.front.send(EngineDead("worker 0 exited with code -9"))
         out = h.collect_until(finished([2])).outputs
-        assert out[2].finish_reason == "error" and "engine dead" in out[2].error
+        assert out[2].finish_reason is FinishReason.ERROR
+        assert out[2].error.kind is ErrorKind.ENGINE_DEAD
         h.front.send(make_request(3, 5, max_tokens=5))
         out = h.collect_until(finished([3])).outputs
-        assert out[3].finish_reason == "error" and "engine dead" in out[3].error
+        assert out[3].finish_reason is FinishReason.ERROR
+        assert out[3].error.kind is ErrorKind.ENGINE_DEAD
     finally:
         h.close()
 

@@ -7,6 +7,7 @@ import random
 import pytest
 from fake_worker import Collector, FakeWorker, drive, make_request, reference_generate
 
+from protocol import FinishReason
 from scheduler_proc import Scheduler, SchedulerConfig
 
 
@@ -108,9 +109,9 @@ def test_abort_between_schedule_and_result():
 
     def hook(s, step):
         if step == 3:
-            s.abort([1], "abort")
+            s.abort([1], FinishReason.ABORT)
             assert s.block_manager.num_free == 16 - len(s.seqs[2].block_table)
 
     out = drive(sched, worker, hook=hook).outputs
-    assert out[1].finish_reason == "abort" and len(out[1].token_ids) < 10
-    assert out[2].finish_reason == "length" and len(out[2].token_ids) == 10
+    assert out[1].finish_reason == FinishReason.ABORT and len(out[1].token_ids) < 10
+    assert out[2].finish_reason == FinishReason.LENGTH and len(out[2].token_ids) == 10

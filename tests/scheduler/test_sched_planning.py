@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fake_worker import Collector, FakeWorker, drive, make_request, reference_generate
 
-from protocol import StepResult, encode
+from protocol import ErrorKind, FinishReason, RequestError, StepResult, encode
 from scheduler_proc import Scheduler, SchedulerConfig
 
 
@@ -53,7 +53,7 @@ def test_first_plan_sends_sequence_in_full_then_deltas():
         sizes.append(len(encode(plan)))
     assert sizes[0] == sizes[1]  # a decode entry costs constant bytes
     _, deltas = step(sched, worker)
-    assert deltas.finish_reasons == ["length"]
+    assert deltas.finish_reasons == [FinishReason.LENGTH]
     assert not sched.has_unfinished() and sched.block_manager.num_free == 64
 
 
@@ -76,7 +76,7 @@ def test_long_prompt_prefilled_in_chunks_then_mixed_with_decode():
     assert plan.cached.num_new == [1, 7]
     assert deltas.request_ids == [1, 2]
     out = drive(sched, worker)
-    assert out.outputs[2].finish_reason == "length"
+    assert out.outputs[2].finish_reason == FinishReason.LENGTH
 
 
 def test_max_num_seqs_limits_running():
@@ -93,7 +93,7 @@ def test_no_max_tokens_runs_to_max_model_len():
     sched, worker = make_scheduler(max_model_len=12), FakeWorker(64, 4)
     sched.add_request(make_request(1, 4, max_tokens=None, ignore_eos=True))
     out = drive(sched, worker).outputs[1]
-    assert len(out.token_ids) == 8 and out.finish_reason == "length"
+    assert len(out.token_ids) == 8 and out.finish_reason == FinishReason.LENGTH
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -112,35 +112,36 @@ def test_stop_conditions(overlap):
     for rid, kw in cases.items():
         sched.add_request(make_request(rid, prompt, max_tokens=30, **kw))
     out = drive(sched, worker).outputs
-    assert out[1].token_ids == ref[: first + 1] and out[1].finish_reason == "stop"
-    assert out[2].token_ids == ref[:30] and out[2].finish_reason == "length"
-    assert out[3].finish_reason == "stop" and out[4].finish_reason == "stop"
+    assert out[1].token_ids == ref[: first + 1] and out[1].finish_reason == FinishReason.STOP
+    assert out[2].token_ids == ref[:30] and out[2].finish_reason == FinishReason.LENGTH
+    assert out[3].finish_reason == FinishReason.STOP and out[4].finish_reason == FinishReason.STOP
 
 
 def test_max_model_len_stop_is_length():
     sched, worker = make_scheduler(max_model_len=12), FakeWorker(64, 4)
     sched.add_request(make_request(1, 4, max_tokens=8, ignore_eos=True))
     out = drive(sched, worker).outputs[1]
-    assert len(out.token_ids) == 8 and out.finish_reason == "length"
+    assert len(out.token_ids) == 8 and out.finish_reason == FinishReason.LENGTH
 
 
 @pytest.mark.parametrize(
-    ("prompt", "max_tokens", "message"),
+    ("prompt", "max_tokens", "message", "field"),
     [
-        (0, 4, "empty"),
-        (100, 29, "exceeds max_model_len"),
-        (121, 8, "exceeds max_model_len"),
-        (40, 30, "whole pool"),  # fits max_model_len, not the 16-block pool
+        (0, 4, "empty", "prompt"),
+        (100, 29, "exceed max_model_len", "params.max_tokens"),
+        (128, None, "max_model_len is 128", "prompt"),
+        (40, 30, "whole pool", "params.max_tokens"),  # fits max_model_len, not the pool
     ],
 )
-def test_requests_that_can_never_fit_fail_at_admission(prompt, max_tokens, message):
+def test_requests_that_can_never_fit_fail_at_admission(prompt, max_tokens, message, field):
     sched, worker = make_scheduler(num_blocks=16), FakeWorker(16, 4)
     sched.add_request(make_request(9, prompt, max_tokens=max_tokens))
     sched.add_request(make_request(1, 4, max_tokens=3))
     out = drive(sched, worker).outputs
-    assert out[9].finish_reason == "error" and message in out[9].error
+    assert out[9].finish_reason == FinishReason.ERROR and message in out[9].error.message
+    assert out[9].error.kind is ErrorKind.INVALID_REQUEST and out[9].error.field == field
     assert out[9].token_ids == []
-    assert out[1].finish_reason == "length" and len(out[1].token_ids) == 3
+    assert out[1].finish_reason == FinishReason.LENGTH and len(out[1].token_ids) == 3
 
 
 def test_request_exactly_filling_pool_runs():
@@ -148,7 +149,7 @@ def test_request_exactly_filling_pool_runs():
     sched, worker = make_scheduler(num_blocks=16), FakeWorker(16, 4)
     sched.add_request(make_request(1, 40, max_tokens=25, ignore_eos=True))
     out = drive(sched, worker).outputs[1]
-    assert out.finish_reason == "length" and len(out.token_ids) == 25
+    assert out.finish_reason == FinishReason.LENGTH and len(out.token_ids) == 25
 
 
 def test_duplicate_request_id_is_an_error():
@@ -156,7 +157,8 @@ def test_duplicate_request_id_is_an_error():
     sched.add_request(make_request(1))
     sched.add_request(make_request(1))
     deltas = sched.pop_deltas()
-    assert deltas.finish_reasons == ["error"] and "already in use" in deltas.errors[0]
+    assert deltas.finish_reasons == [FinishReason.ERROR]
+    assert "already in use" in deltas.errors[0].message
     assert len(sched.waiting) == 1
 
 
@@ -168,16 +170,17 @@ def test_abort_waiting_and_running_free_every_block():
     step(sched, worker)
     step(sched, worker)
     assert len(sched.running) == 4 - len(sched.waiting)
-    sched.abort([0, 3, 77], "abort")
-    sched.abort([1], "stop")
+    sched.abort([0, 3, 77], FinishReason.ABORT)
+    sched.abort([1], FinishReason.STOP)
     deltas = sched.pop_deltas()
-    assert deltas.request_ids == [0, 3, 1] and deltas.finish_reasons == ["abort", "abort", "stop"]
+    assert deltas.request_ids == [0, 3, 1]
+    assert deltas.finish_reasons == [FinishReason.ABORT, FinishReason.ABORT, FinishReason.STOP]
     sched.check_integrity()
     plan, _ = step(sched, worker)
     assert sorted(plan.drop_seq_ids) == sorted(
         i for i in (0, 1, 3) if i in {ns.seq_id for p in worker.plans[:2] for ns in p.new_seqs}
     )
-    sched.abort([2], "abort")
+    sched.abort([2], FinishReason.ABORT)
     sched.check_integrity()
     assert sched.block_manager.num_free == 16 and not sched.has_unfinished()
 
@@ -190,14 +193,14 @@ def test_abort_racing_inflight_step():
     res0 = worker.execute(plan0)
     plan1 = sched.schedule()  # last chunk: samples
     res1 = worker.execute(plan1)
-    sched.abort([1], "abort")
+    sched.abort([1], FinishReason.ABORT)
     assert sched.block_manager.num_free == 16
     sched.check_integrity()
     c = Collector()
     c.add(sched.pop_deltas())
     c.add(sched.process_result(res0))
     c.add(sched.process_result(res1))
-    assert c.outputs[1].token_ids == [] and c.outputs[1].finish_reason == "abort"
+    assert c.outputs[1].token_ids == [] and c.outputs[1].finish_reason == FinishReason.ABORT
     plan2 = sched.schedule()
     assert plan2 is None  # the drop waits for the next plan
     sched.add_request(make_request(2, 9, max_tokens=2))
@@ -231,8 +234,9 @@ def test_fail_all_reports_engine_dead():
         sched.add_request(make_request(i, 6))
     step(sched, worker)
     sched.schedule()
-    deltas = sched.fail_all("engine dead: worker 0 exited")
+    dead = RequestError(ErrorKind.ENGINE_DEAD, "engine dead: worker 0 exited")
+    deltas = sched.fail_all(dead)
     assert sorted(deltas.request_ids) == [0, 1, 2]
-    assert set(deltas.finish_reasons) == {"error"} and "engine dead" in deltas.errors[0]
+    assert set(deltas.finish_reasons) == {FinishReason.ERROR} and deltas.errors == [dead] * 3
     assert not sched.has_unfinished() and not sched.has_inflight()
     assert sched.block_manager.num_free == 64

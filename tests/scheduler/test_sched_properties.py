@@ -7,7 +7,7 @@ from fake_worker import Collector, FakeWorker, drive, make_request, reference_ge
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import StepResult
+from protocol import FinishReason, StepResult
 from scheduler_proc import Scheduler, SchedulerConfig
 
 BLOCK = 4
@@ -78,7 +78,7 @@ def test_random_operations_keep_invariants(ops, overlap, caching, num_blocks, ba
         else:
             if op[1] in reqs and op[1] in sched.seqs:
                 aborted.add(op[1])
-            sched.abort([op[1]], "abort" if kind == "abort" else "stop")
+            sched.abort([op[1]], FinishReason.ABORT if kind == "abort" else FinishReason.STOP)
         c.add(sched.pop_deltas())
         sched.check_integrity()
 
@@ -92,11 +92,11 @@ def test_random_operations_keep_invariants(ops, overlap, caching, num_blocks, ba
         out = c.outputs[rid]
         prompt, params = req.prompt_token_ids, req.params
         if not prompt or len(prompt) + params.max_tokens > MAX_LEN:
-            assert out.finish_reason == "error" and out.error
+            assert out.finish_reason is FinishReason.ERROR and out.error
             continue
         ref_tokens, ref_reason = reference_generate(prompt, params, req.eos_token_ids, MAX_LEN)
         if rid in aborted:
-            assert out.finish_reason in ("abort", "stop")
+            assert out.finish_reason in (FinishReason.ABORT, FinishReason.STOP)
             assert out.token_ids == ref_tokens[: len(out.token_ids)]
         else:
             assert (out.token_ids, out.finish_reason) == (ref_tokens, ref_reason)
