@@ -96,11 +96,11 @@ def _add_options(p: argparse.ArgumentParser, prefix: str, cls: type,
                               "help": _help(f, opt, typ)}
         if typ is bool:
             kw.update(action="store_const", const=not f.default)
+        elif opt.choices is not None:
+            kw["choices"] = ((opt.auto,) if opt.auto else ()) + tuple(opt.choices)
         else:
-            kw["metavar"] = opt.metavar or flags_of(opt, f.name)[0].lstrip("-").upper()
-            if opt.choices is not None:
-                kw["choices"] = ((opt.auto,) if opt.auto else ()) + tuple(opt.choices)
-            elif typ in (int, float):
+            kw["metavar"] = opt.metavar or flags_of(opt, f.name)[0][2:].upper().replace("-", "_")
+            if typ in (int, float):
                 kw["type"] = typ
         where.add_argument(*flags_of(opt, f.name), **kw)
 
