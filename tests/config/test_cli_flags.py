@@ -124,3 +124,12 @@ def test_a_bad_flag_is_a_usage_error_naming_it(argv, expected, capsys):
 def test_a_bad_keyword_argument_names_the_field(kwargs, expected):
     with pytest.raises(ValueError, match=expected):
         EngineConfig(**kwargs)
+
+
+def test_llm_takes_the_engine_fields_and_refuses_others_before_starting():
+    from frontend.engine.llm import LLM
+
+    with pytest.raises(TypeError, match=r"unknown options \['max_num_seq'\].*max_num_seqs"):
+        LLM("/no/model", max_num_seq=3)
+    with pytest.raises(ValueError, match="EngineConfig.max_num_seqs must be >= 1"):
+        LLM("/no/model", max_num_seqs=0)
