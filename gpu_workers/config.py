@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from gpu_workers.partition import HeadShard, partition_heads
+from protocol import model_config as hf
+from protocol.limits import (
+    ATTENTION_BACKENDS,
+    BLOCK_SIZE,
+    CPU_KV_CACHE_BYTES,
+    MAX_MODEL_LEN_CAP,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    plans_in_flight,
+)
 
-ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 _DTYPES = {
@@ -31,15 +39,18 @@ def parse_dtype(name: str) -> torch.dtype:
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
+    """What one worker rank runs. The pipeline builds it with EngineConfig.worker_config; the
+    defaults here are the shared CPU ones of protocol/limits.py, for configs built by hand."""
+
     model: str
     """A Hugging Face model directory (config.json + safetensors)."""
     device: str = "cpu"
     dtype: str | None = None
     """None keeps the checkpoint's dtype."""
-    max_model_len: int = 4096
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_model_len: int = MAX_MODEL_LEN_CAP
+    block_size: int = BLOCK_SIZE["cpu"]
+    max_num_seqs: int = MAX_NUM_SEQS
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS["cpu"]
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: int | None = None
     """KV budget on CPU; None = DEFAULT_CPU_KV_BYTES."""
@@ -51,13 +62,18 @@ class WorkerConfig:
     lookahead: bool = False
     """Launch a plan that is already waiting before the previous step's tokens reached the
     host, so the device runs the two back to back (needs the scheduler's overlap)."""
+    max_plans_in_flight: int = plans_in_flight(overlap=True)
+    """The scheduler's: how many plans it sends ahead of results. A sequence finished at
+    step N may be computed by the plans already sent after N, so the worker's buffers reach
+    that far past the limits above (the headroom properties below)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.dtype is not None:
             parse_dtype(self.dtype)
-        for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                     "max_plans_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -68,12 +84,30 @@ class WorkerConfig:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}")
 
     @property
+    def headroom_tokens(self) -> int:
+        """Positions past max_model_len a sequence's buffers keep: one extra token per plan
+        that may follow its finish, and one for the token sampled last (never computed)."""
+        return self.max_plans_in_flight
+
+    @property
+    def max_seq_tokens(self) -> int:
+        return self.max_model_len + self.headroom_tokens
+
+    @property
     def max_blocks_per_seq(self) -> int:
-        # One spare block: with overlap scheduling a finished sequence may compute one more token.
-        return -(-self.max_model_len // self.block_size) + 1
+        """Block-table width: max_model_len's blocks, one more per plan that may follow."""
+        return -(-self.max_model_len // self.block_size) + self.max_plans_in_flight - 1
+
+    @property
+    def mirror_rows(self) -> int:
+        """Mirror rows to start with: every plan in flight may hold max_num_seqs sequences
+        (finished ones are dropped only by a later plan), plus a few for admissions that
+        arrive with the same plan as the drops that make room for them (the mirror grows
+        past this if ever needed)."""
+        return self.max_plans_in_flight * self.max_num_seqs + 8
 
 
-DEFAULT_CPU_KV_BYTES = 512 * 2**20
+DEFAULT_CPU_KV_BYTES = CPU_KV_CACHE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +132,7 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, dtype: str | None = None) -> ModelConfig:
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-        return cls.from_dict(json.loads(path.read_text()), dtype)
+        return cls.from_dict(hf.read_model_config(model_dir), dtype)
 
     @classmethod
     def from_dict(cls, cfg: dict, dtype: str | None = None) -> ModelConfig:
@@ -110,33 +141,31 @@ class ModelConfig:
             raise ValueError(
                 f"model_type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})"
             )
-        heads = cfg["num_attention_heads"]
-        hidden = cfg["hidden_size"]
+        heads, kv_heads = hf.attention_heads(cfg)
+        hidden = hf.require(cfg, "hidden_size")
         rope = cfg.get("rope_parameters") or {}
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
         scaling = cfg.get("rope_scaling") or (rope if rope else None)
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             scaling = None if kind == "default" else {**scaling, "rope_type": kind}
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         dtype_name = dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
         return cls(
             model_type=model_type,
-            vocab_size=cfg["vocab_size"],
+            vocab_size=hf.require(cfg, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            intermediate_size=hf.require(cfg, "intermediate_size"),
+            num_layers=hf.require(cfg, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            num_kv_heads=kv_heads,
             head_dim=cfg.get("head_dim") or hidden // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             dtype=parse_dtype(dtype_name),
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            eos_token_ids=eos_ids,
+            max_position_embeddings=hf.max_position_embeddings(cfg),
+            eos_token_ids=hf.eos_token_ids(cfg),
             qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
             qk_norm=model_type == "qwen3",
         )

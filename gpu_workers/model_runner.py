@@ -28,9 +28,6 @@ from gpu_workers.sampler import Sampler, top_logprobs
 from gpu_workers.transfer import to_device
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
 
-# With overlap scheduling a finished sequence may run one step more than it needs.
-_SPARE_TOKENS = 2
-
 
 class ModelRunner:
     def __init__(self, config: WorkerConfig, rank: int = 0, world_size: int = 1,
@@ -59,7 +56,7 @@ class ModelRunner:
         progress(f"loading weights ({mc.dtype}, {self.backend} attention)")
         with torch.inference_mode():
             self.model = CausalLM(mc, self.tp, self.backend, self.device,
-                                  config.max_model_len + _SPARE_TOKENS)
+                                  config.max_seq_tokens)
             load_weights(self.model, config.model)
         self.sampler = Sampler(self.device, config.seed)
         self.graphs: DecodeGraphs | None = None
@@ -84,7 +81,7 @@ class ModelRunner:
 
     def _new_table(self, num_blocks: int | None = None) -> SequenceTable:
         c = self.config
-        return SequenceTable(2 * c.max_num_seqs + 8, c.max_model_len + _SPARE_TOKENS,
+        return SequenceTable(c.mirror_rows, c.max_seq_tokens,
                              c.max_blocks_per_seq, vocab_size=self.model_config.vocab_size,
                              num_blocks=num_blocks, block_size=c.block_size)
 

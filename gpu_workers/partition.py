@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.model_config import attention_heads
+
 
 @dataclass(frozen=True, slots=True)
 class HeadShard:
@@ -75,5 +77,4 @@ def partition_heads(num_heads: int, num_kv_heads: int, tp: int) -> list[HeadShar
 
 def partition_from_hf_config(config: dict, tp: int) -> list[HeadShard]:
     """partition_heads for a Hugging Face config.json already read into a dict."""
-    heads = config["num_attention_heads"]
-    return partition_heads(heads, config.get("num_key_value_heads") or heads, tp)
+    return partition_heads(*attention_heads(config), tp)

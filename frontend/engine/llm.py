@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from frontend.actors.request_validation import CHAT_ROLES
 from frontend.client.async_client import AsyncClient
 from frontend.client.outputs import OutputCollector
-from frontend.engine.config import EngineConfig
+from frontend.engine.config import ENGINE_FIELDS, EngineConfig
 from frontend.engine.pipeline import Pipeline
 from protocol import SamplingParams
 
@@ -27,10 +27,14 @@ Conversation = Sequence[Message]
 class LLM:
     """`LLM(model).generate(prompts, params)`, with the same processes as a served pipeline."""
 
-    def __init__(self, model: str | None = None, tensor_parallel_size: int = 1,
-                 device: str | None = None, **engine_kwargs: Any) -> None:
-        self.config = EngineConfig(model=model, tensor_parallel_size=tensor_parallel_size,
-                                   device=device, **engine_kwargs)
+    def __init__(self, model: str | None = None, **options: Any) -> None:
+        """`options` are EngineConfig's fields (tensor_parallel_size, device, dtype,
+        max_model_len, ...), with its defaults: the same settings as `nanopipe serve`'s flags."""
+        unknown = sorted(options.keys() - ENGINE_FIELDS)
+        if unknown:
+            raise TypeError(f"LLM got unknown options {unknown}; the options are EngineConfig's "
+                            f"fields: {', '.join(sorted(ENGINE_FIELDS - {'model'}))}")
+        self.config = EngineConfig(model=model, **options)
         self.pipeline = Pipeline(self.config)
         self.pipeline.start()
         # Stops the processes when this LLM is garbage collected or the interpreter exits,

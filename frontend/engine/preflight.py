@@ -8,11 +8,11 @@ process after seconds of loading, or not at all.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import socket
 
 from frontend.engine.config import EngineConfig
+from protocol import model_config as hf
 
 
 def check_model_path(model: str) -> None:
@@ -24,8 +24,8 @@ def check_model_path(model: str) -> None:
     if not os.path.isdir(model):
         raise ValueError(f"model {model!r} is not a directory (pass the directory that holds "
                          "config.json and the safetensors files)")
-    if not os.path.isfile(os.path.join(model, "config.json")):
-        raise ValueError(f"model directory {model!r} has no config.json")
+    if not hf.has_model_config(model):
+        raise ValueError(f"model directory {model!r} has no {hf.CONFIG_FILE}")
 
 
 def _looks_like_hub_id(model: str) -> bool:
@@ -55,10 +55,8 @@ def check_model_fits_tp(config: EngineConfig) -> None:
 
     try:
         model = ModelConfig.from_dir(config.model_dir, config.dtype)
-    except KeyError as exc:
-        raise ValueError(f"{config.model_dir}/config.json lacks {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{config.model_dir}/config.json is not valid JSON: {exc}") from None
+    except hf.ModelConfigError as exc:
+        raise ValueError(f"model {config.model_dir!r}: {exc}") from None
     partition_heads(model.num_heads, model.num_kv_heads, config.tensor_parallel_size)
 
 

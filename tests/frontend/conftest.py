@@ -183,7 +183,8 @@ def start_frontend(model_dir: str, step_s: float = 0.001,
             TokenizerConfig(model=model_dir, max_model_len=max_model_len, model_name="tiny"),
             endpoints)),
         "detokenizer": spawn.Process(target=run_detokenizer, daemon=True, args=(
-            DetokenizerConfig(model=model_dir, model_name="tiny"), endpoints)),
+            DetokenizerConfig(model=model_dir, max_model_len=max_model_len,
+                              model_name="tiny"), endpoints)),
     }
     pipeline = FrontendPipeline(endpoints, scheduler, procs, {})
     for proc in procs.values():

@@ -1,0 +1,91 @@
+"""Config fields that describe themselves: help, command-line flags, choices and bounds.
+
+A config dataclass declares each field once with `option(...)`; the command line
+(frontend/engine/cli.py) is generated from these declarations and `check_options` validates
+an instance against them, so a field's default, help, flag and limits live in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import Field, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Option:
+    help: str
+    flags: tuple[str, ...] = ()
+    """Command-line spellings, the main one first; () means --field-name."""
+    choices: tuple[Any, ...] | None = None
+    auto: str | None = None
+    """The word that stands for None on the command line (e.g. "auto")."""
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    """A strict lower bound (the value must be greater)."""
+    group: str = "engine"
+    metavar: str | None = None
+
+
+def option(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with its description (see Option)."""
+    return field(default=default, metadata={"option": Option(help=help, **kw)})
+
+
+class ConfigError(ValueError):
+    """A config field with a value it cannot take; `field` names it, `problem` says why."""
+
+    def __init__(self, owner: str, field_name: str, problem: str) -> None:
+        super().__init__(f"{owner}.{field_name} {problem}")
+        self.field = field_name
+        self.problem = problem
+
+
+def described_fields(cls: type) -> list[tuple[Field, Option, type]]:
+    """(field, its Option, its type without None) for each described field of `cls`."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        opt = f.metadata.get("option")
+        if opt is not None:
+            out.append((f, opt, base_type(hints[f.name])))
+    return out
+
+
+def base_type(hint: Any) -> type:
+    """int for `int | None`; the type itself otherwise."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+def check_options(config: Any) -> None:
+    """Raise ConfigError for the first field outside its type, choices or bounds."""
+    owner = type(config).__name__
+    for f, opt, typ in described_fields(type(config)):
+        value = getattr(config, f.name)
+        if value is None:
+            if f.default is None:
+                continue
+            raise ConfigError(owner, f.name, "must not be None")
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+            raise ConfigError(owner, f.name, f"must be {typ.__name__}, got {value!r}")
+        if opt.choices is not None and value not in opt.choices:
+            raise ConfigError(owner, f.name, f"must be one of {', '.join(map(repr, opt.choices))}"
+                                             f", got {value!r}")
+        low, high = opt.minimum, opt.maximum
+        if low is not None and high is not None and not low <= value <= high:
+            raise ConfigError(owner, f.name, f"must be in {low:g}..{high:g}, got {value!r}")
+        if low is not None and value < low:
+            raise ConfigError(owner, f.name, f"must be >= {low:g}, got {value!r}")
+        if high is not None and value > high:
+            raise ConfigError(owner, f.name, f"must be <= {high:g}, got {value!r}")
+        if opt.above is not None and not value > opt.above:
+            raise ConfigError(owner, f.name, f"must be > {opt.above:g}, got {value!r}")

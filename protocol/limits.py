@@ -1,0 +1,31 @@
+"""The one default of each limit that the scheduler and the workers share, and the overlap
+headroom between them.
+
+EngineConfig (frontend/engine/config.py) resolves what the user chose, or these defaults,
+once, and gives every process the resolved values. The per-process configs name the same
+constants as their own defaults (the CPU ones: the values a test builds by hand), so no
+default is written twice.
+"""
+
+from __future__ import annotations
+
+MAX_NUM_SEQS = 256
+MAX_MODEL_LEN_CAP = 4096
+"""With no max_model_len given: the model's own limit, capped at this."""
+BLOCK_SIZE = {"cuda": 256, "cpu": 16}
+"""Tokens per KV block. 256 on cuda keeps block tables short (flash-attn's paged KV needs it)."""
+MAX_NUM_BATCHED_TOKENS = {"cuda": 16384, "cpu": 2048}
+CPU_KV_CACHE_BYTES = 512 << 20
+"""The KV cache's size on cpu unless kv_cache_bytes says otherwise (cuda sizes it from the
+memory left after a profiling run)."""
+ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
+
+
+def plans_in_flight(overlap: bool) -> int:
+    """Plans the scheduler sends before the oldest one's result is back.
+
+    With overlap it plans step N+1 while N runs, so a sequence that step N finishes may
+    still be computed by plan N+1 (its extra token is discarded): workers size their
+    buffers with that headroom, taken from this number rather than from constants of theirs.
+    """
+    return 2 if overlap else 1

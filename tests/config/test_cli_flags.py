@@ -1,0 +1,135 @@
+"""The `nanopipe serve` flags are generated from the config fields: every flag sets one field,
+every field has one flag, a command line round-trips to the same config, and a bad value is
+a usage error that names the flag."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from frontend.engine.cli import HttpConfig, build_serve_parser, parse_serve_args, to_argv
+from frontend.engine.config import EngineConfig
+from frontend.engine.options import described_fields
+
+CONFIGS = {"engine": EngineConfig, "http": HttpConfig}
+
+
+def _flag_actions():
+    parser = build_serve_parser()
+    return [a for a in parser._actions if a.option_strings and a.dest not in ("help", "version")]
+
+
+def test_every_flag_sets_one_field_and_every_field_has_one_flag():
+    seen: dict[str, list[str]] = {}
+    for action in _flag_actions():
+        prefix, _, name = action.dest.partition(".")
+        assert prefix in CONFIGS, f"{action.option_strings} sets no config field"
+        assert name in {f.name for f in dataclasses.fields(CONFIGS[prefix])}, action.dest
+        seen.setdefault(action.dest, []).extend(action.option_strings)
+    for prefix, cls in CONFIGS.items():
+        for f in dataclasses.fields(cls):
+            assert f"{prefix}.{f.name}" in seen, f"{cls.__name__}.{f.name} has no flag"
+
+
+def test_the_flags_users_know_are_still_there():
+    flags = {s for a in _flag_actions() for s in a.option_strings}
+    for flag in ("--model", "--tp", "--tensor-parallel-size", "--device", "--dtype",
+                 "--max-model-len", "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
+                 "--gpu-memory-utilization", "--kv-cache-bytes", "--enforce-eager",
+                 "--attention-backend", "--no-prefix-caching", "--no-overlap",
+                 "--worker-lookahead", "--seed", "--zmq-transport", "--transport", "--zmq-host",
+                 "--zmq-port", "--stdout", "--port", "--http", "--host", "--api-key",
+                 "--served-model-name", "--max-request-bytes", "--log-level"):
+        assert flag in flags
+
+
+def _other_value(f: dataclasses.Field, opt, typ):
+    """A valid value of the field that is not its default."""
+    if opt.choices is not None:
+        return next(c for c in reversed(opt.choices) if c != f.default)
+    if typ is bool:
+        return not f.default
+    if typ is int:
+        return 4321 if opt.maximum is None else int(opt.maximum) - 1
+    if typ is float:
+        return 0.5
+    return "/some/model" if f.name == "model" else "10.0.0.7"
+
+
+@pytest.mark.parametrize("prefix, name", [
+    (p, f.name) for p, cls in CONFIGS.items() for f, _, _ in described_fields(cls)])
+def test_each_field_round_trips_through_its_flag(prefix, name):
+    cls = CONFIGS[prefix]
+    f, opt, typ = next(d for d in described_fields(cls) if d[0].name == name)
+    engine, http = EngineConfig(), HttpConfig()
+    # Flags that apply only together with another one get it too.
+    if prefix == "engine":
+        extra = {"transport": "tcp"} if name in ("host", "port") else {}
+        engine = EngineConfig(**{**extra, name: _other_value(f, opt, typ)})
+    else:
+        extra = {"port": 8000} if name in ("host", "api_key", "max_request_bytes") else {}
+        http = HttpConfig(**{**extra, name: _other_value(f, opt, typ)})
+    argv = to_argv(engine) + to_argv(http)
+    assert argv, "a non-default value must show on the command line"
+    parsed = parse_serve_args(argv)
+    assert parsed.engine == engine and parsed.http == http
+
+
+def test_no_flags_is_the_default_config_and_auto_is_none():
+    parsed = parse_serve_args([])
+    assert parsed.engine == EngineConfig() and parsed.http == HttpConfig()
+    parsed = parse_serve_args(["--device", "auto", "--dtype", "auto"])
+    assert parsed.engine.device is None and parsed.engine.dtype is None
+    assert parse_serve_args(["/m"]).engine.model == "/m"
+
+
+def test_help_shows_each_fields_own_default():
+    parser = build_serve_parser()
+    by_dest = {a.dest: a for a in _flag_actions()}
+    for prefix, cls in CONFIGS.items():
+        for f, opt, typ in described_fields(cls):
+            text = by_dest[f"{prefix}.{f.name}"].help
+            assert text.startswith(opt.help)
+            if typ is not bool and f.default is not None:
+                assert f"(default: {f.default})" in text
+    assert "(default: 256)" in parser.format_help()  # max-num-seqs, as tests/front_door expect
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be <= 1, got 1.5"),
+    (["--startup-timeout-s", "0"], "--startup-timeout-s must be > 0"),
+    (["--port", "0"], "--port must be in 1..65535, got 0"),
+    (["--zmq-transport", "tcp", "--zmq-port", "99999"], "--zmq-port must be in 1..65535"),
+    (["/m", "--model", "/n"], "either as MODEL or as --model"),
+    (["--zmq-host", "0.0.0.0"], "--zmq-host applies to --zmq-transport tcp"),
+    (["--max-request-bytes", "10"], "--max-request-bytes applies to the HTTP API"),
+])
+def test_a_bad_flag_is_a_usage_error_naming_it(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_serve_args(argv)
+    assert exc.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"max_num_seqs": 0}, "EngineConfig.max_num_seqs must be >= 1"),
+    ({"block_size": "16"}, "EngineConfig.block_size must be int, got '16'"),
+    ({"enforce_eager": 1}, "EngineConfig.enforce_eager must be bool"),
+    ({"device": "tpu"}, "EngineConfig.device must be one of 'cpu', 'cuda', got 'tpu'"),
+    ({"attention_backend": "magic"}, "EngineConfig.attention_backend must be one of"),
+    ({"kv_cache_bytes": -1}, "EngineConfig.kv_cache_bytes must be >= 1"),
+])
+def test_a_bad_keyword_argument_names_the_field(kwargs, expected):
+    with pytest.raises(ValueError, match=expected):
+        EngineConfig(**kwargs)
+
+
+def test_llm_takes_the_engine_fields_and_refuses_others_before_starting():
+    from frontend.engine.llm import LLM
+
+    with pytest.raises(TypeError, match=r"unknown options \['max_num_seq'\].*max_num_seqs"):
+        LLM("/no/model", max_num_seq=3)
+    with pytest.raises(ValueError, match="EngineConfig.max_num_seqs must be >= 1"):
+        LLM("/no/model", max_num_seqs=0)
