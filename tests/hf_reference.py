@@ -1,4 +1,9 @@
-"""Greedy continuations computed by Hugging Face transformers on the same weights."""
+"""The one transformers reference of the tests: greedy continuations computed by Hugging Face
+transformers on the same weights, in float32 on the CPU.
+
+Every test folder imports it (`from hf_reference import hf_greedy`): tests/ is on sys.path
+through tests/conftest.py.
+"""
 
 from __future__ import annotations
 
@@ -8,30 +13,28 @@ import torch
 from transformers import AutoModelForCausalLM
 
 
-@functools.lru_cache(maxsize=4)
-def _model(model_dir: str):
+@functools.lru_cache(maxsize=2)
+def hf_model(model_dir: str):
+    """The checkpoint in float32, loaded once per directory (recent ones stay cached)."""
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 @torch.no_grad()
-def hf_greedy(model_dir: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Argmax decoding with transformers' own KV cache, never stopping at EOS."""
-    model = _model(model_dir)
-    out = model(torch.tensor([prompt_ids]), use_cache=True)
-    generated: list[int] = []
-    for _ in range(max_new_tokens):
-        token = int(out.logits[0, -1].argmax())
-        generated.append(token)
-        out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+def hf_greedy(model_dir: str, prompt_ids: list[int], max_new_tokens: int,
+              eos_token_id: int | None = None, **generate_kwargs) -> list[int]:
+    """transformers' greedy `generate` with its own KV cache.
+
+    eos_token_id None: exactly max_new_tokens tokens, EOS included where it is the argmax, as
+    nanopipe gives with ignore_eos. Otherwise it stops after that token and returns it last, as
+    nanopipe does. Extra keyword arguments go to `generate` (repetition_penalty,
+    logits_processor, ...).
+    """
+    ids = torch.tensor([prompt_ids])
+    # An explicit mask: left to itself, generate() masks every prompt token equal to the pad id.
+    out = hf_model(str(model_dir)).generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id, pad_token_id=0 if eos_token_id is None else eos_token_id,
+        **generate_kwargs)
+    generated = out[0, len(prompt_ids):].tolist()
+    assert eos_token_id is not None or len(generated) == max_new_tokens, "generate() stopped early"
     return generated
-
-
-@torch.no_grad()
-def hf_generate(model_dir: str, prompt_ids: list[int], max_new_tokens: int,
-                **generate_kwargs) -> list[int]:
-    """transformers' own greedy `generate` (for its logits processors), never stopping at EOS."""
-    model = _model(model_dir)
-    out = model.generate(torch.tensor([prompt_ids]), do_sample=False, eos_token_id=None,
-                         min_new_tokens=max_new_tokens, max_new_tokens=max_new_tokens,
-                         pad_token_id=0, **generate_kwargs)
-    return out[0, len(prompt_ids):].tolist()
