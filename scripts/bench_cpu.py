@@ -22,15 +22,12 @@ import datetime as dt
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from frontend import LLM, SamplingParams  # noqa: E402
+from frontend import LLM, SamplingParams
 
 QUESTIONS = [
     "What is the capital of France, and what is it best known for?",

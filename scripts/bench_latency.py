@@ -43,13 +43,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_offline import SHAPES, hardware_bound_s, make_random, run
-from bench_pipeline import write_synthetic_tokenizer
+from benchlib import (
+    SHAPES,
+    default_device,
+    drain,
+    greedy,
+    hardware_bound_s,
+    make_random,
+    random_ids,
+    run,
+)
 
 from protocol import (
     AddRequest,
     CachedSequences,
-    SamplingParams,
     StepPlan,
     StepResult,
     encode,
@@ -59,16 +66,9 @@ from protocol import (
 
 
 def prompts(num: int, prompt_len: int, vocab_size: int, first_seed: int) -> list[list[int]]:
-    """One fresh random prompt per repetition, deterministic per seed."""
-    out = []
-    for k in range(num):
-        rng = random.Random(first_seed + k)
-        out.append([rng.randrange(vocab_size) for _ in range(prompt_len)])
-    return out
-
-
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    """One fresh random prompt per repetition, deterministic per seed, from the whole vocab."""
+    return [random_ids(random.Random(first_seed + k), prompt_len, vocab_size, cap=None)
+            for k in range(num)]
 
 
 def ttft_tpot(start: float, arrivals: list[tuple[float, int]]) -> tuple[float, float, int]:
@@ -125,18 +125,15 @@ def bench_direct(engine_cfg, reqs: list[list[int]], warm: list[int], max_tokens:
 
     def one(request_id: int, prompt: list[int]) -> tuple[float, float, int]:
         arrivals: list[tuple[float, int]] = []
-        start = time.perf_counter()
-        scheduler.add_request(AddRequest(request_id, prompt, params, eos))
-        while scheduler.has_unfinished():
-            plan = scheduler.schedule()
-            if plan is None:
-                raise RuntimeError("the scheduler has unfinished requests but planned nothing")
-            deltas = scheduler.process_result(runner.execute(plan))
+
+        def arrived(deltas) -> None:
             n = sum(len(t) for t in deltas.token_ids)
-            if any(deltas.errors):
-                raise RuntimeError(f"request failed: {[e for e in deltas.errors if e]}")
             if n:
                 arrivals.append((time.perf_counter(), n))
+
+        start = time.perf_counter()
+        scheduler.add_request(AddRequest(request_id, prompt, params, eos))
+        drain(scheduler, runner, arrived)
         return ttft_tpot(start, arrivals)
 
     run(scheduler, runner, [(warm, params)], 1 << 40)  # the warm-up, as bench_offline does
@@ -262,14 +259,13 @@ def main() -> None:
     from frontend.engine.config import EngineConfig
     from gpu_workers import ModelConfig
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or default_device()
     made: Path | None = None
     model_dir = args.model
     try:
         if args.make_random:
             made = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
-            make_random(args.make_random, made, device)
-            write_synthetic_tokenizer(made, SHAPES[args.make_random]["vocab_size"])
+            make_random(args.make_random, made, device, tokenizer=True)
             model_dir = str(made)
             gc.collect()
             if device == "cuda":
@@ -306,7 +302,7 @@ def main() -> None:
           f"(TPOT ratio {tpot_ratio:.3f}); TTFT {ttft_over:+.2f} ms "
           f"(ratio {pipe['ttft_ms'] / direct['ttft_ms']:.3f})")
 
-    # Hardware floor for this request (H200 figures), from bench_offline's bound:
+    # Hardware floor for this request (H200 figures), from benchlib's hardware_bound_s:
     # B(m) covers a request of m output tokens, so B(1) is the prefill and
     # (B(M) - B(1)) / (M - 1) is one decode step at the mean context.
     prompt = reqs[0]

@@ -16,37 +16,20 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
-from bench_offline import SHAPES, hardware_bound_s, make_random, workload
+from benchlib import (
+    SHAPES,
+    default_device,
+    hardware_bound_s,
+    make_random,
+    param_count,
+    timed_w1,
+    w1_workload,
+)
 
-from frontend import LLM, SamplingParams
+from frontend import LLM
 from gpu_workers import ModelConfig
-
-
-def write_synthetic_tokenizer(model_dir: Path, vocab_size: int) -> None:
-    """A word-level tokenizer that names every id, so random-weight models run end to end."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"t{i}": i for i in range(vocab_size - 1)}
-    vocab["<eos>"] = vocab_size - 1
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="t0")
-    fast.save_pretrained(model_dir)
-
-
-def timed_w1(llm: LLM, work) -> tuple[int, float]:
-    """One warm-up request, then the whole workload: (output tokens, wall seconds)."""
-    llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True),
-                 use_tqdm=False)
-    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for _, m in work]
-    start = time.perf_counter()
-    outputs = llm.generate([p for p, _ in work], params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    return sum(len(o["token_ids"]) for o in outputs), elapsed
 
 
 def run_mode(model_dir: str, args: argparse.Namespace, mode: str, work) -> dict:
@@ -82,17 +65,11 @@ def main() -> None:
 
     model_dir = args.model
     if args.make_random:
-        import torch
-
         out = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        make_random(args.make_random, out, device)
-        write_synthetic_tokenizer(out, SHAPES[args.make_random]["vocab_size"])
+        make_random(args.make_random, out, args.device or default_device(), tokenizer=True)
         model_dir = str(out)
     mc = ModelConfig.from_dir(model_dir)
-    work = workload(args.num_seqs, args.max_input_len, args.max_output_len)
-    if mc.vocab_size <= 10000:
-        work = [([t % mc.vocab_size for t in p], m) for p, m in work]
+    work = w1_workload(args.num_seqs, args.max_input_len, args.max_output_len, mc.vocab_size)
     bound_s, parts = hardware_bound_s(mc, param_count(model_dir), work)
     results = {}
     for mode in args.modes.split(","):
@@ -108,19 +85,6 @@ def main() -> None:
     for mode in modes[1:]:  # same run, same workload: each mode against the first
         speedup = results[mode]["output_tok_s"] / results[modes[0]]["output_tok_s"]
         print(f"same run: mode={mode} / mode={modes[0]} = {speedup:.3f}x", flush=True)
-
-
-def param_count(model_dir: str) -> int:
-    """Parameters in a checkpoint, read from the safetensors headers (no weights loaded)."""
-    from math import prod
-
-    from safetensors import safe_open
-
-    total = 0
-    for path in Path(model_dir).glob("*.safetensors"):
-        with safe_open(str(path), "pt") as f:
-            total += sum(prod(f.get_slice(name).get_shape()) for name in f.keys())
-    return total
 
 
 if __name__ == "__main__":

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import torch
-from bench_offline import SHAPES, drain, make_random
+from benchlib import SHAPES, default_device, drain, greedy, make_random, random_ids, random_prompts
 
 from gpu_workers import ModelRunner, WorkerConfig
-from protocol import AddRequest, SamplingParams
+from protocol import AddRequest
 from scheduler_proc import Scheduler, SchedulerConfig
 
 
@@ -72,7 +72,7 @@ def main() -> None:
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--model", help="a Hugging Face model directory (default: embedded model)")
     src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default=default_device())
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--prefix-len", type=int, default=512)
     ap.add_argument("--suffix-len-range", type=int, nargs=2, default=[16, 64],
@@ -101,12 +101,11 @@ def main() -> None:
         kv_cache_bytes=None if args.device == "cuda" else 1 << 30))
     vocab = runner.model_config.vocab_size
     rng = random.Random(args.seed)
-    top = min(vocab, 10000)
-    prefix = [rng.randrange(top) for _ in range(args.prefix_len)]
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    prefix = random_ids(rng, args.prefix_len, vocab)
+    params = greedy(args.max_tokens)
     eos = list(runner.model_config.eos_token_ids)
-    requests = [AddRequest(k, prefix + [rng.randrange(top) for _ in range(rng.randint(lo, hi))],
-                           params, eos) for k in range(args.num_requests)]
+    requests = [AddRequest(k, prefix + suffix, params, eos) for k, suffix
+                in enumerate(random_prompts(rng, args.num_requests, lo, hi, vocab))]
     print(f"W3 shared prefix: {Path(model_dir).name} on {args.device}, {len(requests)} requests, "
           f"prefix {args.prefix_len} + suffix {lo}-{hi} tokens, {args.max_tokens} output tokens "
           f"each, block size {block_size}; {time.strftime('%Y-%m-%d')}", flush=True)

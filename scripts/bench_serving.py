@@ -26,8 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench_offline import SHAPES, make_random
-from bench_pipeline import write_synthetic_tokenizer
+from benchlib import SHAPES, default_device, emit, greedy, make_random, random_prompts
 
 from frontend import AsyncClient, SamplingParams
 from frontend.engine.config import EngineConfig
@@ -76,14 +75,12 @@ async def run_rate(client: AsyncClient, rate: float, args: argparse.Namespace,
                    vocab: int) -> dict:
     rng = random.Random(f"{args.seed}-{rate}")
     lo, hi = args.prompt_len_range
-    top = min(vocab, 10000)
-    prompts = [[rng.randrange(top) for _ in range(rng.randint(lo, hi))]
-               for _ in range(args.num_requests)]
+    prompts = random_prompts(rng, args.num_requests, lo, hi, vocab)
     t, traces = 0.0, []
     for _ in prompts:
         traces.append(Trace(arrival=t))
         t += rng.expovariate(rate)
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    params = greedy(args.max_tokens)
     start = time.perf_counter()
     await asyncio.gather(*(one_request(client, start, tr, p, params)
                            for tr, p in zip(traces, prompts, strict=True)))
@@ -107,8 +104,7 @@ async def serve_all(config: EngineConfig, args: argparse.Namespace) -> list[dict
     with Pipeline(config) as pipeline:
         async with AsyncClient(pipeline.address) as client:
             vocab = json.loads((Path(config.model_dir) / "config.json").read_text())["vocab_size"]
-            warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-            await client.generate(prompt_token_ids=[1, 2, 3, 4], params=warm)
+            await client.generate(prompt_token_ids=[1, 2, 3, 4], params=greedy(4))
             results = []
             for rate in args.rates:
                 r = await run_rate(client, rate, args, vocab)
@@ -117,7 +113,7 @@ async def serve_all(config: EngineConfig, args: argparse.Namespace) -> list[dict
                       f"{r['output_tok_s']:.1f} output tok/s; TTFT p50 {r['ttft_ms_p50']:.1f} ms "
                       f"p99 {r['ttft_ms_p99']:.1f} ms; ITL p50 {r['itl_ms_p50']:.2f} ms "
                       f"p99 {r['itl_ms_p99']:.2f} ms", flush=True)
-                print(json.dumps(r), flush=True)
+                emit(**r)
             return results
 
 
@@ -147,12 +143,8 @@ def main() -> None:
     made = None
     model = args.model
     if args.make_random:
-        import torch
-
         made = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        make_random(args.make_random, made, device)
-        write_synthetic_tokenizer(made, SHAPES[args.make_random]["vocab_size"])
+        make_random(args.make_random, made, args.device or default_device(), tokenizer=True)
         model = str(made)
     try:
         config = EngineConfig(model=model, device=args.device, max_num_seqs=args.max_num_seqs,

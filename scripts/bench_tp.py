@@ -12,8 +12,8 @@ changes the reduction order of the row-parallel all-reduces, so greedy tokens ma
 logits nearly tie; the script reports the match rather than assuming it, and exits non-zero only
 when the fraction of fully matching prompts falls below --min-match.
 
-W1 (BENCHMARKS.md, bench_offline.workload): temperature 0.6, ignore_eos, one warm-up request.
-The bound for TP=N is bench_offline.hardware_bound_s divided by N: N GPUs have N times the copy
+W1 (BENCHMARKS.md, benchlib.w1_workload): temperature 0.6, ignore_eos, one warm-up request.
+The bound for TP=N is benchlib.hardware_bound_s divided by N: N GPUs have N times the copy
 bandwidth and matmul rate of the H200 figures. Only one pipeline is alive at a time. Random
 weights are built once (on the device) and reused for every TP size, then deleted.
 
@@ -23,7 +23,6 @@ Human lines, and one JSON line per result (its "result" key names what it is).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import shutil
@@ -33,30 +32,32 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_offline import SHAPES, hardware_bound_s, make_random, param_shapes, workload
-from bench_pipeline import param_count, timed_w1, write_synthetic_tokenizer
+from benchlib import (
+    SHAPES,
+    Throughput,
+    default_device,
+    emit,
+    greedy,
+    hardware_bound_s,
+    leading_match,
+    make_random,
+    param_count,
+    param_shapes,
+    random_prompts,
+    sig,
+    timed_w1,
+    w1_workload,
+)
 
-from frontend import LLM, SamplingParams
+from frontend import LLM
 from gpu_workers import ModelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 PARITY_MIN_LEN, PARITY_MAX_LEN = 16, 256
 
 
-def sig(x: float) -> float:
-    """Four significant digits, so that tiny CPU bounds do not round to zero."""
-    return float(f"{x:.4g}")
-
-
-def emit(**result) -> None:
-    print(json.dumps(result), flush=True)
-
-
 def parity_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    top = min(vocab, 10000)
-    return [[rng.randrange(top) for _ in range(rng.randint(PARITY_MIN_LEN, PARITY_MAX_LEN))]
-            for _ in range(n)]
+    return random_prompts(random.Random(seed), n, PARITY_MIN_LEN, PARITY_MAX_LEN, vocab)
 
 
 def make_llm(model_dir: str, tp: int, args: argparse.Namespace, max_model_len: int) -> LLM:
@@ -71,22 +72,13 @@ def run_greedy(model_dir: str, tp: int, args: argparse.Namespace,
     max_model_len = max(len(p) for p in prompts) + args.max_tokens
     llm = make_llm(model_dir, tp, args, max_model_len)
     try:
-        params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+        params = greedy(args.max_tokens)
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
     finally:
         llm.close()
     return [o["token_ids"] for o in outputs], elapsed
-
-
-def leading_match(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def compare(ref_tp: int, ref: list[list[int]], tp: int, got: list[list[int]],
@@ -132,7 +124,7 @@ def serve_check(model_dir: str, tp: int, args: argparse.Namespace,
             raise SystemExit(f"launch.sh --tp {tp} exited with {proc.wait()} before serving")
         print(f"serve TP={tp}: ready in {time.perf_counter() - t0:.1f} s at {address}",
               flush=True)
-        params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+        params = greedy(args.max_tokens)
         with Client(address) as client:
             streams = [client.stream(prompt_token_ids=p, params=params) for p in prompts]
             served = [[t for delta in s for t in delta.token_ids] for s in streams]
@@ -156,16 +148,14 @@ def run_w1(model_dir: str, tp: int, args: argparse.Namespace, work,
         produced, elapsed = timed_w1(llm, work)
     finally:
         llm.close()
-    bound_s = bound_1gpu_s / tp
-    tput = produced / elapsed
-    bound = produced / bound_s
+    t = Throughput(produced, elapsed, bound_1gpu_s / tp)
     result = dict(result="w1", tp=tp, num_seqs=len(work), output_tokens=produced,
-                  seconds=round(elapsed, 3), output_tok_s=round(tput, 1),
-                  hardware_bound_s=sig(bound_s), hardware_bound_tok_s=round(bound, 1),
-                  ratio_to_bound=sig(tput / bound))
-    print(f"W1 TP={tp}: {tput:.1f} output tok/s ({produced} tokens in {elapsed:.2f} s); "
-          f"hardware bound for {tp} GPU(s) {bound:.0f} tok/s (H200 figures); "
-          f"ratio {tput / bound:.4g}", flush=True)
+                  seconds=round(elapsed, 3), output_tok_s=round(t.tok_s, 1),
+                  hardware_bound_s=sig(t.bound_s), hardware_bound_tok_s=round(t.bound_tok_s, 1),
+                  ratio_to_bound=sig(t.ratio))
+    print(f"W1 TP={tp}: {t.tok_s:.1f} output tok/s ({produced} tokens in {elapsed:.2f} s); "
+          f"hardware bound for {tp} GPU(s) {t.bound_tok_s:.0f} tok/s (H200 figures); "
+          f"ratio {t.ratio:.4g}", flush=True)
     emit(**result)
     return result
 
@@ -206,9 +196,7 @@ def main() -> None:
     if args.num_prompts < 1 or args.max_tokens < 1:
         ap.error("--num-prompts and --max-tokens must be >= 1")
     if args.device is None:
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.device = default_device()
 
     made = None
     if args.make_random:
@@ -220,8 +208,7 @@ def main() -> None:
     try:
         if made is not None:
             t0 = time.perf_counter()
-            make_random(args.make_random, made, args.device)
-            write_synthetic_tokenizer(made, SHAPES[args.make_random]["vocab_size"])
+            make_random(args.make_random, made, args.device, tokenizer=True)
             if args.device == "cuda":  # the workers size their KV cache from the free memory
                 import torch
 
@@ -270,9 +257,8 @@ def bench(model_dir: str, tps: list[int], args: argparse.Namespace) -> int:
                 code = 1
 
     if not args.skip_w1:
-        work = workload(args.w1_num_seqs, args.w1_max_input_len, args.w1_max_output_len)
-        if mc.vocab_size <= 10000:  # tiny test models only: keep the ids in their vocabulary
-            work = [([t % mc.vocab_size for t in p], m) for p, m in work]
+        work = w1_workload(args.w1_num_seqs, args.w1_max_input_len, args.w1_max_output_len,
+                           mc.vocab_size)
         bound_1gpu_s, parts = hardware_bound_s(mc, num_params, work)
         print(f"W1: {len(work)} sequences, {sum(len(p) for p, _ in work)} prompt tokens, "
               f"up to {sum(m for _, m in work)} output tokens; one-GPU bound "

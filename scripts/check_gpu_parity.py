@@ -9,9 +9,10 @@ for the first --max-tokens (32) tokens on at least 95% of --num-prompts (64) pro
 
 Steps:
   1. Prompts: seeded random token ids, lengths uniform in --prompt-len-range.
-  2. nanopipe: one ModelRunner, all prompts planned together (one batched prefill step, then
-     batched decode steps; CUDA graphs unless --enforce-eager), greedy sampling. The fp32 logits
-     of the prefill step (last prompt position of every prompt) are captured on the way.
+  2. nanopipe: one ModelRunner driven by the Scheduler in this process, all prompts planned
+     together (one batched prefill step, then batched decode steps; CUDA graphs unless
+     --enforce-eager), greedy sampling. The fp32 logits of the prefill step (last prompt
+     position of every prompt) are captured on the way.
   3. transformers: AutoModelForCausalLM from the same directory, same dtype and device,
      attn_implementation=sdpa (or --hf-attn eager), an explicit greedy loop per prompt with the
      KV cache; the logits of its prefill forward at the last prompt position are kept.
@@ -47,6 +48,7 @@ import argparse
 import gc
 import inspect
 import json
+import random
 import sys
 import tempfile
 import time
@@ -54,23 +56,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from benchlib import SHAPES, drain, greedy, leading_match, make_random, process, random_prompts
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "runtime"))
-
-from bench_offline import SHAPES, make_random  # noqa: E402
-from rt_planner import Planner  # noqa: E402
-
-from gpu_workers import ModelRunner, WorkerConfig  # noqa: E402
-from gpu_workers.config import parse_dtype  # noqa: E402
-from protocol import SamplingParams  # noqa: E402
-
-
-def make_prompts(num: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(lo, hi + 1, (num,), generator=g).tolist()
-    top = min(vocab, 10000)
-    return [torch.randint(0, top, (n,), generator=g).tolist() for n in lens]
+from gpu_workers import ModelRunner, WorkerConfig
+from gpu_workers.config import parse_dtype
+from protocol import AddRequest, TokenDeltas
+from scheduler_proc import Scheduler, SchedulerConfig
 
 
 def sync(device: str) -> None:
@@ -98,7 +89,7 @@ def run_nanopipe(args, model_dir: str, prompts: list[list[int]]
         model=model_dir, device=args.device, dtype=args.dtype,
         max_model_len=max_len + args.max_tokens, block_size=block_size,
         max_num_seqs=max(len(prompts), 1),
-        # every prompt prefills in the first step: the planner does not chunk
+        # every prompt prefills whole in the first step
         max_num_batched_tokens=max(total, max_len + args.max_tokens),
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_bytes=args.kv_cache_bytes, enforce_eager=args.enforce_eager,
@@ -113,10 +104,18 @@ def run_nanopipe(args, model_dir: str, prompts: list[list[int]]
           f"block_size={block_size} kv_blocks={runner.num_kv_blocks} "
           f"cuda_graphs={runner.graphs is not None}")
 
-    planner = Planner(block_size, runner.num_kv_blocks)
-    greedy = SamplingParams(temperature=0.0)
+    scheduler = Scheduler(SchedulerConfig(
+        num_kv_blocks=runner.num_kv_blocks, block_size=block_size,
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=config.max_model_len, overlap=False))
+    eos = list(runner.model_config.eos_token_ids)
     for i, p in enumerate(prompts):
-        planner.add(i, p, args.max_tokens, params=greedy)
+        scheduler.add_request(AddRequest(i, p, greedy(args.max_tokens), eos))
+    outputs: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+
+    def collect(deltas: TokenDeltas) -> None:
+        for rid, tokens in zip(deltas.request_ids, deltas.token_ids, strict=True):
+            outputs[rid].extend(tokens)
 
     # Capture the fp32 logits of the prefill step: ModelRunner._sample computes them with
     # model.compute_logits for the entries that sample, in the result's seq_ids order.
@@ -132,17 +131,18 @@ def run_nanopipe(args, model_dir: str, prompts: list[list[int]]
     prefill_logits: dict[int, torch.Tensor] = {}
     sync(args.device)
     t0 = time.perf_counter()
-    plan = planner.plan()
+    plan = scheduler.schedule()
     model.compute_logits = capture
     try:
         result = runner.execute(plan)
     finally:
         del model.compute_logits  # back to the class method
-    assert len(captured) == 1 and set(result.seq_ids) == set(range(len(prompts)))
+    if len(captured) != 1 or set(result.seq_ids) != set(range(len(prompts))):
+        raise RuntimeError("the first step did not prefill every prompt whole")
     for row, sid in enumerate(result.seq_ids):
         prefill_logits[sid] = captured[0][row]
-    planner.apply(result)
-    outputs = planner.run(runner)
+    collect(process(scheduler, result))
+    drain(scheduler, runner, collect)
     sync(args.device)
     info["generate_s"] = round(time.perf_counter() - t0, 3)
     print(f"nanopipe: {len(prompts)} prompts ({total} prompt tokens), "
@@ -235,15 +235,6 @@ def run_baselines(args, model_dir: str, prompts: list[list[int]], reference: dic
 # ------------------------------------------------------------------ comparison
 
 
-def leading_matches(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def topk_agree_within(a: torch.Tensor, b: torch.Tensor, k: int, tol: float) -> bool:
     """Each of a's top-k tokens is, in b, no lower than b's k-th largest logit minus tol."""
     kth_b = b.topk(k).values[-1]
@@ -306,7 +297,7 @@ def main() -> int:
         print(f"random {args.make_random} weights in {model_dir} "
               f"({time.perf_counter() - t0:.1f} s)")
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    prompts = make_prompts(args.num_prompts, lo, hi, vocab, args.seed)
+    prompts = random_prompts(random.Random(args.seed), args.num_prompts, lo, hi, vocab)
 
     nano_out, nano_logits, info = run_nanopipe(args, model_dir, prompts)
 
@@ -320,7 +311,7 @@ def main() -> int:
         ref = hf_greedy(hf, p, args.max_tokens, args.device, other=got)
         reference[i] = ref.tokens
         rows.append(dict(prompt=i, prompt_len=len(p), match=got == ref.tokens,
-                         leading=leading_matches(got, ref.tokens), gap=ref.divergence_gap))
+                         leading=leading_match(got, ref.tokens), gap=ref.divergence_gap))
         if i < n_logits:
             reference_logits[i] = ref.first_logits
             logit_rows.append(dict(prompt=i, **compare_logits(nano_logits[i],

@@ -1,32 +1,23 @@
-"""Shared pytest fixtures: tiny random models and the skip rule for GPU-only tests."""
+"""Shared pytest fixtures: tiny random models and the skip rule for GPU-only tests.
+
+This file's folder, tests/, is on sys.path for every test, so the helpers beside it
+(hf_reference, random_prompts, tiny_models) import by their plain names.
+"""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-_ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_make_tiny_model():
-    spec = importlib.util.spec_from_file_location(
-        "make_tiny_model", _ROOT / "scripts" / "make_tiny_model.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_tiny_model
+from tiny_models import make_tiny_model
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory) -> str:
-    return str(_load_make_tiny_model()("qwen3", tmp_path_factory.mktemp("tiny_qwen3"), seed=0))
+    return str(make_tiny_model("qwen3", tmp_path_factory.mktemp("tiny_qwen3"), seed=0))
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> str:
-    return str(_load_make_tiny_model()("llama", tmp_path_factory.mktemp("tiny_llama"), seed=0))
+    return str(make_tiny_model("llama", tmp_path_factory.mktemp("tiny_llama"), seed=0))
 
 
 def pytest_collection_modifyitems(config, items):

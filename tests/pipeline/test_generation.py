@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 
 import pytest
-from hf_reference import hf_generate, hf_greedy
+from hf_reference import hf_greedy
 from pipeline_config import tiny_engine
 from transformers import AutoTokenizer
 
@@ -118,7 +118,7 @@ def test_repetition_penalty_through_the_pipeline(qwen3_pipeline, tiny_qwen3_dir)
     with Client(qwen3_pipeline.address) as client:
         out = client.generate(prompt_token_ids=prompt, params=params)
         plain = client.generate(prompt_token_ids=prompt, params=GREEDY)
-    assert out.token_ids == hf_generate(tiny_qwen3_dir, prompt, 24, repetition_penalty=1.8)
+    assert out.token_ids == hf_greedy(tiny_qwen3_dir, prompt, 24, repetition_penalty=1.8)
     assert out.token_ids != plain.token_ids
 
 

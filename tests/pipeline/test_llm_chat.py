@@ -4,7 +4,7 @@ the engine's prompt and greedy output match transformers on the same template an
 from __future__ import annotations
 
 import pytest
-from hf_reference import hf_generate
+from hf_reference import hf_greedy
 from pipeline_config import tiny_engine
 from transformers import AutoTokenizer
 
@@ -37,7 +37,7 @@ def _templated(model_dir: str, conversation: list[dict], **kwargs) -> list[int]:
 
 def test_chat_matches_transformers_on_the_templated_prompt(llm, tiny_qwen3_dir):
     prompts = [_templated(tiny_qwen3_dir, c) for c in (HELLO, TRIP_AS_TEXT)]
-    expected = [hf_generate(tiny_qwen3_dir, p, GREEDY.max_tokens) for p in prompts]
+    expected = [hf_greedy(tiny_qwen3_dir, p, GREEDY.max_tokens) for p in prompts]
     # The prompt the engine used is exactly transformers' one: same greedy output as that
     # prompt given as token ids, and the same as transformers' generate.
     by_ids = llm.generate(prompts, GREEDY, use_tqdm=False)
@@ -55,7 +55,7 @@ def test_chat_template_kwargs_reach_the_template(llm, tiny_qwen3_dir):
     assert without_gen != _templated(tiny_qwen3_dir, HELLO)
     [out] = llm.chat(HELLO, GREEDY, use_tqdm=False,
                      chat_template_kwargs={"add_generation_prompt": False})
-    assert out["token_ids"] == hf_generate(tiny_qwen3_dir, without_gen, GREEDY.max_tokens)
+    assert out["token_ids"] == hf_greedy(tiny_qwen3_dir, without_gen, GREEDY.max_tokens)
 
 
 def test_chat_takes_one_sampling_params_per_conversation(llm):

@@ -11,7 +11,7 @@ import concurrent.futures as cf
 import importlib.util
 
 import pytest
-import torch
+from hf_reference import hf_greedy, hf_model
 
 from frontend import Client, SamplingParams
 from frontend.embedded_model import cache as dm
@@ -41,36 +41,27 @@ def smollm2_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def hf_answers(smollm2_dir) -> dict[str, tuple[list[int], list[int]]]:
-    """Per question: (prompt ids, greedy ids), computed before the pipeline takes the cores."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Per question: (prompt ids, greedy ids), computed before the pipeline takes the cores.
+
+    nanopipe stops at an EOS token and returns it as the last of token_ids (finish "stop"),
+    otherwise after max_tokens tokens (finish "length"); the reference ends the same way, so
+    neither side is trimmed and the lists are compared exactly.
+    """
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
-    eos = model.generation_config.eos_token_id
+    eos = hf_model(smollm2_dir).generation_config.eos_token_id
     assert eos == 2  # <|im_end|>, the only stop token nanopipe reads from this directory
     answers = {}
     for question in QUESTIONS:
-        prompt = tokenizer.apply_chat_template(
+        prompt = list(tokenizer.apply_chat_template(
             _chat(question), add_generation_prompt=True, return_dict=True
-        )["input_ids"]
-        answers[question] = (list(prompt), _greedy(model, list(prompt), eos))
+        )["input_ids"])
+        generated = hf_greedy(smollm2_dir, prompt, MAX_TOKENS, eos_token_id=eos)
+        assert eos not in generated[:-1]
+        answers[question] = (prompt, generated)
+    hf_model.cache_clear()  # 135M parameters in float32: not kept for the rest of the session
     return answers
-
-
-@torch.no_grad()
-def _greedy(model, prompt_ids: list[int], eos: int) -> list[int]:
-    """transformers' greedy tokens, ending the way nanopipe ends a request.
-
-    nanopipe stops at an EOS token and returns it as the last of token_ids (finish "stop"),
-    otherwise after max_tokens tokens (finish "length"). generate() with one sequence does the
-    same: it appends the argmax token, EOS included, then stops, so neither side is trimmed
-    and the lists are compared exactly.
-    """
-    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                         eos_token_id=eos, pad_token_id=eos)
-    generated = out[0, len(prompt_ids):].tolist()
-    assert eos not in generated[:-1]
-    return generated
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,9 @@ tokens as transformers; the environment switch selects between them."""
 from __future__ import annotations
 
 import pytest
-from rt_helpers import BLOCK_SIZE, hf_greedy, make_runner, prompts
+from hf_reference import hf_greedy
+from random_prompts import random_prompts
+from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
 
 from gpu_workers.models.decoder import UNFUSED_QKV_ENV
@@ -20,7 +22,7 @@ def _generate(runner, ps, max_tokens):
 @pytest.mark.parametrize("model", ["tiny_qwen3_dir", "tiny_llama_dir"])
 def test_fused_and_unfused_paths_equal_transformers(model, request, monkeypatch):
     model_dir = request.getfixturevalue(model)
-    ps = prompts(31, [1, 9, 40])
+    ps = random_prompts(31, [1, 9, 40])
     want = {i: hf_greedy(model_dir, p, 8) for i, p in enumerate(ps)}
     fused = make_runner(model_dir, attention_backend="triton")
     assert fused.model.fused_qkv

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from rt_helpers import BLOCK_SIZE, hf_greedy, make_runner, prompts
+from hf_reference import hf_greedy
+from random_prompts import random_prompts
+from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
 
 pytestmark = pytest.mark.gpu
@@ -42,7 +44,7 @@ def _cuda_runner(model_dir, **kw):
 
 
 def test_cuda_graphs_match_eager_and_transformers(tiny_qwen3_dir):
-    ps = prompts(21, [1, 5, 17, 33, 64, 100, 3, 9, 12])
+    ps = random_prompts(21, [1, 5, 17, 33, 64, 100, 3, 9, 12])
     eager = _generate(_cuda_runner(tiny_qwen3_dir, enforce_eager=True), ps, 24)
     graphed_runner = _cuda_runner(tiny_qwen3_dir)
     assert graphed_runner.graphs is not None
@@ -74,5 +76,5 @@ def test_kv_pool_sized_from_free_memory(tiny_llama_dir):
 
 def test_bf16_triton_backend_runs_mixed_batches(tiny_llama_dir):
     runner = _cuda_runner(tiny_llama_dir, dtype="bfloat16", attention_backend="triton")
-    out = _generate(runner, prompts(22, [2, 40, 90]), 16)
+    out = _generate(runner, random_prompts(22, [2, 40, 90]), 16)
     assert all(len(v) == 16 for v in out.values())

@@ -6,7 +6,9 @@ from __future__ import annotations
 import gc
 
 import pytest
-from rt_helpers import BLOCK_SIZE, hf_greedy, make_runner, prompts
+from hf_reference import hf_greedy
+from random_prompts import random_prompts
+from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
 
 from gpu_workers.models.decoder import UNFUSED_QKV_ENV
@@ -33,7 +35,7 @@ def _generate(model_dir, ps, max_tokens, **kw):
 @pytest.mark.parametrize("model", ["tiny_qwen3_dir", "tiny_llama_dir"])
 def test_fused_path_matches_unfused_and_transformers(model, request, monkeypatch):
     model_dir = request.getfixturevalue(model)
-    ps = prompts(23, [1, 5, 17, 33, 64, 100, 3, 9, 12])
+    ps = random_prompts(23, [1, 5, 17, 33, 64, 100, 3, 9, 12])
     fused, is_fused = _generate(model_dir, ps, 24)
     monkeypatch.setenv(UNFUSED_QKV_ENV, "1")
     unfused, was_fused = _generate(model_dir, ps, 24)
@@ -46,5 +48,5 @@ def test_fused_path_matches_unfused_and_transformers(model, request, monkeypatch
 
 
 def test_fused_path_bf16_runs_mixed_batches(tiny_qwen3_dir):
-    out, _ = _generate(tiny_qwen3_dir, prompts(24, [2, 40, 90]), 16, dtype="bfloat16")
+    out, _ = _generate(tiny_qwen3_dir, random_prompts(24, [2, 40, 90]), 16, dtype="bfloat16")
     assert all(len(v) == 16 for v in out.values())

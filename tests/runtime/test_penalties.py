@@ -3,14 +3,14 @@ greedy generation against transformers with the same penalty (float32, CPU)."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 import torch
-from rt_helpers import BLOCK_SIZE, make_runner, prompts
+from hf_reference import hf_greedy
+from random_prompts import random_prompts
+from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from gpu_workers.penalties import PenaltyBatch, apply_penalties
 from protocol import SamplingParams, SamplingParamsError
@@ -79,23 +79,13 @@ class OpenAIPenalties(LogitsProcessor):
         return scores
 
 
-@functools.lru_cache(maxsize=2)
-def _hf(model_dir: str):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.generation_config.eos_token_id = None
-    return model.eval()
-
-
 def hf_penalized(model_dir: str, prompt: list[int], params: SamplingParams) -> list[int]:
     processors = LogitsProcessorList()
     if params.presence_penalty or params.frequency_penalty:
         processors.append(OpenAIPenalties(len(prompt), params.presence_penalty,
                                           params.frequency_penalty))
-    with torch.no_grad():
-        out = _hf(model_dir).generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=MAX_TOKENS, pad_token_id=0,
-            repetition_penalty=params.repetition_penalty, logits_processor=processors)
-    return out[0, len(prompt):].tolist()
+    return hf_greedy(model_dir, prompt, MAX_TOKENS, repetition_penalty=params.repetition_penalty,
+                     logits_processor=processors)
 
 
 PENALIZED = [
@@ -110,7 +100,7 @@ PENALIZED = [
 def test_greedy_with_penalties_equals_transformers(model, request):
     model_dir = request.getfixturevalue(model)
     runner = make_runner(model_dir)
-    ps = prompts(31, [9, 20, 14, 5])
+    ps = random_prompts(31, [9, 20, 14, 5])
     planner = Planner(BLOCK_SIZE, runner.num_kv_blocks)
     for i, (p, params) in enumerate(zip(ps, PENALIZED, strict=True)):
         planner.add(i, p, MAX_TOKENS, params=params)
@@ -125,7 +115,7 @@ def test_greedy_with_penalties_equals_transformers(model, request):
 def test_penalties_survive_preemption(tiny_qwen3_dir):
     """A re-sent sequence counts its earlier output as output, not as prompt."""
     params = SamplingParams(temperature=0.0, frequency_penalty=1.5)
-    p = prompts(32, [12])[0]
+    p = random_prompts(32, [12])[0]
     runner = make_runner(tiny_qwen3_dir)
     planner = Planner(BLOCK_SIZE, runner.num_kv_blocks)
     planner.add(0, p, MAX_TOKENS, params=params)

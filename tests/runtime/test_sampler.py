@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-from rt_helpers import BLOCK_SIZE, make_runner, prompts
+from random_prompts import random_prompts
+from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
 
 from gpu_workers.sampler import Sampler, SamplingBatch, row_seed
@@ -102,7 +103,7 @@ def test_logprobs_of_sampled_tokens():
 def _run_seeded(model_dir: str, preempt_at: int | None) -> list[int]:
     runner = make_runner(model_dir)
     planner = Planner(BLOCK_SIZE, runner.num_kv_blocks)
-    (p,) = prompts(11, [9])
+    (p,) = random_prompts(11, [9])
     planner.add(0, p, 16, SamplingParams(temperature=0.9, top_p=0.95, seed=42))
     step = 0
     while (plan := planner.plan()) is not None:

@@ -8,7 +8,9 @@ import shutil
 
 import pytest
 import zmq
-from rt_helpers import BLOCK_SIZE, hf_greedy, make_runner, prompts
+from hf_reference import hf_greedy
+from random_prompts import random_prompts
+from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
 from safetensors.torch import load_file, save_file
 
@@ -76,7 +78,7 @@ def test_sharded_checkpoint_loads_like_a_single_file(tiny_llama_dir, tmp_path):
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     runner = make_runner(str(sharded))
     planner = Planner(BLOCK_SIZE, runner.num_kv_blocks)
-    (p,) = prompts(9, [21])
+    (p,) = random_prompts(9, [21])
     planner.add(0, p, 8)
     assert planner.run(runner)[0] == hf_greedy(tiny_llama_dir, p, 8)
 

@@ -18,8 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from rt_helpers import BLOCK_SIZE, hf_greedy, make_runner, prompts
+from hf_reference import hf_greedy
+from random_prompts import random_prompts
+from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
+from tiny_models import make_tiny_model
 
 from gpu_workers.partition import even_split, partition_heads
 
@@ -29,7 +32,6 @@ MAX_TOKENS = 12
 # still spans three blocks, prefilled in chunks).
 SMOLLM2_LENGTHS = [5, 37]
 SMOLLM2_TOKENS = 6
-ROOT = Path(__file__).resolve().parents[2]
 # Head counts TP=2 and TP=4 split unevenly (4 + 2 query heads; one KV head on two ranks), and
 # an intermediate size no TP size above 1 here divides.
 UNEVEN_SHAPE = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
@@ -50,7 +52,7 @@ def one_thread():
 def _plan_and_run(runner, broadcast, vocab: int, lengths: list[int] = PROMPT_LENGTHS,
                   max_tokens: int = MAX_TOKENS) -> dict[int, list[int]]:
     planner = Planner(BLOCK_SIZE, runner.num_kv_blocks)
-    for i, p in enumerate(prompts(7, lengths, vocab)):
+    for i, p in enumerate(random_prompts(7, lengths, vocab)):
         planner.add(i, p, max_tokens)
     # Chunked first steps for the longest prompt, then free-running: every rank builds the
     # same plans.
@@ -137,21 +139,14 @@ def test_tp2_equals_tp1(model, request, tmp_path):
     _check_shards(model_dir, 2, reports)
 
 
-def _make_tiny_model(arch: str, out_dir: Path, **shape) -> str:
-    spec = importlib.util.spec_from_file_location("make_tiny_model",
-                                                  ROOT / "scripts" / "make_tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return str(module.make_tiny_model(arch, out_dir, seed=1, **shape))
-
-
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def uneven_model(request, tmp_path_factory) -> tuple[str, dict[int, list[int]]]:
     """A tiny model with 6 query / 3 KV heads, and its TP=1 tokens (checked against HF)."""
-    model_dir = _make_tiny_model(request.param, tmp_path_factory.mktemp(f"uneven_{request.param}"),
-                                 **UNEVEN_SHAPE)
+    model_dir = str(make_tiny_model(request.param,
+                                    tmp_path_factory.mktemp(f"uneven_{request.param}"), seed=1,
+                                    **UNEVEN_SHAPE))
     single = _plan_and_run(make_runner(model_dir), lambda r: r, 600)
-    for i, p in enumerate(prompts(7, PROMPT_LENGTHS, 600)):
+    for i, p in enumerate(random_prompts(7, PROMPT_LENGTHS, 600)):
         assert single[i] == hf_greedy(model_dir, p, MAX_TOKENS), f"sequence {i}"
     return model_dir, single
 
@@ -192,7 +187,7 @@ def smollm2() -> tuple[str, dict, dict[int, list[int]]]:
     vocab = json.loads(Path(model_dir, "config.json").read_text())["vocab_size"]
     run = dict(vocab=vocab, lengths=SMOLLM2_LENGTHS, max_tokens=SMOLLM2_TOKENS)
     single = _plan_and_run(make_runner(model_dir, **SMOLLM2_RUNNER), lambda r: r, **run)
-    for i, p in enumerate(prompts(7, SMOLLM2_LENGTHS, vocab)):
+    for i, p in enumerate(random_prompts(7, SMOLLM2_LENGTHS, vocab)):
         assert single[i] == hf_greedy(model_dir, p, SMOLLM2_TOKENS), f"sequence {i}"
     return model_dir, run, single
 

@@ -3,12 +3,12 @@ checkpoints alike."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import make_tiny_model
 
 from gpu_workers.config import ModelConfig
 from gpu_workers.layers.parallel import TPInfo
@@ -16,18 +16,13 @@ from gpu_workers.loader import load_weights
 from gpu_workers.models import CausalLM
 from gpu_workers.partition import even_split, partition_heads
 
-ROOT = Path(__file__).resolve().parents[2]
 SHAPE = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, intermediate_size=98)
 D = 16  # head_dim of the tiny models
 
 
 @pytest.fixture(scope="module")
 def split_dir(tmp_path_factory) -> Path:
-    spec = importlib.util.spec_from_file_location("make_tiny_model",
-                                                  ROOT / "scripts" / "make_tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_tiny_model("llama", tmp_path_factory.mktemp("split"), seed=2, **SHAPE)
+    return make_tiny_model("llama", tmp_path_factory.mktemp("split"), seed=2, **SHAPE)
 
 
 @pytest.fixture(scope="module")
