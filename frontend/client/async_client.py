@@ -91,7 +91,8 @@ class AsyncClient(ConnectionInfo):
         return AsyncResultStream(self, frame_args)
 
     async def abort(self, request_id: str) -> None:
-        self._abort_nowait(request_id)
+        """Ask the engine to stop a request; it then finishes with finish_reason "abort"."""
+        self._conn.abort_nowait(request_id, forget=False)
 
     async def close(self) -> None:
         self._finalizer.detach()
@@ -211,8 +212,11 @@ class _AsyncConnection:
         finally:
             self._ready.set()
 
-    def abort_nowait(self, request_id: str) -> None:
-        """Forget the request and tell the engine; safe from finalizers and other threads."""
+    def abort_nowait(self, request_id: str, forget: bool = True) -> None:
+        """Tell the engine to stop the request; safe from finalizers and other threads.
+
+        `forget`: nobody reads the request any more (a dropped stream, a cancelled task), so
+        its last delta is dropped; otherwise the reader still gets its "abort"."""
         loop = self.loop
         if loop is None or loop.is_closed():
             return
@@ -221,9 +225,10 @@ class _AsyncConnection:
         except RuntimeError:
             running = None
         if running is not loop:
-            loop.call_soon_threadsafe(self.abort_nowait, request_id)
+            loop.call_soon_threadsafe(self.abort_nowait, request_id, forget)
             return
-        self.core.forget(request_id)
+        if forget:
+            self.core.forget(request_id)
         action = self.core.abort(request_id)
         if action is not None:
             self.send(action.frame)

@@ -94,6 +94,25 @@ def test_aclose_and_cancel_abort_the_request(pipe):
     run(main())
 
 
+def test_explicit_abort_finishes_the_stream_with_abort(pipe):
+    """As with Client: abort(id) stops the request, and whoever reads it sees "abort"."""
+
+    async def main() -> list[str | None]:
+        async with AsyncClient(pipe.address, timeout=30) as client:
+            pipe.scheduler.paused = True
+            try:
+                stream = client.stream(PROMPT, params=SamplingParams(max_tokens=100))
+                first = asyncio.ensure_future(stream.__anext__())
+                await until(lambda: pipe.scheduler.running() == 1)
+                await client.abort(stream.request_id)
+                deltas = [await first] + [d async for d in stream]
+            finally:
+                pipe.scheduler.paused = False
+            return [d.finish_reason for d in deltas]
+
+    assert run(main()) == ["abort"]
+
+
 def test_close_aborts_in_flight(pipe):
     async def main() -> None:
         pipe.scheduler.paused = True
