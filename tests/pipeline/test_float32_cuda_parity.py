@@ -13,7 +13,9 @@ import gc
 
 import pytest
 import torch
+from hf_reference import hf_greedy_logprobs, hf_model
 from pipeline_config import tiny_engine
+from random_prompts import random_prompts
 
 from frontend import LLM
 from protocol import SamplingParams
@@ -32,29 +34,12 @@ PARAMS = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, l
 LOGPROB_ATOL = 1e-3
 
 
-def _prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(7)
-    return [torch.randint(3, 600, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
-
-
-@torch.no_grad()
-def _transformers_cuda(model_dir: str, prompts: list[list[int]]) -> list[tuple[list[int],
-                                                                                torch.Tensor]]:
+def _transformers_cuda(model_dir: str, prompts: list[list[int]]
+                       ) -> list[tuple[list[int], torch.Tensor]]:
     """Per prompt: greedy tokens and the logprobs of every step, float32 on the GPU."""
-    from transformers import AutoModelForCausalLM
-
     assert not torch.backends.cuda.matmul.allow_tf32  # torch's default: IEEE float32 GEMMs
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager").to("cuda").eval()
-    results = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt], device="cuda")
-        out = model.generate(ids, do_sample=False, max_new_tokens=MAX_TOKENS,
-                             min_new_tokens=MAX_TOKENS, eos_token_id=None, pad_token_id=0)
-        tokens = out[0, len(prompt):].tolist()
-        logits = model(out).logits[0, len(prompt) - 1:-1].float()
-        results.append((tokens, logits.log_softmax(-1).cpu()))
-    del model
+    results = [hf_greedy_logprobs(model_dir, p, MAX_TOKENS, device="cuda") for p in prompts]
+    hf_model.cache_clear()
     gc.collect()
     torch.cuda.empty_cache()
     return results
@@ -66,7 +51,7 @@ def _memory_utilization(extra: float) -> float:
 
 
 def test_float32_cuda_matches_transformers_float32(tiny_llama_dir):
-    prompts = _prompts()
+    prompts = random_prompts(7, PROMPT_LENGTHS)
     expected = _transformers_cuda(tiny_llama_dir, prompts)
     cfg = tiny_engine(tiny_llama_dir, device="cuda", dtype="float32",
                       gpu_memory_utilization=_memory_utilization(0.05))
