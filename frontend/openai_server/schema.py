@@ -8,59 +8,18 @@ Unknown fields (user, metadata, ...) are ignored, as OpenAI's own server does.
 from __future__ import annotations
 
 import dataclasses
-import re
-import time
-import uuid
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from frontend.openai_server.errors import invalid, params_error
 from protocol import ChatMessage, SamplingParams, SamplingParamsError
 from protocol.client_messages import RequestFieldError
 from protocol.sampling_params import MAX_TOKEN_ID, MAX_TOP_LOGPROBS, check_token_ids
 
-try:
-    import orjson
-
-    def dumps(obj: Any) -> bytes:
-        return orjson.dumps(obj)
-
-except ImportError:  # pragma: no cover - orjson is optional
-    import json
-
-    def dumps(obj: Any) -> bytes:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-
-
 MAX_CHOICES = 16
 """Largest `n`: each choice is a request of its own in the engine."""
 _SEED_MODULUS = 2**63
-
-
-class ApiError(Exception):
-    """An error that reaches the HTTP client as OpenAI's `{"error": {...}}` body."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.type = type
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-def error_body(message: str, type: str, param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def invalid(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
 
 
 def _utf8(text: str) -> str:
@@ -78,55 +37,6 @@ Text = Annotated[str, AfterValidator(_utf8)]
 """Every string a request carries into the engine."""
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 """What the worker's int32 token columns hold (the tokenizer checks the vocabulary)."""
-
-
-# pydantic puts union-member tags ("str", "list[int]", "TextPart") into error locations.
-_LOC_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|[A-Z]\w*|function-.*)$")
-
-
-def params_error(exc: SamplingParamsError) -> ApiError:
-    return invalid(str(exc), exc.field)
-
-
-_BODY_NAMES = {"prompt_token_ids": "prompt", "client_request_id": None}
-"""Engine request fields that the OpenAI body names otherwise (or not at all)."""
-
-
-def http_param(field: str | None) -> str | None:
-    """The body's name of a field the engine names as a GenerateRequest field
-    ("params.max_tokens" is `max_tokens`, "prompt_token_ids" is `prompt`)."""
-    if field is None:
-        return None
-    name = field.removeprefix("params.")
-    return _BODY_NAMES.get(name, name)
-
-
-def validation_error(errors: list[dict[str, Any]]) -> ApiError:
-    """The first field's pydantic error, with its location written as `messages[0].content`.
-
-    A union (`str | list[TextPart]`) reports one error per member; the one that got deepest
-    into the value says most about what is wrong, and among those one whose type matched
-    (a value error rather than "should be an integer").
-    """
-    if not errors:
-        return invalid("invalid request body")
-
-    def loc_of(e: dict[str, Any]) -> list[Any]:
-        return [p for p in e.get("loc", ()) if not (isinstance(p, str) and _LOC_TAG.match(p))]
-
-    field = loc_of(errors[0])[:2]
-    err = max((e for e in errors if loc_of(e)[:2] == field),
-              key=lambda e: (len(loc_of(e)), not str(e.get("type", "")).endswith("_type")))
-    loc = loc_of(err)
-    if loc and loc[0] == "body":
-        loc = loc[1:]
-    if err.get("type") == "json_invalid":
-        return invalid(f"request body is not valid JSON: {err.get('msg', '')}")
-    param = ""
-    for part in loc:
-        param += f"[{part}]" if isinstance(part, int) else (f".{part}" if param else str(part))
-    msg = err.get("msg", "invalid value")
-    return invalid(f"{param}: {msg}" if param else msg, param or None)
 
 
 class StreamOptions(BaseModel):
@@ -303,134 +213,3 @@ class ChatCompletionRequest(_SamplingRequest):
         if max_tokens is None:
             max_tokens = self.max_tokens
         return self._params(max_tokens, self.logprobs, top)
-
-
-# ------------------------------------------------------------------ responses
-# Outputs and deltas are the client library's RequestOutput / RequestDelta. The server holds no
-# tokenizer, so a logprob's token is named by its id ("token_id:42"), as vLLM does on request.
-
-
-def _token_name(token_id: int) -> str:
-    return f"token_id:{token_id}"
-
-
-class _Format:
-    """One response's id, timestamp and usage, shared by its chunks and choices."""
-
-    prefix = "cmpl"
-    object = "text_completion"
-    chunk_object = "text_completion"
-
-    def __init__(self, model: str, include_usage: bool = False) -> None:
-        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model = model
-        self.include_usage = include_usage
-        self.prompt_tokens = 0
-        self.completion_tokens: dict[int, int] = {}
-        """Per choice index: the prompt is counted once, every choice's tokens are added."""
-
-    def _usage(self, out: Any, index: int = 0) -> dict[str, int]:
-        # completion_tokens is cumulative in every delta, so the last one seen is the total.
-        self.prompt_tokens = out.prompt_tokens or self.prompt_tokens
-        previous = self.completion_tokens.get(index, 0)
-        self.completion_tokens[index] = out.completion_tokens or previous
-        return self._usage_totals()
-
-    def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
-        chunk = self._head(self.chunk_object)
-        chunk["choices"] = [choice]
-        if self.include_usage:
-            chunk["usage"] = None
-        return chunk
-
-    def response(self, outs: Sequence[Any]) -> dict[str, Any]:
-        """The whole body from each choice's final output, in choice order."""
-        body = self._head(self.object)
-        body["choices"] = [self._choice(i, out) for i, out in enumerate(outs)]
-        for i, out in enumerate(outs):
-            self._usage(out, i)
-        body["usage"] = self._usage_totals()
-        return body
-
-    def _choice(self, index: int, out: Any) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def start_chunks(self, num_choices: int = 1) -> list[dict[str, Any]]:
-        return []
-
-    def end_chunks(self) -> list[dict[str, Any]]:
-        if not self.include_usage:
-            return []
-        chunk = self._head(self.chunk_object)
-        chunk["choices"] = []
-        chunk["usage"] = self._usage_totals()
-        return [chunk]
-
-    def _usage_totals(self) -> dict[str, int]:
-        completion = sum(self.completion_tokens.values())
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
-
-
-class CompletionFormat(_Format):
-    @staticmethod
-    def _logprobs(out: Any) -> dict[str, Any] | None:
-        if out.logprobs is None:
-            return None
-        top = None
-        if out.top_logprobs is not None:
-            top = [{_token_name(t): lp for t, lp in alts} for alts in out.top_logprobs]
-        return {"tokens": [_token_name(t) for t in out.token_ids],
-                "token_logprobs": list(out.logprobs), "top_logprobs": top, "text_offset": None}
-
-    def _choice(self, index: int, out: Any) -> dict[str, Any]:
-        return {"index": index, "text": out.text, "logprobs": self._logprobs(out),
-                "finish_reason": out.finish_reason}
-
-    def delta_chunks(self, delta: Any, index: int = 0) -> list[dict[str, Any]]:
-        self._usage(delta, index)
-        if not (delta.text or delta.token_ids or delta.finish_reason):
-            return []
-        return [self._chunk(self._choice(index, delta))]
-
-
-class ChatFormat(_Format):
-    prefix = "chatcmpl"
-    object = "chat.completion"
-    chunk_object = "chat.completion.chunk"
-
-    @staticmethod
-    def _logprobs(out: Any) -> dict[str, Any] | None:
-        if out.logprobs is None:
-            return None
-        tops = out.top_logprobs or [[] for _ in out.token_ids]
-        return {"content": [
-            {"token": _token_name(t), "logprob": lp, "bytes": None,
-             "top_logprobs": [{"token": _token_name(a), "logprob": alp, "bytes": None}
-                              for a, alp in alts]}
-            for t, lp, alts in zip(out.token_ids, out.logprobs, tops, strict=True)]}
-
-    def _choice(self, index: int, out: Any) -> dict[str, Any]:
-        return {"index": index, "message": {"role": "assistant", "content": out.text},
-                "logprobs": self._logprobs(out), "finish_reason": out.finish_reason}
-
-    def start_chunks(self, num_choices: int = 1) -> list[dict[str, Any]]:
-        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None})
-                for i in range(num_choices)]
-
-    def delta_chunks(self, delta: Any, index: int = 0) -> list[dict[str, Any]]:
-        self._usage(delta, index)
-        chunks = []
-        if delta.text or delta.token_ids:
-            chunks.append(self._chunk({"index": index, "delta": {"content": delta.text},
-                                       "logprobs": self._logprobs(delta),
-                                       "finish_reason": None}))
-        if delta.finish_reason:
-            chunks.append(self._chunk({"index": index, "delta": {}, "logprobs": None,
-                                       "finish_reason": delta.finish_reason}))
-        return chunks

@@ -16,7 +16,7 @@ from http_serving import running_server  # noqa: E402
 from frontend import AsyncClient, Client
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
-from frontend.openai_server.server import create_app
+from frontend.openai_server.app import create_app
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,8 @@ from pydantic import ValidationError
 
 from frontend.actors.request_validation import InvalidRequest, RequestValidator
 from frontend.client.sync_client import make_request
-from frontend.openai_server.schema import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    params_error,
-    validation_error,
-)
+from frontend.openai_server.errors import ApiError, params_error, validation_error
+from frontend.openai_server.schema import ChatCompletionRequest, CompletionRequest
 from protocol import Decoder, GenerateRequest, SamplingParamsError
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from http_serving import running_server
 from frontend import AsyncClient, Client
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
-from frontend.openai_server.server import create_app
+from frontend.openai_server.app import create_app
 from protocol import SamplingParams
 
 ENGINE = dict(device="cpu", dtype="float32", max_model_len=512, max_num_seqs=4,

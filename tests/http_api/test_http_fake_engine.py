@@ -10,7 +10,7 @@ import pytest
 from http_fakes import CRASH, DIE_MIDWAY, REJECT, FakeClient
 from http_serving import running_server, static_app
 
-from frontend.openai_server.server import create_app
+from frontend.openai_server.app import create_app
 from protocol import SamplingParams
 
 KEY = "sk-test-123"

@@ -22,7 +22,7 @@ from http_serving import running_server
 from frontend import AsyncClient, Client
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
-from frontend.openai_server.server import create_app
+from frontend.openai_server.app import create_app
 from protocol import Decoder, SamplingParams, TokenDeltas
 from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
 

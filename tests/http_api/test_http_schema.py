@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from frontend.openai_server.schema import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    validation_error,
-)
+from frontend.openai_server.errors import ApiError, validation_error
+from frontend.openai_server.schema import ChatCompletionRequest, CompletionRequest
 from protocol import ChatMessage, SamplingParams
 
 

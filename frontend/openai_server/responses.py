@@ -1,0 +1,138 @@
+"""OpenAI response bodies and stream chunks, built from the client library's outputs.
+
+Outputs and deltas are the client library's RequestOutput / RequestDelta. The server holds no
+tokenizer, so a logprob's token is named by its id ("token_id:42"), as vLLM does on request.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+
+def _token_name(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
+class _Format:
+    """One response's id, timestamp and usage, shared by its chunks and choices."""
+
+    prefix = "cmpl"
+    object = "text_completion"
+    chunk_object = "text_completion"
+
+    def __init__(self, model: str, include_usage: bool = False) -> None:
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.include_usage = include_usage
+        self.prompt_tokens = 0
+        self.completion_tokens: dict[int, int] = {}
+        """Per choice index: the prompt is counted once, every choice's tokens are added."""
+
+    def _usage(self, out: Any, index: int = 0) -> dict[str, int]:
+        # completion_tokens is cumulative in every delta, so the last one seen is the total.
+        self.prompt_tokens = out.prompt_tokens or self.prompt_tokens
+        previous = self.completion_tokens.get(index, 0)
+        self.completion_tokens[index] = out.completion_tokens or previous
+        return self._usage_totals()
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        chunk = self._head(self.chunk_object)
+        chunk["choices"] = [choice]
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def response(self, outs: Sequence[Any]) -> dict[str, Any]:
+        """The whole body from each choice's final output, in choice order."""
+        body = self._head(self.object)
+        body["choices"] = [self._choice(i, out) for i, out in enumerate(outs)]
+        for i, out in enumerate(outs):
+            self._usage(out, i)
+        body["usage"] = self._usage_totals()
+        return body
+
+    def _choice(self, index: int, out: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def start_chunks(self, num_choices: int = 1) -> list[dict[str, Any]]:
+        return []
+
+    def end_chunks(self) -> list[dict[str, Any]]:
+        if not self.include_usage:
+            return []
+        chunk = self._head(self.chunk_object)
+        chunk["choices"] = []
+        chunk["usage"] = self._usage_totals()
+        return [chunk]
+
+    def _usage_totals(self) -> dict[str, int]:
+        completion = sum(self.completion_tokens.values())
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
+
+
+class CompletionFormat(_Format):
+    @staticmethod
+    def _logprobs(out: Any) -> dict[str, Any] | None:
+        if out.logprobs is None:
+            return None
+        top = None
+        if out.top_logprobs is not None:
+            top = [{_token_name(t): lp for t, lp in alts} for alts in out.top_logprobs]
+        return {"tokens": [_token_name(t) for t in out.token_ids],
+                "token_logprobs": list(out.logprobs), "top_logprobs": top, "text_offset": None}
+
+    def _choice(self, index: int, out: Any) -> dict[str, Any]:
+        return {"index": index, "text": out.text, "logprobs": self._logprobs(out),
+                "finish_reason": out.finish_reason}
+
+    def delta_chunks(self, delta: Any, index: int = 0) -> list[dict[str, Any]]:
+        self._usage(delta, index)
+        if not (delta.text or delta.token_ids or delta.finish_reason):
+            return []
+        return [self._chunk(self._choice(index, delta))]
+
+
+class ChatFormat(_Format):
+    prefix = "chatcmpl"
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    @staticmethod
+    def _logprobs(out: Any) -> dict[str, Any] | None:
+        if out.logprobs is None:
+            return None
+        tops = out.top_logprobs or [[] for _ in out.token_ids]
+        return {"content": [
+            {"token": _token_name(t), "logprob": lp, "bytes": None,
+             "top_logprobs": [{"token": _token_name(a), "logprob": alp, "bytes": None}
+                              for a, alp in alts]}
+            for t, lp, alts in zip(out.token_ids, out.logprobs, tops, strict=True)]}
+
+    def _choice(self, index: int, out: Any) -> dict[str, Any]:
+        return {"index": index, "message": {"role": "assistant", "content": out.text},
+                "logprobs": self._logprobs(out), "finish_reason": out.finish_reason}
+
+    def start_chunks(self, num_choices: int = 1) -> list[dict[str, Any]]:
+        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None})
+                for i in range(num_choices)]
+
+    def delta_chunks(self, delta: Any, index: int = 0) -> list[dict[str, Any]]:
+        self._usage(delta, index)
+        chunks = []
+        if delta.text or delta.token_ids:
+            chunks.append(self._chunk({"index": index, "delta": {"content": delta.text},
+                                       "logprobs": self._logprobs(delta),
+                                       "finish_reason": None}))
+        if delta.finish_reason:
+            chunks.append(self._chunk({"index": index, "delta": {}, "logprobs": None,
+                                       "finish_reason": delta.finish_reason}))
+        return chunks
