@@ -1,0 +1,31 @@
+"""The scheduler's invariants, checked when idle and by the property tests."""
+
+from __future__ import annotations
+
+from scheduler_proc.state import RUNNING, WAITING, SchedulerState
+
+
+def check_integrity(state: SchedulerState) -> None:
+    """Raise AssertionError if any scheduler or block-pool invariant is broken."""
+    state.block_manager.check_integrity(s.block_table for s in state.running)
+    pending: dict[int, int] = {}
+    for _, seqs in state.inflight:
+        for s in seqs:
+            pending[id(s)] = pending.get(id(s), 0) + 1
+    problems = []
+    for s in state.waiting:
+        if s.status is not WAITING or s.block_table or s.on_worker:
+            problems.append(f"waiting {s!r} holds blocks, is mirrored, or is not WAITING")
+    for s in state.running:
+        if s.status is not RUNNING or not s.on_worker:
+            problems.append(f"running {s!r} is not RUNNING or not mirrored")
+        if s.num_computed > len(s.block_table) * state.config.block_size:
+            problems.append(f"{s!r} computes past its block table")
+    live = {s.seq_id for s in state.waiting} | {s.seq_id for s in state.running}
+    if live != set(state.seqs) or len(state.waiting) + len(state.running) != len(state.seqs):
+        problems.append("waiting + running != unfinished sequences")
+    for s in state.seqs.values():
+        if s.num_pending != pending.get(id(s), 0):
+            problems.append(f"{s!r} pending != tokens in flight")
+    if problems:
+        raise AssertionError("; ".join(problems))

@@ -1,0 +1,162 @@
+"""Planning one step: which tokens of which sequences it computes, within the token budget.
+
+One token-count model, no prefill/decode phases: a running sequence is asked for its next
+`num_new` tokens (1 when decoding, a chunk while prefilling), so one step mixes both. Running
+sequences are served first, in admission order, preempting from the tail when blocks run out;
+waiting ones are admitted with what budget is left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol import CachedSequences, NewSequence, StepPlan
+from scheduler_proc.sequence import Sequence
+from scheduler_proc.state import RUNNING, SchedulerState
+
+
+@dataclass(slots=True)
+class _StepBatch:
+    """What one plan accumulates: the token budget left and the plan's columns."""
+
+    budget: int
+    cached_ids: list[int] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)
+    new_blocks: list[list[int]] = field(default_factory=list)
+    sampled: list[Sequence] = field(default_factory=list)  # running ones this step samples for
+    new_seqs: list[NewSequence] = field(default_factory=list)
+    new_sampled: list[Sequence] = field(default_factory=list)  # admitted ones it samples for
+    preempted: bool = False
+
+
+def plan_step(state: SchedulerState) -> StepPlan | None:
+    """Plan the next step and record it as in flight, or None when there is nothing to compute.
+
+    Overlap: this advances num_computed as it plans, and plans every decoding sequence as if
+    it survives the step still in flight (its input is the token that step samples, which the
+    workers already hold: Sequence.num_pending)."""
+    bm = state.block_manager
+    for seq in state.to_hash:
+        if seq.status is RUNNING:
+            bm.hash_full_blocks(seq)
+    state.to_hash.clear()
+
+    batch = _StepBatch(state.config.max_num_batched_tokens)
+    _continue_running(state, batch)
+    if not batch.preempted:  # under memory pressure admitting more would only thrash
+        _admit_waiting(state, batch)
+
+    if not batch.cached_ids and not batch.new_seqs:
+        return None
+    step_id = state.next_step_id
+    plan = StepPlan(
+        step_id,
+        state.drops,
+        batch.new_seqs,
+        CachedSequences(batch.cached_ids, batch.num_new, batch.new_blocks),
+    )
+    state.drops = []
+    # Workers apply new_seqs before cached entries; results come back in that order.
+    state.inflight.append((step_id, batch.new_sampled + batch.sampled))
+    state.next_step_id = step_id + 1
+    return plan
+
+
+def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
+    """Give each running sequence its next tokens while budget lasts, growing its block table;
+    when the pool is full, preempt the most recently admitted until the growth fits."""
+    bm = state.block_manager
+    max_model_len = state.config.max_model_len
+    bs = state.config.block_size
+    running = state.running
+    budget = batch.budget
+    ids, num_new, new_blocks = batch.cached_ids, batch.num_new, batch.new_blocks
+    sampled, to_hash = batch.sampled, state.to_hash
+
+    i = 0
+    while i < len(running) and budget > 0:
+        seq = running[i]
+        target = len(seq.token_ids) + seq.num_pending
+        # Overlap hazard: a token still in flight that is certain to end the sequence
+        # (max_tokens or max_model_len reached) is not fed back; that would only compute
+        # a token to discard, past the length the sequence was admitted for.
+        if seq.num_pending and (
+            target - seq.num_prompt_tokens >= seq.max_tokens or target >= max_model_len
+        ):
+            i += 1
+            continue
+        computed = seq.num_computed
+        n = target - computed
+        if n > budget:
+            n = budget
+        blocks: list[int] = []
+        if computed + n > len(seq.block_table) * bs:
+            alloc = bm.allocate(seq, computed + n)
+            while alloc is None:
+                victim = running.pop()  # most recently admitted
+                state.preempt(victim)
+                batch.preempted = True
+                if victim is seq:
+                    break
+                alloc = bm.allocate(seq, computed + n)
+            if alloc is None:
+                break
+            blocks = alloc.new_block_ids
+        ids.append(seq.seq_id)
+        num_new.append(n)
+        new_blocks.append(blocks)
+        budget -= n
+        seq.num_computed = computed + n
+        if computed + n == target:
+            seq.num_pending += 1
+            sampled.append(seq)
+        if n > 1:
+            to_hash.append(seq)
+        i += 1
+    batch.budget = budget
+
+
+def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
+    """Move waiting sequences to running, each with its first chunk, while budget,
+    max_num_seqs and free blocks allow. Each is sent to the workers in full."""
+    bm = state.block_manager
+    bs = state.config.block_size
+    max_seqs = state.config.max_num_seqs
+    waiting, running = state.waiting, state.running
+    budget = batch.budget
+    while waiting and budget > 0 and len(running) < max_seqs:
+        seq = waiting[0]
+        # Overlap hazard: a sequence preempted while its last sampled token is in flight
+        # cannot be re-sent in full until that token arrives.
+        if seq.num_pending:
+            break
+        # A resumed sequence looks its whole known text up: the hit covers whole blocks
+        # and never the last token, and it starts from an empty block table, so it cannot
+        # index past it.
+        prefix = bm.find_cached_prefix(seq.token_ids)
+        num_cached = prefix.num_blocks * bs
+        n = min(len(seq.token_ids) - num_cached, budget)
+        if bm.allocate(seq, num_cached + n, prefix) is None:
+            break
+        waiting.popleft()
+        seq.status = RUNNING
+        running.append(seq)
+        batch.new_seqs.append(
+            NewSequence(
+                seq.seq_id,
+                list(seq.token_ids),
+                seq.num_prompt_tokens,
+                num_cached,
+                n,
+                list(seq.block_table),
+                seq.params,
+            )
+        )
+        seq.on_worker = True
+        seq.num_computed = num_cached + n
+        budget -= n
+        if seq.num_computed == len(seq.token_ids):
+            seq.num_pending += 1
+            batch.new_sampled.append(seq)
+        state.to_hash.append(seq)
+    batch.budget = budget

@@ -1,0 +1,123 @@
+"""Applying a step's result: append the sampled tokens, apply stop conditions, free the
+finished, and build the deltas for the detokenizer.
+
+Results arrive in plan order. With overlap, the next plan is already sent when a result is
+applied, so a sequence may have finished, been aborted or been preempted since it was planned;
+each such case is marked "Overlap hazard" where it is handled.
+"""
+
+from __future__ import annotations
+
+from protocol import ErrorKind, FinishReason, RequestError, StepResult, TokenDeltas
+from scheduler_proc.sequence import Sequence
+from scheduler_proc.state import FINISHED, RUNNING, SchedulerState
+
+STOP, LENGTH, ERROR = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ERROR
+
+_NO_LOGPROBS: list[float] = []  # shared placeholder; dropped when the step has no logprobs
+
+
+def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
+    """Apply the result of the oldest plan in flight; return its deltas, together with any
+    queued out-of-band ones."""
+    inflight = state.inflight
+    if not inflight or inflight[0][0] != result.step_id:
+        expected = inflight[0][0] if inflight else None
+        raise ValueError(f"result for step {result.step_id}, expected step {expected}")
+    _, seqs = inflight.popleft()
+    if result.failed_seq_ids:
+        _fail_refused(state, result)
+    seqs = _match(seqs, result)
+    tokens = result.token_ids
+    logprobs = result.logprobs
+    top_ids, top_lps = result.top_token_ids, result.top_logprobs
+    deltas = state.deltas
+    if top_ids is not None:
+        deltas.pad_top()
+    # Hot loop (one pass per decoding sequence per step): bound methods, no helpers.
+    add_id, add_tokens = deltas.ids.append, deltas.tokens.append
+    add_reason, add_error = deltas.reasons.append, deltas.errors.append
+    add_logprobs = deltas.logprobs.append
+    bs = state.config.block_size
+    max_model_len = state.config.max_model_len
+    bm = state.block_manager
+    finished_running = False
+    for k, seq in enumerate(seqs):
+        seq.num_pending -= 1
+        # Overlap hazard: this seq finished (or was aborted) after this plan was sent; the
+        # token it produced is an extra one to discard. Its blocks were already freed,
+        # which is safe: they can only be reused by plans sent after this one.
+        if seq.status is FINISHED:
+            continue
+        tok = tokens[k]
+        token_ids = seq.token_ids
+        token_ids.append(tok)
+        length = len(token_ids)
+        reason = None
+        if tok in seq.eos_ids or tok in seq.stop_ids:
+            reason = STOP
+        elif length - seq.num_prompt_tokens >= seq.max_tokens or length >= max_model_len:
+            reason = LENGTH
+        add_id(seq.seq_id)
+        add_tokens([tok])
+        add_reason(reason)
+        add_error(None)
+        add_logprobs(_NO_LOGPROBS if logprobs is None else [logprobs[k]])
+        if top_ids is not None:
+            deltas.top_ids.append([top_ids[k]])
+            deltas.top_lps.append([top_lps[k]])
+        if reason is not None:
+            if seq.status is RUNNING:
+                finished_running = True
+            else:
+                # Preempted while this token was in flight; it finished waiting.
+                state.waiting.remove(seq)
+            state.finish(seq, reason)
+        elif (
+            seq.status is RUNNING
+            and min(seq.num_computed, length) // bs > seq.num_hashed_blocks
+        ):
+            bm.hash_full_blocks(seq)
+    if finished_running:
+        state.running = [s for s in state.running if s.status is RUNNING]
+    return deltas.take(result.step_id, logprobs is not None)
+
+
+def _fail_refused(state: SchedulerState, result: StepResult) -> None:
+    """Finish the requests whose sequences the workers refused, with their error.
+
+    Finishing frees their blocks and lists them in the next plan's drops, which is what
+    tells the workers to forget them. Until then (overlap) plans may still continue them;
+    workers leave them out, and _match accepts their absence."""
+    for sid, error in zip(result.failed_seq_ids, result.failed_errors, strict=True):
+        seq = state.seqs.get(sid)
+        if seq is None:  # aborted or finished meanwhile
+            continue
+        state.unlink(seq)
+        state.finish(seq, ERROR)
+        state.deltas.add(sid, [], ERROR, RequestError(
+            ErrorKind.REQUEST_FAILED, f"the engine could not run this request: {error}"))
+
+
+def _match(seqs: list[Sequence], result: StepResult) -> list[Sequence]:
+    """The planned sequences in the order of the result (normally identical).
+
+    A planned sequence may be missing only if the workers refused it (it is finished by
+    then); its token in flight is accounted for here."""
+    ids = result.seq_ids
+    if len(result.token_ids) != len(ids):
+        raise ValueError(f"step {result.step_id}: {len(ids)} sequences, "
+                         f"{len(result.token_ids)} tokens")
+    if len(ids) == len(seqs) and all(s.seq_id == i for s, i in zip(seqs, ids, strict=True)):
+        return seqs
+    by_id = {s.seq_id: s for s in seqs}
+    try:
+        matched = [by_id.pop(i) for i in ids]
+    except KeyError as exc:
+        raise ValueError(f"step {result.step_id}: unexpected sequence {exc}") from None
+    for seq in by_id.values():
+        if seq.status is not FINISHED:
+            raise ValueError(f"step {result.step_id}: result has {len(ids)} sampled "
+                             f"entries, plan expected {len(seqs)}")
+        seq.num_pending -= 1
+    return matched
