@@ -55,6 +55,9 @@ class ErrorKind(enum.IntEnum):
     failed on it); every other request goes on."""
     ENGINE_DEAD = 2
     """The pipeline lost a process: this and every later request fails."""
+    BUSY = 3
+    """The engine will not take this request now (this client has too much waiting); the
+    same request may succeed when sent again later."""
 
 
 @struct

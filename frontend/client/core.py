@@ -84,7 +84,7 @@ def outcome(msg: ResultDelta) -> RequestDelta | Exception:
     if msg.error is not None:
         if msg.error.kind is ErrorKind.ENGINE_DEAD:
             return EngineDeadError(msg.error.message)
-        return RequestRejected(msg.error.message, msg.error.field)
+        return RequestRejected(msg.error.message, msg.error.field, msg.error.kind)
     top = None
     if msg.top_token_ids is not None and msg.top_logprobs is not None:
         top = [list(zip(ids, lps, strict=True))

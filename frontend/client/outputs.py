@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.outcomes import ErrorKind
+
 
 class RequestRejected(ValueError):
-    """The engine refused the request (bad input); `field` names the request field at fault
-    ("prompt", "params.max_tokens"...; None when no one field is), as does the message."""
+    """The engine refused or could not run the request; the others go on.
 
-    def __init__(self, message: str, field: str | None = None) -> None:
+    `kind` says whose the problem is: INVALID_REQUEST (fix the input: `field` names the
+    request field at fault, "prompt", "params.max_tokens"..., as does the message), BUSY
+    (send it again later) or REQUEST_FAILED (the engine could not run this request)."""
+
+    def __init__(self, message: str, field: str | None = None,
+                 kind: ErrorKind = ErrorKind.INVALID_REQUEST) -> None:
         super().__init__(message)
         self.field = field
+        self.kind = kind
 
 
 class EngineDeadError(RuntimeError):

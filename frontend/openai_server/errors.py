@@ -1,6 +1,7 @@
 """Every failure a client can cause or meet, as OpenAI's `{"error": {...}}` body and status.
 
-One place decides the HTTP status of each error kind (a bad field 400, a dead engine 503),
+One place decides the HTTP status of each error kind (a bad field 400, a busy engine 429, a
+request the engine could not run 500, a dead engine 503),
 so the JSON answer, the SSE error event and the request models all agree.
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 from frontend.client.outputs import ClientClosedError, EngineDeadError, RequestRejected
 from protocol import SamplingParamsError
 from protocol.client_messages import RequestFieldError
+from protocol.outcomes import ErrorKind
 
 
 class ApiError(Exception):
@@ -89,13 +91,18 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
 
 
 def api_error(exc: BaseException) -> ApiError:
-    """What the client is told about `exc`: its own mistakes 400, a dead engine 503, a bug 500."""
+    """What the client is told about `exc`: its own mistakes 400, busy 429, a dead engine 503,
+    a request the engine could not run or a bug 500."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, EngineDeadError | ClientClosedError):
         return ApiError(503, f"engine is dead: {exc}", type="engine_dead", code="engine_dead")
     if isinstance(exc, SamplingParamsError):
         return params_error(exc)
+    if isinstance(exc, RequestRejected) and exc.kind is ErrorKind.BUSY:
+        return ApiError(429, str(exc), type="rate_limit_error", code="busy")
+    if isinstance(exc, RequestRejected) and exc.kind is ErrorKind.REQUEST_FAILED:
+        return ApiError(500, str(exc), type="server_error")
     if isinstance(exc, RequestFieldError | RequestRejected):
         return ApiError(400, str(exc), param=http_param(exc.field))
     return ApiError(500, f"internal error: {exc}", type="server_error")

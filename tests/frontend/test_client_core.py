@@ -139,9 +139,16 @@ def test_a_refused_request_fails_alone():
                                               field="prompt")))
     (err,) = bad
     assert isinstance(err, RequestRejected) and "prompt must not be empty" in str(err)
-    assert err.field == "prompt"
+    assert err.field == "prompt" and err.kind is ErrorKind.INVALID_REQUEST
     core.on_frame(Link.RESULTS, encode(delta("good", "ok", finish=FinishReason.STOP)))
     assert good[0].text == "ok" and core.dead is None
+
+
+def test_a_busy_refusal_says_so():
+    core = ready_core()
+    got = submit(core, "a")
+    core.on_frame(Link.REQUESTS, encode(delta("a", error="busy: retry", kind=ErrorKind.BUSY)))
+    assert isinstance(got[0], RequestRejected) and got[0].kind is ErrorKind.BUSY
 
 
 def test_a_request_error_from_a_dead_engine_is_engine_dead():

@@ -14,11 +14,13 @@ from frontend.client.outputs import (
     RequestDelta,
     RequestRejected,
 )
-from protocol import ClientWelcome, SamplingParams
+from protocol import ClientWelcome, ErrorKind, SamplingParams
 
 REJECT = "please reject me"
 DIE_MIDWAY = "die after two tokens"
 CRASH = "a bug in the client library"
+BUSY = "too much waiting"
+UNRUNNABLE = "the engine cannot run this"
 
 
 @dataclass
@@ -56,6 +58,11 @@ class FakeClient:
                 raise RuntimeError("boom")
             if call.kwargs.get("prompt") == REJECT:
                 raise RequestRejected("prompt: this prompt is refused", "prompt")
+            if call.kwargs.get("prompt") == BUSY:
+                raise RequestRejected("busy: retry when some finish", kind=ErrorKind.BUSY)
+            if call.kwargs.get("prompt") == UNRUNNABLE:
+                raise RequestRejected("the engine could not run this request: no",
+                                      kind=ErrorKind.REQUEST_FAILED)
             params = call.params
             n_prompt = len(call.kwargs.get("prompt_token_ids") or []) or 7
             if params.max_tokens is None:  # the rest of the context, as the tokenizer does

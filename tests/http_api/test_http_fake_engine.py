@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from http_fakes import CRASH, DIE_MIDWAY, REJECT, FakeClient
+from http_fakes import BUSY, CRASH, DIE_MIDWAY, REJECT, UNRUNNABLE, FakeClient
 from http_serving import running_server, static_app
 
 from frontend.openai_server.app import create_app
@@ -241,6 +241,17 @@ def test_engine_rejection_is_400(http):
         resp = http.post("/v1/completions",
                          json={"model": "fake-model", "prompt": REJECT, "stream": stream})
         assert "refused" in assert_error(resp, 400)["message"]
+
+
+def test_a_busy_engine_is_429_and_a_request_it_cannot_run_is_500(http):
+    for stream in (False, True):
+        resp = http.post("/v1/completions",
+                         json={"model": "fake-model", "prompt": BUSY, "stream": stream})
+        err = assert_error(resp, 429)
+        assert err["type"] == "rate_limit_error" and "retry" in err["message"]
+        resp = http.post("/v1/completions",
+                         json={"model": "fake-model", "prompt": UNRUNNABLE, "stream": stream})
+        assert assert_error(resp, 500)["type"] == "server_error"
 
 
 def test_unexpected_failure_is_a_structured_500(http):
