@@ -16,7 +16,8 @@ from typing import Any
 import zmq
 
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
-from frontend.actors.tokenizer import error_delta, load_tokenizer, malformed
+from frontend.actors.model_tokenizer import load_tokenizer
+from frontend.actors.replies import error_delta, malformed
 from protocol import (
     AbortRequests,
     ClientHello,

@@ -232,7 +232,7 @@ def run_attached(model: str, address: str, skip_special_tokens: bool = True,
     with the reason. Exits with status 1 and a one-line message when attaching fails or the
     engine dies or falls silent.
     """
-    from frontend.actors.tokenizer import load_tokenizer
+    from frontend.actors.model_tokenizer import load_tokenizer
 
     out = out or sys.stdout
     rt = ProcessRuntime(PROG)

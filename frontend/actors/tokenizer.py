@@ -4,11 +4,12 @@ It greets clients, validates and tokenizes their requests, assigns request ids, 
 the detokenizer about a request before the scheduler hears of it (so results always find
 their route). Bad input is answered on the spot and never reaches the rest of the pipeline.
 
-No client can stall another: the I/O loop only measures and classifies request frames; a
-prompt too large to fit max_model_len is refused by its size (frontend/actors/prompt_limits.py), and
-the rest is decoded, validated and tokenized by a small pool of threads
-(frontend/actors/tokenize_pool.py). An abort that arrives while its request is still being
-tokenized is honoured: the request never reaches the scheduler and ends with ABORT.
+No client can stall another: this module is the I/O loop, which only measures and
+classifies request frames; a prompt too large to fit max_model_len is refused by its size
+(prompt_limits.py), and the rest is decoded, validated and tokenized by a small pool of
+threads (tokenize_pool.py running request_prep.py). An abort that arrives while its request
+is still being tokenized is honoured (request_book.py): the request never reaches the
+scheduler and ends with ABORT.
 Every error a client can cause carries its request id whenever the frame's first bytes hold
 one; a REQ peer gets its error inside the envelope it can read.
 """
@@ -18,17 +19,18 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from frontend.actors.incremental_detok import PROMPT_TAIL_TOKENS
+from frontend.actors.model_tokenizer import eos_token_ids, load_tokenizer, model_vocab_size
 from frontend.actors.prompt_limits import PromptLimits
+from frontend.actors.replies import abort_delta, error_delta, malformed
+from frontend.actors.request_book import RequestBook
+from frontend.actors.request_prep import Prepared, add_request, detok_request_info, prepare
 from frontend.actors.request_validation import (
-    InvalidRequest,
     RequestValidator,
     peek_request_id,
     salvage_request_id,
@@ -37,11 +39,9 @@ from frontend.actors.tokenize_pool import LARGE_JOB_BYTES, TokenizeJob, Tokenize
 from protocol import (
     AbortRequest,
     AbortRequests,
-    AddRequest,
     ClientHello,
     ClientWelcome,
     Decoder,
-    DetokRequestInfo,
     Endpoints,
     EngineDead,
     ErrorKind,
@@ -49,11 +49,9 @@ from protocol import (
     GenerateRequest,
     ProtocolError,
     RequestError,
-    ResultDelta,
     Shutdown,
     encode,
 )
-from protocol import model_config as hf
 from protocol.actor_start import from_plain, read_start
 from protocol.outcomes import invalid
 from protocol.process_runtime import POLL_MS, ProcessRuntime
@@ -65,9 +63,6 @@ TOKENIZE_THREADS = 2
 """Tokenizing threads: long prompts use all but one, so a short request never waits."""
 CLIENT_PENDING_BYTES = 256 << 20
 """Request bytes one client may have waiting to be tokenized; more are refused as busy."""
-MAX_TRACKED_REQUESTS = 1 << 18
-"""Request ids remembered for aborts. The tokenizer never learns when a request ends, so
-the oldest are forgotten first; aborting a long-finished request is a no-op anyway."""
 
 
 @dataclass(frozen=True)
@@ -83,52 +78,6 @@ class TokenizerConfig:
     @property
     def served_name(self) -> str:
         return self.model_name or Path(self.model).name
-
-
-def load_tokenizer(model: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model)
-
-
-def eos_token_ids(model: str, tokenizer: Any) -> list[int]:
-    """EOS ids from generation_config.json, config.json and the tokenizer, merged."""
-    ids = set(hf.eos_token_ids(hf.read_generation_config(model)))
-    if hf.has_model_config(model):
-        ids.update(hf.eos_token_ids(hf.read_model_config(model)))
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
-
-
-def model_vocab_size(model: str, tokenizer: Any) -> int:
-    size = hf.vocab_size(hf.read_model_config(model)) if hf.has_model_config(model) else None
-    return size or len(tokenizer)
-
-
-def error_delta(client_request_id: str, error: RequestError) -> ResultDelta:
-    return ResultDelta(client_request_id=client_request_id, text="", token_ids=[],
-                       finish_reason=FinishReason.ERROR, prompt_tokens=0, completion_tokens=0,
-                       logprobs=None, error=error)
-
-
-def abort_delta(client_request_id: str) -> ResultDelta:
-    return ResultDelta(client_request_id=client_request_id, text="", token_ids=[],
-                       finish_reason=FinishReason.ABORT, prompt_tokens=0, completion_tokens=0,
-                       logprobs=None, error=None)
-
-
-def malformed(exc: ProtocolError | str) -> RequestError:
-    """A frame no decoder accepts; the field, when one field's own check refused it."""
-    return invalid(f"malformed message: {exc}", getattr(exc, "field", None))
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A request checked and tokenized by a pool thread, ready to forward."""
-
-    request: GenerateRequest
-    token_ids: list[int]
 
 
 class TokenizerActor:
@@ -157,16 +106,14 @@ class TokenizerActor:
         self.to_detok = rt.socket(zmq.PUSH, endpoints.detok_in, bind=False,
                                   security=endpoints.keys)
         self.clients: dict[bytes, str] = {}  # peer routing id -> client_id
-        self.request_ids: OrderedDict[tuple[bytes, str], int] = OrderedDict()
-        self.preparing: dict[tuple[bytes, str], TokenizeJob] = {}
-        """Jobs queued or running in the pool, by (peer, client_request_id), for aborts."""
-        self.next_request_id = 0
+        self.book = RequestBook()
         self.dead_reason: str | None = None
         # Each thread tokenizes with its own copy: a fast tokenizer is not safe to share.
         validators = [self.validator] + [
             RequestValidator(copy.deepcopy(tokenizer), vocab)
             for _ in range(threads - 1)]
-        self.pool = TokenizePool([functools.partial(self._prepare, v) for v in validators])
+        self.pool = TokenizePool([functools.partial(
+            prepare, self.request_decoder, self.limits, v) for v in validators])
 
     def serve(self) -> None:
         poller = zmq.Poller()
@@ -280,31 +227,11 @@ class TokenizerActor:
                 f"tokenized (at most {self.client_budget_bytes}); retry when some finish")))
             return
         job = TokenizeJob(peer=peer, client_request_id=request_id, frame=frame, size=size)
-        if request_id:
-            self.preparing[(peer, request_id)] = job
+        self.book.preparing(job)
         self.pool.submit(job)
 
-    def _prepare(self, validator: RequestValidator, job: TokenizeJob) -> None:
-        """On a pool thread: decode, refuse by size, validate and tokenize one request."""
-        try:
-            req = self.request_decoder.decode(job.frame)
-        except ProtocolError as exc:
-            job.result = malformed(exc)
-            return
-        try:
-            self.limits.check(req)  # before tokenizing: a prompt too big to fit costs nothing
-            job.result = Prepared(req, validator.prompt_token_ids(req))
-        except InvalidRequest as exc:
-            job.result = exc.to_wire()
-        except Exception as exc:  # a tokenizer failure is this request's problem only
-            log.exception("tokenizer: could not tokenize request")
-            job.result = RequestError(ErrorKind.REQUEST_FAILED,
-                                      f"the prompt could not be tokenized: {exc}")
-
     def _on_prepared(self, job: TokenizeJob) -> None:
-        key = (job.peer, job.client_request_id)
-        if self.preparing.get(key) is job:
-            del self.preparing[key]
+        self.book.prepared(job)
         result = job.result
         if job.cancelled:
             self.router.send_to(job.peer, abort_delta(job.client_request_id))
@@ -318,34 +245,20 @@ class TokenizerActor:
             self.router.send_to(job.peer, error_delta(job.client_request_id, error))
 
     def _forward(self, peer: bytes, req: GenerateRequest, ids: list[int]) -> None:
-        request_id = self.next_request_id
-        self.next_request_id += 1
-        params = req.params  # the scheduler judges its length (and resolves max_tokens=None)
+        request_id = self.book.assign(peer, req.client_request_id)
         # The detokenizer must know the route before any token of this request can exist.
-        self.to_detok.send(DetokRequestInfo(
-            request_id=request_id, client_id=self.clients[peer],
-            client_request_id=req.client_request_id,
-            prompt_tail_token_ids=ids[-PROMPT_TAIL_TOKENS:], num_prompt_tokens=len(ids),
-            stop=list(params.stop), skip_special_tokens=params.skip_special_tokens,
-            stream=req.stream, logprobs=params.logprobs, top_logprobs=params.top_logprobs))
-        self.to_scheduler.send(AddRequest(request_id=request_id, prompt_token_ids=ids,
-                                          params=params, eos_token_ids=self.eos_ids,
-                                          client_request_id=req.client_request_id))
-        key = (peer, req.client_request_id)
-        self.request_ids[key] = request_id
-        self.request_ids.move_to_end(key)
-        if len(self.request_ids) > MAX_TRACKED_REQUESTS:
-            self.request_ids.popitem(last=False)
+        self.to_detok.send(detok_request_info(request_id, self.clients[peer], req, ids))
+        self.to_scheduler.send(add_request(request_id, req, ids, self.eos_ids))
 
     def _on_abort(self, peer: bytes, msg: AbortRequest) -> None:
-        job = self.preparing.pop((peer, msg.client_request_id), None)
+        job = self.book.take_preparing(peer, msg.client_request_id)
         if job is not None:
             # Still tokenizing: it never reaches the scheduler. A queued job is dropped now;
             # a running one is answered when its thread finishes.
             if self.pool.cancel(job):
                 self.router.send_to(peer, abort_delta(msg.client_request_id))
             return
-        request_id = self.request_ids.pop((peer, msg.client_request_id), None)
+        request_id = self.book.take_request_id(peer, msg.client_request_id)
         if request_id is not None:
             self.to_scheduler.send(AbortRequests(request_ids=[request_id],
                                                  reason=FinishReason.ABORT))

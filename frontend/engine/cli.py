@@ -21,8 +21,9 @@ from typing import Any
 
 from frontend.engine.config import EngineConfig
 from frontend.engine.options import ConfigError, Option, check_options, described_fields, option
-from frontend.engine.pipeline import Pipeline, StartupError
+from frontend.engine.pipeline import Pipeline
 from frontend.engine.preflight import check_port_free
+from frontend.engine.startup import StartupError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

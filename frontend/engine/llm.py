@@ -92,7 +92,7 @@ class LLM:
 
     @functools.cached_property
     def _chat_tokenizer(self) -> Any:
-        from frontend.actors.tokenizer import load_tokenizer
+        from frontend.actors.model_tokenizer import load_tokenizer
 
         return load_tokenizer(self.config.model_dir)
 

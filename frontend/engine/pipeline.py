@@ -1,9 +1,6 @@
-"""Starts, watches and stops every process of one pipeline.
+"""Starts, watches and stops every process of one pipeline: its lifecycle.
 
-Each actor is its own program (`python -m <package>.<actor>`) that reads its start-up spec
-from stdin as one msgpack message (protocol/actor_start.py): nothing is pickled and the
-user's main module is never re-imported, so a plain script, `python -`, `python -c` and a
-notebook can all start a pipeline.
+How a child is started lives in startup.py, how it is watched in children.py.
 
 Start-up order: workers first (they measure how many KV blocks fit and say so in their
 READY), then the scheduler (sized from that), then the detokenizer and the tokenizer, then
@@ -17,64 +14,21 @@ run directory with its socket files.
 from __future__ import annotations
 
 import atexit
-import logging
-import os
-import select
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import zmq
 
+from frontend.engine.children import Child, wait_for_any_exit
 from frontend.engine.config import EngineConfig
-from protocol import Endpoints, EngineDead, ProtocolError, Ready, StartupFailed
-from protocol.actor_start import ActorStart, encode_start, to_plain
+from frontend.engine.startup import StartupError, await_ready, spawn
+from protocol import Endpoints, EngineDead, Ready, StartupFailed
+from protocol.actor_start import to_plain
 from protocol.control import StartupProgress
 from protocol.sockets import MessageSocket
-
-log = logging.getLogger("nanopipe.launcher")
-
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
-"""The folder holding nanopipe's packages: children import the same code as the launcher."""
-
-
-class StartupError(RuntimeError):
-    """The pipeline could not start; the message says which process and why."""
-
-
-@dataclass
-class Child:
-    """One actor process of the pipeline."""
-
-    role: str
-    rank: int
-    module: str
-    proc: subprocess.Popen
-
-    @property
-    def name(self) -> str:
-        return f"{self.role} {self.rank}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def exit_description(self) -> str:
-        code = self.proc.returncode
-        if code is None:
-            return f"{self.name} is running"
-        if code < 0:
-            try:
-                return f"{self.name} was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"{self.name} was killed by signal {-code}"
-        return f"{self.name} exited with code {code}"
 
 
 class Pipeline:
@@ -182,55 +136,12 @@ class Pipeline:
 
     def _spawn(self, role: str, rank: int, module: str, config: dict[str, Any],
                argv: list[str] | None = None) -> None:
-        """Start `python -m module`; an actor gets its spec on stdin, a tool its `argv`."""
         assert self.endpoints is not None
-        start = ActorStart(role=role, rank=rank, launcher_pid=os.getpid(),
-                           config={**config, "endpoints": to_plain(self.endpoints)})
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        # A session of its own: a Ctrl-C in the user's terminal reaches the launcher, which
-        # then stops the children in order, instead of every process at once.
-        proc = subprocess.Popen([sys.executable, "-m", module, *(argv or [])],
-                                stdin=subprocess.PIPE, env=env, start_new_session=True,
-                                close_fds=True)
-        self._children.append(Child(role, rank, module, proc))
-        assert proc.stdin is not None
-        if argv is not None:
-            proc.stdin.close()
-            return
-        try:
-            proc.stdin.write(encode_start(start))
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it died at once; _await_ready reports its exit
+        spawn(self._children, role, rank, module, config, self.endpoints, argv)
 
     def _await_ready(self, expected: set[tuple[str, int]], deadline: float) -> list[Ready]:
-        readies: list[Ready] = []
-        waiting = set(expected)
         assert self._control is not None
-        while waiting:
-            if time.monotonic() > deadline:
-                names = ", ".join(f"{role} {rank}" for role, rank in sorted(waiting))
-                raise StartupError(f"timed out waiting for {names} to start")
-            for child in self._children:
-                if child.proc.poll() is not None:
-                    raise StartupError(f"{child.exit_description()} during start-up")
-            if not self._control.poll(200):
-                continue
-            try:
-                msg = self._control.recv()
-            except ProtocolError as exc:
-                log.warning("launcher: dropped a bad control frame: %s", exc)
-                continue
-            if isinstance(msg, StartupFailed):
-                raise StartupError(f"{msg.role} {msg.rank} failed to start: {msg.error}")
-            if isinstance(msg, StartupProgress):
-                self._progress(f"{msg.role} {msg.rank}: {msg.text}")
-                continue
-            waiting.discard((msg.role, msg.rank))
-            readies.append(msg)
-        return readies
+        return await_ready(self._control, self._children, expected, deadline, self._progress)
 
     # ------------------------------------------------------------ serving
 
@@ -251,7 +162,7 @@ class Pipeline:
     def _watch(self) -> None:
         """Wait for any child to exit; then tell the survivors that the engine is dead."""
         while not self._stopping.is_set():
-            exited = _wait_for_any_exit([c.proc for c in self._children], timeout=0.5)
+            exited = wait_for_any_exit([c.proc for c in self._children], timeout=0.5)
             if exited is None or self._stopping.is_set():
                 continue
             reason = self.dead_reason or "a process exited"
@@ -325,36 +236,3 @@ class Pipeline:
         if self.endpoints is not None:
             self.endpoints.cleanup()
 
-
-def _wait_for_any_exit(procs: list[subprocess.Popen], timeout: float) -> subprocess.Popen | None:
-    """The first of `procs` found exited within `timeout` seconds, else None.
-
-    Uses pidfds where the platform has them (woken at the exit itself), else polls.
-    """
-    for proc in procs:
-        if proc.poll() is not None:
-            return proc
-    fds: dict[int, subprocess.Popen] = {}
-    try:
-        if hasattr(os, "pidfd_open"):
-            for proc in procs:
-                try:
-                    fds[os.pidfd_open(proc.pid)] = proc
-                except OSError:
-                    pass  # already reaped: poll() below finds it
-        if fds and len(fds) == len(procs):
-            ready, _, _ = select.select(list(fds), [], [], timeout)
-            for fd in ready:
-                if fds[fd].poll() is not None:
-                    return fds[fd]
-            return None
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            for proc in procs:
-                if proc.poll() is not None:
-                    return proc
-            time.sleep(0.05)
-        return None
-    finally:
-        for fd in fds:
-            os.close(fd)

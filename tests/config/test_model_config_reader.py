@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from frontend.actors.tokenizer import eos_token_ids, model_vocab_size
+from frontend.actors.model_tokenizer import eos_token_ids, model_vocab_size
 from frontend.engine.config import EngineConfig
 from frontend.engine.preflight import check_model_fits_tp
 from gpu_workers.config import ModelConfig

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from frontend import AsyncClient, Client, EngineDeadError, RequestRejected
-from frontend.actors.tokenizer import error_delta, malformed
+from frontend.actors.replies import error_delta, malformed
 from protocol import (
     MAX_FRAME_BYTES,
     AbortRequest,

@@ -6,8 +6,8 @@ import msgpack
 import pytest
 from transformers import AutoTokenizer
 
+from frontend.actors.model_tokenizer import eos_token_ids, model_vocab_size
 from frontend.actors.request_validation import InvalidRequest, RequestValidator, salvage_request_id
-from frontend.actors.tokenizer import eos_token_ids, model_vocab_size
 from protocol import ChatMessage, Decoder, GenerateRequest, ProtocolError, SamplingParams, encode
 from protocol.client_messages import RequestFieldError
 

@@ -11,7 +11,8 @@ from pipeline_config import kv_bytes_per_token, tiny_engine
 
 from frontend import Client, RequestRejected
 from frontend.engine.config import EngineConfig
-from frontend.engine.pipeline import Pipeline, StartupError
+from frontend.engine.pipeline import Pipeline
+from frontend.engine.startup import StartupError
 from protocol import (
     ClientHello,
     FinishReason,

@@ -1,0 +1,78 @@
+"""The pipeline's child processes as the launcher watches them: one record per actor, how
+its exit reads to a user, and a wait for the first of them to exit.
+
+Dead peers are found by their process, not by a timeout: a pidfd wakes the watcher at the
+exit itself where the platform has one.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Child:
+    """One actor process of the pipeline."""
+
+    role: str
+    rank: int
+    module: str
+    proc: subprocess.Popen
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.rank}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exit_description(self) -> str:
+        code = self.proc.returncode
+        if code is None:
+            return f"{self.name} is running"
+        if code < 0:
+            try:
+                return f"{self.name} was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"{self.name} was killed by signal {-code}"
+        return f"{self.name} exited with code {code}"
+
+
+def wait_for_any_exit(procs: list[subprocess.Popen], timeout: float) -> subprocess.Popen | None:
+    """The first of `procs` found exited within `timeout` seconds, else None.
+
+    Uses pidfds where the platform has them (woken at the exit itself), else polls.
+    """
+    for proc in procs:
+        if proc.poll() is not None:
+            return proc
+    fds: dict[int, subprocess.Popen] = {}
+    try:
+        if hasattr(os, "pidfd_open"):
+            for proc in procs:
+                try:
+                    fds[os.pidfd_open(proc.pid)] = proc
+                except OSError:
+                    pass  # already reaped: poll() below finds it
+        if fds and len(fds) == len(procs):
+            ready, _, _ = select.select(list(fds), [], [], timeout)
+            for fd in ready:
+                if fds[fd].poll() is not None:
+                    return fds[fd]
+            return None
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for proc in procs:
+                if proc.poll() is not None:
+                    return proc
+            time.sleep(0.05)
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -1,0 +1,91 @@
+"""Starting the pipeline's children: one `python -m <module>` per actor, its start-up spec on
+stdin, then the wait for each READY.
+
+The spec travels as one msgpack message (protocol/actor_start.py): nothing is pickled and the
+user's main module is never re-imported, so a plain script, `python -`, `python -c` and a
+notebook can all start a pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from frontend.engine.children import Child
+from protocol import Endpoints, ProtocolError, Ready, StartupFailed
+from protocol.actor_start import ActorStart, encode_start, to_plain
+from protocol.control import StartupProgress
+from protocol.sockets import MessageSocket
+
+log = logging.getLogger("nanopipe.launcher")
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+"""The folder holding nanopipe's packages: children import the same code as the launcher."""
+
+
+class StartupError(RuntimeError):
+    """The pipeline could not start; the message says which process and why."""
+
+
+def spawn(children: list[Child], role: str, rank: int, module: str, config: dict[str, Any],
+          endpoints: Endpoints, argv: list[str] | None = None) -> None:
+    """Start `python -m module`; an actor gets its spec on stdin, a tool its `argv`.
+
+    The child joins `children` before its spec is written, so a stop that interrupts the
+    write still ends it."""
+    start = ActorStart(role=role, rank=rank, launcher_pid=os.getpid(),
+                       config={**config, "endpoints": to_plain(endpoints)})
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    # A session of its own: a Ctrl-C in the user's terminal reaches the launcher, which
+    # then stops the children in order, instead of every process at once.
+    proc = subprocess.Popen([sys.executable, "-m", module, *(argv or [])],
+                            stdin=subprocess.PIPE, env=env, start_new_session=True,
+                            close_fds=True)
+    children.append(Child(role, rank, module, proc))
+    assert proc.stdin is not None
+    if argv is not None:
+        proc.stdin.close()
+        return
+    try:
+        proc.stdin.write(encode_start(start))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # it died at once; await_ready reports its exit
+
+
+def await_ready(control: MessageSocket, children: list[Child], expected: set[tuple[str, int]],
+                deadline: float, progress: Callable[[str], None]) -> list[Ready]:
+    """Each expected (role, rank)'s READY; a child's exit, its StartupFailed or the deadline
+    ends start-up with a StartupError that names the process."""
+    readies: list[Ready] = []
+    waiting = set(expected)
+    while waiting:
+        if time.monotonic() > deadline:
+            names = ", ".join(f"{role} {rank}" for role, rank in sorted(waiting))
+            raise StartupError(f"timed out waiting for {names} to start")
+        for child in children:
+            if child.proc.poll() is not None:
+                raise StartupError(f"{child.exit_description()} during start-up")
+        if not control.poll(200):
+            continue
+        try:
+            msg = control.recv()
+        except ProtocolError as exc:
+            log.warning("launcher: dropped a bad control frame: %s", exc)
+            continue
+        if isinstance(msg, StartupFailed):
+            raise StartupError(f"{msg.role} {msg.rank} failed to start: {msg.error}")
+        if isinstance(msg, StartupProgress):
+            progress(f"{msg.role} {msg.rank}: {msg.text}")
+            continue
+        waiting.discard((msg.role, msg.rank))
+        readies.append(msg)
+    return readies
