@@ -222,7 +222,7 @@ class TokenizerActor:
         pending = self.pool.pending_bytes(peer)
         if pending + size > self.client_budget_bytes:
             self.router.send_to(peer, error_delta(request_id, RequestError(
-                ErrorKind.REQUEST_FAILED,
+                ErrorKind.BUSY,
                 f"busy: this client already has {pending} bytes of requests waiting to be "
                 f"tokenized (at most {self.client_budget_bytes}); retry when some finish")))
             return
