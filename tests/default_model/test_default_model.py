@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_reference import hf_model as reference_model
 
 from frontend.embedded_model import cache as dm
 from frontend.embedded_model import gguf_convert
@@ -55,11 +56,9 @@ def converted(tmp_path_factory) -> Converted:
 
 @pytest.fixture(scope="session")
 def hf_model(converted):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(converted.path)
-    model = AutoModelForCausalLM.from_pretrained(converted.path, dtype=torch.float32).eval()
-    return tokenizer, model
+    return AutoTokenizer.from_pretrained(converted.path), reference_model(str(converted.path))
 
 
 def _refuse_conversion(*args, **kwargs):
