@@ -20,7 +20,13 @@ import zmq
 from gpu_workers.config import WorkerConfig
 from protocol import Endpoints, ProtocolError, Shutdown, StepPlan
 from protocol.actor_start import from_plain, read_start
-from protocol.process_runtime import POLL_MS, ProcessRuntime
+from protocol.process_runtime import (
+    POLL_MS,
+    ProcessRuntime,
+    Started,
+    actor_process,
+    start_and_serve,
+)
 from protocol.sockets import MessageSocket
 
 log = logging.getLogger("nanopipe.worker")
@@ -41,9 +47,8 @@ def init_distributed(config: WorkerConfig, rank: int, world_size: int) -> None:
 
 def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endpoints) -> None:
     """Process entry point for one rank."""
-    rt = ProcessRuntime("worker", rank)
-    try:
-        try:
+    with actor_process("worker", endpoints, rank) as rt:
+        def start() -> Started:
             from gpu_workers.model_runner import ModelRunner
 
             steps = rt.socket(zmq.PULL, endpoints.worker_steps[rank], bind=True,
@@ -53,25 +58,21 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
                 results = rt.socket(zmq.PUSH, endpoints.step_results, bind=False,
                                     security=endpoints.keys)
             init_distributed(config, rank, world_size)
-            progress = (lambda text: rt.report_progress(endpoints.control, text,
-                                                        security=endpoints.keys)) \
-                if rank == 0 \
-                else None
+            progress = None
+            if rank == 0:
+                def progress(text: str) -> None:
+                    rt.report_progress(endpoints.control, text, security=endpoints.keys)
             runner = ModelRunner(config, rank, world_size, progress=progress)
-        except Exception as exc:
-            log.exception("worker %d: start-up failed", rank)
-            rt.report_failure(endpoints.control, exc, security=endpoints.keys)
-            raise SystemExit(1) from exc
-        info = (f"device={runner.device} backend={runner.backend} "
-                f"dtype={runner.model_config.dtype} kv_blocks={runner.num_kv_blocks}")
-        rt.report_ready(endpoints.control, info, num_kv_blocks=runner.num_kv_blocks,
-                        security=endpoints.keys)
-        _serve(runner, steps, results, rt, lookahead=config.lookahead)
-    finally:
-        rt.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        rt.remove_run_dir_if_orphaned(endpoints)
+            info = (f"device={runner.device} backend={runner.backend} "
+                    f"dtype={runner.model_config.dtype} kv_blocks={runner.num_kv_blocks}")
+            return Started(lambda: _serve(runner, steps, results, rt, config.lookahead),
+                           info, num_kv_blocks=runner.num_kv_blocks)
+
+        try:
+            start_and_serve(rt, endpoints, start)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def _serve(runner, steps: MessageSocket, results: MessageSocket | None,

@@ -9,12 +9,16 @@ that arrives during start-up is not lost: the loop exits as soon as it starts.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import logging
 import os
 import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -24,6 +28,8 @@ from protocol.codec import encode
 from protocol.control import Ready, StartupFailed, StartupProgress
 from protocol.endpoints import Endpoints
 from protocol.sockets import MessageSocket
+
+log = logging.getLogger("nanopipe.actor")
 
 _PR_SET_PDEATHSIG = 1
 POLL_MS = 100
@@ -128,3 +134,42 @@ class ProcessRuntime:
             sock.close()
         self._sockets.clear()
         self.ctx.term()
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """An actor that built itself: what it serves with, and what READY tells the launcher."""
+
+    serve: Callable[[], None]
+    info: str = ""
+    num_kv_blocks: int = 0
+
+
+@contextlib.contextmanager
+def actor_process(role: str, endpoints: Endpoints, rank: int = 0) -> Iterator[ProcessRuntime]:
+    """The runtime of one actor process, closed on the way out whatever happened; an
+    orphaned actor also removes the run directory (even if closing its sockets failed)."""
+    rt = ProcessRuntime(role, rank)
+    try:
+        yield rt
+    finally:
+        try:
+            rt.close()
+        finally:
+            rt.remove_run_dir_if_orphaned(endpoints)
+
+
+def start_and_serve(rt: ProcessRuntime, endpoints: Endpoints,
+                    start: Callable[[], Started]) -> None:
+    """Build the actor and report READY, or report why it could not start and exit 1; then
+    serve until Shutdown, SIGTERM/SIGINT or the parent's death."""
+    name = rt.role if rt.role != "worker" else f"worker {rt.rank}"
+    try:
+        started = start()
+    except Exception as exc:
+        log.exception("%s: start-up failed", name)
+        rt.report_failure(endpoints.control, exc, security=endpoints.keys)
+        raise SystemExit(1) from exc
+    rt.report_ready(endpoints.control, started.info, num_kv_blocks=started.num_kv_blocks,
+                    security=endpoints.keys)
+    started.serve()

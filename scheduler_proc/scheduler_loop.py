@@ -35,7 +35,7 @@ from protocol import (
 )
 from protocol.actor_start import from_plain, read_start
 from protocol.engine_messages import WatchGoodbye
-from protocol.process_runtime import ProcessRuntime
+from protocol.process_runtime import ProcessRuntime, Started, actor_process, start_and_serve
 from protocol.sockets import MessageSocket
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.deltas_publisher import DeltasPublisher
@@ -203,6 +203,16 @@ class SchedulerLoop:
             return f"the pipeline stopped ({self.rt.stop_reason})", False
         return "the scheduler stopped unexpectedly", True
 
+    def serve(self) -> None:
+        """Run the step loop; a bug fails what is in flight first, so no client waits on it,
+        then propagates so the launcher declares the engine dead."""
+        try:
+            self.run()
+        except Exception as exc:
+            log.exception("scheduler: loop failed")
+            self._emit(self.sched.fail_all(_dead(f"scheduler error: {exc}")))
+            raise
+
     def close(self) -> None:
         self._done.set()
         self.outbox.put(None)
@@ -215,34 +225,21 @@ class SchedulerLoop:
 
 def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int) -> None:
     """Process entry point of the scheduler."""
-    rt = ProcessRuntime("scheduler")
-    loop = None
-    try:
-        try:
+    loop: SchedulerLoop | None = None
+    with actor_process("scheduler", endpoints) as rt:
+        def start() -> Started:
+            nonlocal loop
             config.check_pool_fits_model_len()
             loop = SchedulerLoop(config, endpoints, world_size, rt)
-        except Exception as exc:
-            log.exception("scheduler: start-up failed")
-            rt.report_failure(endpoints.control, exc, security=endpoints.keys)
-            raise SystemExit(1) from exc
-        rt.report_ready(endpoints.control, f"kv_blocks={config.num_kv_blocks} "
-                        f"block_size={config.block_size} overlap={config.overlap}",
-                        num_kv_blocks=config.num_kv_blocks, security=endpoints.keys)
+            return Started(loop.serve, f"kv_blocks={config.num_kv_blocks} "
+                           f"block_size={config.block_size} overlap={config.overlap}",
+                           num_kv_blocks=config.num_kv_blocks)
+
         try:
-            loop.run()
-        except Exception as exc:
-            # A bug must not leave clients waiting: fail what is in flight, then exit so the
-            # launcher declares the engine dead.
-            log.exception("scheduler: loop failed")
-            loop._emit(loop.sched.fail_all(_dead(f"scheduler error: {exc}")))
-            raise
-    finally:
-        try:
-            if loop is not None:
-                loop.close()
-            rt.close()
+            start_and_serve(rt, endpoints, start)
         finally:
-            rt.remove_run_dir_if_orphaned(endpoints)  # even if closing the sockets failed
+            if loop is not None:
+                loop.close()  # its threads and sockets, before the runtime ends the context
 
 
 def main() -> None:

@@ -36,7 +36,13 @@ from protocol import (
 )
 from protocol.actor_start import from_plain, read_start
 from protocol.client_link import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
-from protocol.process_runtime import POLL_MS, ProcessRuntime
+from protocol.process_runtime import (
+    POLL_MS,
+    ProcessRuntime,
+    Started,
+    actor_process,
+    start_and_serve,
+)
 from protocol.sockets import RouterSocket
 
 log = logging.getLogger(__name__)
@@ -319,21 +325,13 @@ class DetokenizerActor:
 
 def run_detokenizer(config: DetokenizerConfig, endpoints: Endpoints) -> None:
     """Process entry point: serve until Shutdown, SIGTERM/SIGINT or the parent's death."""
-    rt = ProcessRuntime("detokenizer")
-    try:
-        try:
+    with actor_process("detokenizer", endpoints) as rt:
+        def start() -> Started:
             decode = make_decode_fn(load_tokenizer(config.model))
             actor = DetokenizerActor(config, endpoints, rt, decode)
-            rt.report_ready(endpoints.control, f"model={config.served_name}",
-                            security=endpoints.keys)
-        except Exception as exc:
-            log.exception("detokenizer: start-up failed")
-            rt.report_failure(endpoints.control, exc, security=endpoints.keys)
-            raise SystemExit(1) from exc
-        actor.serve()
-    finally:
-        rt.close()
-        rt.remove_run_dir_if_orphaned(endpoints)
+            return Started(actor.serve, f"model={config.served_name}")
+
+        start_and_serve(rt, endpoints, start)
 
 
 def main() -> None:

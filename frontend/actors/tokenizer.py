@@ -54,7 +54,13 @@ from protocol import (
 )
 from protocol.actor_start import from_plain, read_start
 from protocol.outcomes import invalid
-from protocol.process_runtime import POLL_MS, ProcessRuntime
+from protocol.process_runtime import (
+    POLL_MS,
+    ProcessRuntime,
+    Started,
+    actor_process,
+    start_and_serve,
+)
 from protocol.sockets import RouterSocket
 
 log = logging.getLogger(__name__)
@@ -266,20 +272,13 @@ class TokenizerActor:
 
 def run_tokenizer(config: TokenizerConfig, endpoints: Endpoints) -> None:
     """Process entry point: serve until Shutdown, SIGTERM/SIGINT or the parent's death."""
-    rt = ProcessRuntime("tokenizer")
-    try:
-        try:
+    with actor_process("tokenizer", endpoints) as rt:
+        def start() -> Started:
             actor = TokenizerActor(config, endpoints, rt, load_tokenizer(config.model))
-            info = f"model={config.served_name} vocab_size={actor.validator.vocab_size}"
-            rt.report_ready(endpoints.control, info, security=endpoints.keys)
-        except Exception as exc:
-            log.exception("tokenizer: start-up failed")
-            rt.report_failure(endpoints.control, exc, security=endpoints.keys)
-            raise SystemExit(1) from exc
-        actor.serve()
-    finally:
-        rt.close()
-        rt.remove_run_dir_if_orphaned(endpoints)
+            return Started(actor.serve, f"model={config.served_name} "
+                                        f"vocab_size={actor.validator.vocab_size}")
+
+        start_and_serve(rt, endpoints, start)
 
 
 def main() -> None:

@@ -22,7 +22,6 @@ from frontend.client.core import (
     Action,
     ClientCore,
     ConnectionInfo,
-    Link,
     Open,
     Phase,
     make_request,
@@ -34,7 +33,7 @@ from frontend.client.outputs import (
     RequestDelta,
     RequestOutput,
 )
-from frontend.client.transport import check_address, close_links, monitor_event, open_link
+from frontend.client.transport import Links, check_address, monitor_event
 from protocol import SamplingParams
 
 
@@ -137,10 +136,8 @@ class _AsyncConnection:
     def __init__(self, address: str) -> None:
         self.core = ClientCore(address)
         self.ctx: zmq.asyncio.Context | None = None
-        self.sockets: dict[Link, zmq.asyncio.Socket] = {}
-        self.links: dict[zmq.asyncio.Socket, Link] = {}
-        self.monitors: dict[zmq.asyncio.Socket, Link] = {}
         self.poller = zmq.asyncio.Poller()
+        self.links = Links(self.poller)
         self.reader: asyncio.Task | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Event | None = None
@@ -173,20 +170,12 @@ class _AsyncConnection:
         for action in actions:
             if isinstance(action, Open):
                 assert self.ctx is not None
-                sock, monitor = open_link(self.ctx, self.core, action)
-                self.sockets[action.link] = sock
-                self.links[sock] = action.link
-                self.monitors[monitor] = action.link
-                self.poller.register(sock, zmq.POLLIN)
-                self.poller.register(monitor, zmq.POLLIN)
+                self.links.open(self.ctx, self.core, action)
             else:
                 self.send(action.frame)
 
     def send(self, frame: bytes) -> None:
-        sock = self.sockets.get(Link.REQUESTS)
-        if sock is not None and not sock.closed:
-            with contextlib.suppress(zmq.ZMQError):
-                sock.send(frame, zmq.NOBLOCK)
+        self.links.send_request(frame)
 
     async def _read_loop(self) -> None:
         core = self.core
@@ -200,11 +189,10 @@ class _AsyncConnection:
                     self._ready.set()
                 for sock, _ in await self.poller.poll(timeout_ms):
                     frames = await sock.recv_multipart()
-                    if sock in self.monitors:
-                        core.on_monitor(self.monitors[sock], monitor_event(frames),
-                                        time.monotonic())
+                    if (monitored := self.links.monitored(sock)) is not None:
+                        core.on_monitor(monitored, monitor_event(frames), time.monotonic())
                     else:
-                        self._apply(core.on_frame(self.links[sock], frames[-1]))
+                        self._apply(core.on_frame(self.links.link(sock), frames[-1]))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never leave callers waiting on a dead reader
@@ -258,13 +246,7 @@ class _AsyncConnection:
         self._closing = asyncio.ensure_future(self.aclose())  # the loop keeps only weak refs
 
     def release(self) -> None:
-        close_links(self.sockets, list(self.monitors), self.core.welcome is not None)
-        for sock in (*self.sockets.values(), *self.monitors):
-            with contextlib.suppress(KeyError):
-                self.poller.unregister(sock)
-        self.sockets.clear()
-        self.links.clear()
-        self.monitors.clear()
+        self.links.close(connected=self.core.welcome is not None)
         if self.ctx is not None:
             self.ctx.term()
             self.ctx = None

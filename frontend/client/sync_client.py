@@ -26,7 +26,6 @@ from frontend.client.core import (
     Action,
     ClientCore,
     ConnectionInfo,
-    Link,
     Open,
     Phase,
     make_request,
@@ -37,7 +36,7 @@ from frontend.client.outputs import (
     RequestDelta,
     RequestOutput,
 )
-from frontend.client.transport import check_address, close_links, monitor_event, open_link
+from frontend.client.transport import Links, check_address, monitor_event
 from protocol import SamplingParams
 
 __all__ = ["Client", "ResultStream", "make_request"]
@@ -225,9 +224,7 @@ class _IOLoop:
         self.conn = conn
         self.core = conn.core
         self.poller = zmq.Poller()
-        self.sockets: dict[Link, zmq.Socket] = {}
-        self.links: dict[zmq.Socket, Link] = {}
-        self.monitors: dict[zmq.Socket, Link] = {}
+        self.links = Links(self.poller)
         self.poller.register(conn.wake_r, zmq.POLLIN)
         self._apply([self.core.start()])
 
@@ -236,7 +233,7 @@ class _IOLoop:
             while self._step():
                 pass
         finally:
-            close_links(self.sockets, list(self.monitors), self.core.welcome is not None)
+            self.links.close(connected=self.core.welcome is not None)
 
     def _step(self) -> bool:
         with self.conn.lock:
@@ -248,34 +245,23 @@ class _IOLoop:
             if sock == self.conn.wake_r:
                 if not self._drain_commands():
                     return False
-            elif sock in self.monitors:
+            elif (monitored := self.links.monitored(sock)) is not None:
                 event = monitor_event(sock.recv_multipart())
                 with self.conn.lock:
-                    self.core.on_monitor(self.monitors[sock], event, time.monotonic())
+                    self.core.on_monitor(monitored, event, time.monotonic())
             else:
                 frames = sock.recv_multipart()
                 with self.conn.lock:
-                    actions = self.core.on_frame(self.links[sock], frames[-1])
+                    actions = self.core.on_frame(self.links.link(sock), frames[-1])
                 self._apply(actions)
         return True
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Open):
-                sock, monitor = open_link(self.conn.ctx, self.core, action)
-                self.sockets[action.link] = sock
-                self.links[sock] = action.link
-                self.monitors[monitor] = action.link
-                self.poller.register(sock, zmq.POLLIN)
-                self.poller.register(monitor, zmq.POLLIN)
+                self.links.open(self.conn.ctx, self.core, action)
             else:
-                self._send(action.frame)
-
-    def _send(self, frame: bytes) -> None:
-        try:
-            self.sockets[Link.REQUESTS].send(frame, zmq.NOBLOCK)
-        except zmq.Again:
-            pass
+                self.links.send_request(action.frame)
 
     def _drain_commands(self) -> bool:
         os.read(self.conn.wake_r, 4096)
@@ -286,7 +272,7 @@ class _IOLoop:
                 return True
             if frame is None:
                 return False
-            self._send(frame)
+            self.links.send_request(frame)
 
 
 class ResultStream(Iterator[RequestDelta]):

@@ -6,6 +6,7 @@ inherits them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -58,13 +59,51 @@ def monitor_event(frames: list[bytes]) -> int:
     return parse_monitor_message(frames)["event"]
 
 
-def close_links(sockets: dict[Link, zmq.Socket], monitors: list[zmq.Socket],
-                connected: bool) -> None:
-    """Close every link; once connected, the requests link lingers so aborts get out."""
-    for sock in sockets.values():
-        sock.disable_monitor()
-    for monitor in monitors:
-        monitor.close(linger=0)
-    for link, sock in sockets.items():
-        lingers = link is Link.REQUESTS and connected
-        sock.close(linger=CLOSE_LINGER_MS if lingers else 0)
+class Links:
+    """The two DEALER links of one client and their monitors, registered with its poller
+    (a zmq.Poller on the I/O thread, a zmq.asyncio.Poller on the event loop)."""
+
+    def __init__(self, poller: zmq.Poller) -> None:
+        self.poller = poller
+        self.sockets: dict[Link, zmq.Socket] = {}
+        self._links: dict[zmq.Socket, Link] = {}
+        self._monitors: dict[zmq.Socket, Link] = {}
+
+    def open(self, ctx: zmq.Context, core: ClientCore, action: Open) -> None:
+        sock, monitor = open_link(ctx, core, action)
+        self.sockets[action.link] = sock
+        self._links[sock] = action.link
+        self._monitors[monitor] = action.link
+        self.poller.register(sock, zmq.POLLIN)
+        self.poller.register(monitor, zmq.POLLIN)
+
+    def monitored(self, sock: zmq.Socket) -> Link | None:
+        """The link whose monitor `sock` is; None when it is a link itself."""
+        return self._monitors.get(sock)
+
+    def link(self, sock: zmq.Socket) -> Link:
+        return self._links[sock]
+
+    def send_request(self, frame: bytes) -> None:
+        """Send on the requests link without blocking; dropped when it is gone or full."""
+        sock = self.sockets.get(Link.REQUESTS)
+        if sock is not None and not sock.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.send(frame, zmq.NOBLOCK)
+
+    def close(self, connected: bool) -> None:
+        """Close every link; once connected, the requests link lingers so aborts get out."""
+        for sock in self.sockets.values():
+            sock.disable_monitor()
+        for monitor in self._monitors:
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(monitor)
+            monitor.close(linger=0)
+        for link, sock in self.sockets.items():
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(sock)
+            lingers = link is Link.REQUESTS and connected
+            sock.close(linger=CLOSE_LINGER_MS if lingers else 0)
+        self.sockets.clear()
+        self._links.clear()
+        self._monitors.clear()
