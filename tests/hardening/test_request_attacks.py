@@ -8,7 +8,8 @@ import json
 import httpx
 import pytest
 import zmq
-from attack_support import ENGINE, GREEDY, MAX_REQUEST_BYTES, PROMPT, DeltaWatcher
+from attack_support import ENGINE, GREEDY, MAX_REQUEST_BYTES, PROMPT
+from delta_watcher import DeltaWatcher
 
 from frontend import Client, RequestRejected
 from frontend.engine.config import EngineConfig

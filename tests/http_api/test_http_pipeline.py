@@ -10,21 +10,19 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import zmq
+from delta_watcher import DeltaWatcher
 from http_serving import running_server
 
 from frontend import AsyncClient, Client
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
 from frontend.openai_server.app import create_app
-from protocol import Decoder, SamplingParams, TokenDeltas
-from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
+from protocol import FinishReason, SamplingParams
 
 ENGINE = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=16,
               max_num_batched_tokens=512)
@@ -215,41 +213,6 @@ def test_health(base_url):
     assert httpx.get(base_url + "/health").status_code == 200
 
 
-class DeltaWatcher:
-    """Subscribes to the scheduler's published deltas: the engine's own view of each request."""
-
-    def __init__(self, address: str) -> None:
-        self.tokens: dict[int, int] = {}
-        self.finished: dict[int, str] = {}
-        self._stop = threading.Event()
-        self._ctx = zmq.Context()
-        self._sub = self._ctx.socket(zmq.SUB)
-        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._sub.connect(address)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        time.sleep(0.3)  # a SUB socket misses what is published before it joins
-
-    def _run(self) -> None:
-        decoder = Decoder(TokenDeltas, WatchHeartbeat, WatchRequest, WatchGoodbye)
-        while not self._stop.is_set():
-            if not self._sub.poll(50):
-                continue
-            msg = decoder.decode(self._sub.recv())
-            if not isinstance(msg, TokenDeltas):
-                continue
-            for rid, toks, fin in zip(msg.request_ids, msg.token_ids, msg.finish_reasons):
-                self.tokens[rid] = self.tokens.get(rid, 0) + len(toks)
-                if fin is not None:
-                    self.finished[rid] = str(fin)  # the string users see
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sub.close(0)
-        self._ctx.term()
-
-
 def test_disconnect_mid_stream_aborts_the_request_in_the_engine(base_url, pipeline, model):
     watcher = DeltaWatcher(pipeline.endpoints.deltas_pub)
     try:
@@ -261,9 +224,9 @@ def test_disconnect_mid_stream_aborts_the_request_in_the_engine(base_url, pipeli
             for _ in range(3):
                 assert next(events).startswith("data: ")
         deadline = time.monotonic() + 10
-        while "abort" not in watcher.finished.values() and time.monotonic() < deadline:
+        while not watcher.finished_with(FinishReason.ABORT) and time.monotonic() < deadline:
             time.sleep(0.02)
-        aborted = [rid for rid, fin in watcher.finished.items() if fin == "abort"]
+        aborted = watcher.finished_with(FinishReason.ABORT)
         assert len(aborted) == 1, watcher.finished
         assert watcher.tokens[aborted[0]] < 110
     finally:
