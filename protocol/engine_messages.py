@@ -1,11 +1,15 @@
 """Messages from the frontend to the scheduler, from the tokenizer to the detokenizer, and
-from the scheduler to the detokenizers that attach to its `deltas_pub` socket (Watch*)."""
+from the scheduler to the detokenizers that attach to its `deltas_pub` socket (Watch*) and
+to anyone who follows the engine's counters there (EngineStats)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from protocol.codec import message
+import msgpack
+
+from protocol.codec import kind_of, message
 from protocol.outcomes import FinishReason
 from protocol.sampling_params import SamplingParams
 
@@ -86,3 +90,50 @@ class WatchGoodbye:
 
     reason: str
     engine_dead: bool
+
+
+@message(0x43)
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The scheduler's counters, published every STATS_INTERVAL_S (and with each heartbeat),
+    never per step. Counters only grow, so a subscriber gets rates from the difference of any
+    two messages (divided by the difference of their `time_s`); gauges are the state now.
+
+    Fields are read without stopping the step loop, so one message may be a step ahead in one
+    counter and not in another: fine for rates, not an invariant to check.
+    """
+
+    time_s: float
+    """The scheduler's time.monotonic() when it took the counters."""
+    steps: int
+    """Plans sent to the workers."""
+    prompt_tokens: int
+    """Prefill tokens computed: prompts, and what a resumed sequence recomputes after
+    preemption; cached tokens not included."""
+    cached_prompt_tokens: int
+    """Prefill tokens served from the prefix cache instead (hit rate: cached / (cached +
+    computed))."""
+    generated_tokens: int
+    """Tokens sampled and kept (overlap's discarded extra tokens are not counted)."""
+    preemptions: int
+    finished_requests: int
+    """Requests finished for any reason (stop, length, abort, error)."""
+    schedule_time_s: float
+    """Scheduler time spent planning steps."""
+    result_time_s: float
+    """Scheduler time spent applying the steps' results."""
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+
+
+def _topic(cls: type) -> bytes:
+    n = len(dataclasses.fields(cls))
+    head = msgpack.packb([kind_of(cls), *([None] * n)])
+    return head[: len(head) - n]  # each None packs as one byte
+
+
+ENGINE_STATS_TOPIC = _topic(EngineStats)
+"""How every encoded EngineStats begins (its msgpack array header, then its kind): the
+subscription prefix of a subscriber that wants only the stats."""

@@ -14,6 +14,7 @@ transitions of SchedulerState.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from protocol import (
@@ -25,12 +26,14 @@ from protocol import (
     StepResult,
     TokenDeltas,
 )
+from protocol.engine_messages import EngineStats
 from scheduler_proc.admission import admission_error, with_resolved_max_tokens
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.invariants import check_integrity
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import SchedulerState
+from scheduler_proc.stats import snapshot
 from scheduler_proc.step_planner import plan_step
 from scheduler_proc.step_results import apply_result
 
@@ -125,12 +128,22 @@ class Scheduler:
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step, or None when there is nothing to compute."""
-        return plan_step(self.state)
+        start = time.perf_counter()
+        plan = plan_step(self.state)
+        self.state.stats.schedule_time_s += time.perf_counter() - start
+        return plan
 
     def process_result(self, result: StepResult) -> TokenDeltas:
         """Append the tokens of the oldest plan in flight, apply stop conditions, free the
         finished, and return the deltas for the detokenizer (with any queued out-of-band)."""
-        return apply_result(self.state, result)
+        start = time.perf_counter()
+        deltas = apply_result(self.state, result)
+        self.state.stats.result_time_s += time.perf_counter() - start
+        return deltas
+
+    def stats(self) -> EngineStats:
+        """The counters and gauges now; safe to call from another thread (scheduler_proc.stats)."""
+        return snapshot(self.state)
 
     def check_integrity(self) -> None:
         """Raise AssertionError if any scheduler or block-pool invariant is broken."""

@@ -32,6 +32,7 @@ class Sequence:
         "token_ids",
         "num_prompt_tokens",
         "num_computed",
+        "num_prefill",
         "num_pending",
         "block_table",
         "status",
@@ -56,6 +57,9 @@ class Sequence:
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.num_computed = 0
+        # Tokens known when last admitted: those below it are prefill (the prompt, or what a
+        # resumed sequence recomputes), those after it are decoded. Only stats read it.
+        self.num_prefill = 0
         self.num_pending = 0
         self.block_table: list[int] = []
         self.status = SequenceStatus.WAITING

@@ -15,6 +15,7 @@ from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.delta_buffer import DeltaBuffer
 from scheduler_proc.sequence import Sequence, SequenceStatus
+from scheduler_proc.stats import SchedulerStats
 
 RUNNING = SequenceStatus.RUNNING
 WAITING = SequenceStatus.WAITING
@@ -25,7 +26,7 @@ class SchedulerState:
     """Queues, plans in flight and buffered deltas; see Sequence for per-sequence accounting."""
 
     __slots__ = ("config", "block_manager", "waiting", "running", "seqs", "next_step_id",
-                 "inflight", "drops", "to_hash", "deltas")
+                 "inflight", "drops", "to_hash", "deltas", "stats")
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
@@ -46,6 +47,7 @@ class SchedulerState:
         self.to_hash: list[Sequence] = []
         # Deltas not produced by a step (admission errors, aborts, refusals) wait here.
         self.deltas = DeltaBuffer()
+        self.stats = SchedulerStats()
 
     def unlink(self, seq: Sequence) -> None:
         """Take an unfinished sequence out of whichever queue holds it."""
@@ -64,6 +66,7 @@ class SchedulerState:
         """
         self.block_manager.hash_full_blocks(seq)
         self.block_manager.free(seq)
+        self.stats.preemptions += 1
         seq.num_computed = 0
         seq.status = WAITING
         if seq.on_worker:
@@ -79,6 +82,7 @@ class SchedulerState:
             self.block_manager.free(seq)
         seq.status = FINISHED
         seq.finish_reason = reason
+        self.stats.finished_requests += 1
         if seq.on_worker:
             self.drops.append(seq.seq_id)
             seq.on_worker = False

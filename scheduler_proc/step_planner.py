@@ -72,6 +72,7 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
     budget = batch.budget
     ids, num_new, new_blocks = batch.cached_ids, batch.num_new, batch.new_blocks
     sampled, to_hash = batch.sampled, state.to_hash
+    prefill = 0
 
     i = 0
     while i < len(running) and budget > 0:
@@ -106,6 +107,8 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
         num_new.append(n)
         new_blocks.append(blocks)
         budget -= n
+        if computed < seq.num_prefill:  # a later chunk of a prefill (never past its end)
+            prefill += n
         seq.num_computed = computed + n
         if computed + n == target:
             seq.num_pending += 1
@@ -114,6 +117,7 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
             to_hash.append(seq)
         i += 1
     batch.budget = budget
+    state.stats.prompt_tokens += prefill
 
 
 def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
@@ -124,6 +128,7 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
     max_seqs = state.config.max_num_seqs
     waiting, running = state.waiting, state.running
     budget = batch.budget
+    stats = state.stats
     while waiting and budget > 0 and len(running) < max_seqs:
         seq = waiting[0]
         # Overlap hazard: a sequence preempted while its last sampled token is in flight
@@ -154,6 +159,9 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
         )
         seq.on_worker = True
         seq.num_computed = num_cached + n
+        seq.num_prefill = len(seq.token_ids)
+        stats.prompt_tokens += n
+        stats.cached_prompt_tokens += num_cached
         budget -= n
         if seq.num_computed == len(seq.token_ids):
             seq.num_pending += 1

@@ -38,6 +38,7 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
     add_id, add_tokens = deltas.ids.append, deltas.tokens.append
     add_reason, add_error = deltas.reasons.append, deltas.errors.append
     add_logprobs = deltas.logprobs.append
+    rows_before = len(deltas.ids)  # every row the loop adds carries one kept token
     bs = state.config.block_size
     max_model_len = state.config.max_model_len
     bm = state.block_manager
@@ -80,6 +81,7 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
             bm.hash_full_blocks(seq)
     if finished_running:
         state.running = [s for s in state.running if s.status is RUNNING]
+    state.stats.generated_tokens += len(deltas.ids) - rows_before
     return deltas.take(result.step_id, logprobs is not None)
 
 

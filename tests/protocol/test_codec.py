@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 import protocol as p
 from protocol.codec import kind_of
 from protocol.control import StartupProgress
-from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
+from protocol.engine_messages import (
+    ENGINE_STATS_TOPIC,
+    EngineStats,
+    WatchGoodbye,
+    WatchHeartbeat,
+    WatchRequest,
+)
 from protocol.outcomes import FINISH_REASON_STRINGS, ErrorKind, FinishReason, RequestError
 
 STOP, LENGTH, ERROR = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ERROR
@@ -52,6 +58,7 @@ EXAMPLES = [
     WatchHeartbeat(1.0, None),
     WatchRequest(4, "r1"),
     WatchGoodbye("worker 0 exited with code -9", True),
+    EngineStats(12.5, 40, 900, 300, 1200, 1, 7, 0.25, 0.5, 3, 2, 41, 100),
     p.Ready("worker", 0, 1234, "cuda:0"),
     p.Shutdown("SIGTERM"),
     p.StartupFailed("worker", 1, "KV cache too small"),
@@ -80,6 +87,13 @@ def test_kinds_are_single_bytes_and_unique():
     kinds = [kind_of(type(m)) for m in {type(m): m for m in EXAMPLES}.values()]
     assert len(kinds) == len(set(kinds))
     assert all(0 <= k <= 0x7F for k in kinds)
+
+
+def test_engine_stats_start_with_their_subscription_topic():
+    # A subscriber that wants only the stats subscribes to this prefix of deltas_pub.
+    assert p.encode(example(EngineStats)).startswith(ENGINE_STATS_TOPIC)
+    for other in (WatchHeartbeat(1.0, None), example(p.TokenDeltas)):
+        assert not p.encode(other).startswith(ENGINE_STATS_TOPIC)
 
 
 def test_pickle_is_refused():
