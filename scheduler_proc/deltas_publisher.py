@@ -6,6 +6,10 @@ WatchHeartbeat (plus a WatchRequest for every request still running): a watcher 
 moment from which it misses nothing. Heartbeats follow every HEARTBEAT_INTERVAL_S, and a
 WatchGoodbye ends the stream, so a watcher also knows when the pipeline is gone.
 
+Given a `stats` source, it also publishes the engine's counters (EngineStats) every
+STATS_INTERVAL_S, with each heartbeat and greeting, and once more before the goodbye: this
+thread reads them, so the step loop pays nothing per step for being watched.
+
 A thread of its own owns the XPUB: the scheduler's writer thread hands it frames through an
 inproc PUSH (`sink`), and neither the step loop nor the writer ever waits on a watcher.
 """
@@ -16,17 +20,19 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import zmq
 
 from protocol import TokenDeltas, encode
 from protocol.auth import CurveKeys
-from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
+from protocol.engine_messages import EngineStats, WatchGoodbye, WatchHeartbeat, WatchRequest
 from protocol.sockets import MessageSocket
 
 log = logging.getLogger("nanopipe.scheduler")
 
 HEARTBEAT_INTERVAL_S = 1.0
+STATS_INTERVAL_S = 0.5
 PUB_HIGH_WATER_MARK = 10_000
 GOODBYE_LINGER_MS = 1000
 """How long closing waits for the goodbye to reach the watchers."""
@@ -37,8 +43,13 @@ _ids = itertools.count()
 class DeltasPublisher:
     def __init__(self, ctx: zmq.Context, address: str,
                  interval_s: float = HEARTBEAT_INTERVAL_S,
-                 security: CurveKeys | None = None) -> None:
+                 security: CurveKeys | None = None,
+                 stats: Callable[[], EngineStats] | None = None,
+                 stats_interval_s: float = STATS_INTERVAL_S) -> None:
         self.interval_s = interval_s
+        self._stats = stats
+        """Called on this object's thread; it must be safe to call from there."""
+        self.stats_interval_s = stats_interval_s
         self.dead_reason: str | None = None
         """Set by the step loop once the engine is dead; heartbeats carry it."""
         # Internal like every link of the scheduler: over tcp only the run's key holders attach.
@@ -95,18 +106,25 @@ class DeltasPublisher:
         poller.register(self._frames.socket, zmq.POLLIN)
         poller.register(self._xpub.socket, zmq.POLLIN)
         next_beat = time.monotonic() + self.interval_s
+        next_stats = time.monotonic() + self.stats_interval_s if self._stats is not None else float("inf")
         while True:
-            timeout_ms = max(0.0, next_beat - time.monotonic()) * 1000
+            timeout_ms = max(0.0, min(next_beat, next_stats) - time.monotonic()) * 1000
             ready = dict(poller.poll(timeout_ms))
             if self._frames.socket in ready and not self._forward():
                 if self._goodbye is not None:
+                    self._publish_stats()  # the final counts
                     self._publish(encode(self._goodbye))
                 return
             if self._xpub.socket in ready and self._new_subscriber():
                 self._greet()
-            if time.monotonic() >= next_beat:
+            now = time.monotonic()
+            if now >= next_beat:
                 self._publish(self._heartbeat())
-                next_beat = time.monotonic() + self.interval_s
+                next_beat = now + self.interval_s
+                next_stats = now  # stats go with each heartbeat
+            if now >= next_stats:
+                self._publish_stats()
+                next_stats = now + self.stats_interval_s
 
     def _forward(self) -> bool:
         """Publish every queued frame; False once the wake-up frame says to stop."""
@@ -135,9 +153,14 @@ class DeltasPublisher:
             running = list(self._running.items())
         for request_id, client_request_id in running:
             self._publish(encode(WatchRequest(request_id, client_request_id)))
+        self._publish_stats()  # a new follower of the counters gets its baseline at once
 
     def _heartbeat(self) -> bytes:
         return encode(WatchHeartbeat(self.interval_s, self.dead_reason))
+
+    def _publish_stats(self) -> None:
+        if self._stats is not None:
+            self._publish(encode(self._stats()))
 
     def _publish(self, frame: bytes) -> None:
         try:

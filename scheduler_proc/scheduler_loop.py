@@ -91,7 +91,8 @@ class SchedulerLoop:
         self.requests_in = self._sock(ctx, zmq.PULL, endpoints.scheduler_in, True,
                                       (AddRequest, AbortRequests, EngineDead, Shutdown))
         self.results_in = self._sock(ctx, zmq.PULL, endpoints.step_results, True, (StepResult,))
-        self.publisher = DeltasPublisher(ctx, endpoints.deltas_pub, security=self._keys)
+        self.publisher = DeltasPublisher(ctx, endpoints.deltas_pub, security=self._keys,
+                                         stats=self.sched.stats)
         self.deltas_pub = self.publisher.sink  # the writer's way to the attached watchers
         self.to_detok = self._sock(ctx, zmq.PUSH, endpoints.detok_in, False)
         self.to_workers = [self._sock(ctx, zmq.PUSH, a, False)

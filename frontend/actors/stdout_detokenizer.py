@@ -36,14 +36,15 @@ from frontend.actors.incremental_detok import (
 )
 from protocol import ClientHello, ClientWelcome, EngineDead, ProtocolError, TokenDeltas
 from protocol.auth import CREDENTIALS_FILE, Credentials, CurveKeys, load_credentials
-from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
+from protocol.engine_messages import EngineStats, WatchGoodbye, WatchHeartbeat, WatchRequest
 from protocol.process_runtime import POLL_MS, ProcessRuntime
 from protocol.sockets import MessageSocket
 
 ATTACH_TIMEOUT_S = 5.0
 SILENCE_TIMEOUT_S = 5.0
 """No message for this long (the scheduler sends a heartbeat every second) means it is gone."""
-WATCH_MESSAGES = (TokenDeltas, WatchHeartbeat, WatchRequest, WatchGoodbye)
+WATCH_MESSAGES = (TokenDeltas, WatchHeartbeat, WatchRequest, WatchGoodbye, EngineStats)
+"""Everything the scheduler publishes on deltas_pub; the printer ignores EngineStats."""
 PROG = "stdout_detokenizer"
 
 
@@ -213,6 +214,8 @@ def watch(rt: ProcessRuntime, sub: MessageSocket, printer: StdoutPrinter,
         elif isinstance(msg, WatchHeartbeat):
             if msg.dead_reason is not None:
                 raise PipelineGone(f"engine dead: {msg.dead_reason}")
+        elif isinstance(msg, EngineStats):
+            continue  # the engine's counters: not this printer's business
         elif msg.engine_dead:
             raise PipelineGone(f"engine dead: {msg.reason}")
         else:
