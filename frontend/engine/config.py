@@ -86,6 +86,10 @@ class EngineConfig:
                               flags=("--zmq-port",), minimum=1, maximum=65535, group="zmq")
     stdout: bool = option(False, "print every request's text to stdout as it is generated",
                           group="zmq")
+    log_stats_interval: float = option(
+        10.0, "seconds between engine stats lines on stderr (throughput, queue, KV use, "
+        "prefix-cache hits); 0: none. LLM(...) logs none unless given", minimum=0,
+        maximum=86400, metavar="S", group="")
 
     def __post_init__(self) -> None:
         check_options(self)

@@ -29,11 +29,14 @@ class LLM:
 
     def __init__(self, model: str | None = None, **options: Any) -> None:
         """`options` are EngineConfig's fields (tensor_parallel_size, device, dtype,
-        max_model_len, ...), with its defaults: the same settings as `nanopipe serve`'s flags."""
+        max_model_len, ...), with its defaults: the same settings as `nanopipe serve`'s flags,
+        except that no stats lines are logged unless `log_stats_interval` is given (a
+        progress bar already reports an offline run)."""
         unknown = sorted(options.keys() - ENGINE_FIELDS)
         if unknown:
             raise TypeError(f"LLM got unknown options {unknown}; the options are EngineConfig's "
                             f"fields: {', '.join(sorted(ENGINE_FIELDS - {'model'}))}")
+        options.setdefault("log_stats_interval", 0.0)
         self.config = EngineConfig(model=model, **options)
         self.pipeline = Pipeline(self.config)
         self.pipeline.start()

@@ -4,8 +4,9 @@ How a child is started lives in startup.py, how it is watched in children.py.
 
 Start-up order: workers first (they measure how many KV blocks fit and say so in their
 READY), then the scheduler (sized from that), then the detokenizer and the tokenizer, then
-an attached stdout printer if asked for. Every child dies with its launcher, and the
-launcher stops the pipeline when the interpreter exits, whether or not the user closed it.
+an attached stdout printer if asked for, and the stats-line logger (a thread of this process).
+Every child dies with its launcher, and the launcher stops the pipeline when the interpreter
+exits, whether or not the user closed it.
 While serving, a watcher notices any child that exits and tells the survivors the engine is
 dead, so requests fail instead of hanging. A stop terminates every child and removes the
 run directory with its socket files.
@@ -25,6 +26,7 @@ import zmq
 from frontend.engine.children import Child, wait_for_any_exit
 from frontend.engine.config import EngineConfig
 from frontend.engine.startup import StartupError, await_ready, spawn
+from frontend.engine.stats_log import StatsLogger
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
 from protocol.actor_start import to_plain
 from protocol.control import StartupProgress
@@ -45,6 +47,7 @@ class Pipeline:
         self._control: MessageSocket | None = None
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._stats_logger: StatsLogger | None = None
         self._on_progress = on_progress
         self._stop_lock = threading.Lock()
 
@@ -133,6 +136,9 @@ class Pipeline:
             self._await_ready({("stdout_detokenizer", 0)}, deadline)
         self._watcher = threading.Thread(target=self._watch, name="nanopipe-watch", daemon=True)
         self._watcher.start()
+        if cfg.log_stats_interval > 0:
+            self._stats_logger = StatsLogger(self._ctx, ep.deltas_pub, ep.keys,
+                                             cfg.log_stats_interval)
 
     def _spawn(self, role: str, rank: int, module: str, config: dict[str, Any],
                argv: list[str] | None = None) -> None:
@@ -205,6 +211,9 @@ class Pipeline:
     def _stop(self, grace_s: float) -> None:
         self._stopping.set()
         atexit.unregister(self.stop)
+        if self._stats_logger is not None:
+            self._stats_logger.close()
+            self._stats_logger = None
         # Everything that feeds the workers stops first; then the workers, which finish the
         # plans already sent, so no rank leaves a collective that another rank is inside.
         deadline = time.monotonic() + grace_s
