@@ -105,8 +105,9 @@ class DeltasPublisher:
         poller = zmq.Poller()
         poller.register(self._frames.socket, zmq.POLLIN)
         poller.register(self._xpub.socket, zmq.POLLIN)
-        next_beat = time.monotonic() + self.interval_s
-        next_stats = time.monotonic() + self.stats_interval_s if self._stats is not None else float("inf")
+        start = time.monotonic()
+        next_beat = start + self.interval_s
+        next_stats = float("inf") if self._stats is None else start + self.stats_interval_s
         while True:
             timeout_ms = max(0.0, min(next_beat, next_stats) - time.monotonic()) * 1000
             ready = dict(poller.poll(timeout_ms))
