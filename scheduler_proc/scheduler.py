@@ -66,11 +66,6 @@ class Scheduler:
         """Every unfinished sequence, by id."""
         return self.state.seqs
 
-    @property
-    def _drops(self) -> list[int]:
-        """Ids the next plan tells the workers to forget (tests send such plans by hand)."""
-        return self.state.drops
-
     # ------------------------------------------------------------------ requests
 
     def add_request(self, req: AddRequest) -> None:

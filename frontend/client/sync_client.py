@@ -39,7 +39,7 @@ from frontend.client.outputs import (
 from frontend.client.transport import Links, check_address, monitor_event
 from protocol import SamplingParams
 
-__all__ = ["Client", "ResultStream", "make_request"]
+__all__ = ["Client", "ResultStream"]
 
 
 class Client(ConnectionInfo):

@@ -76,7 +76,7 @@ def run(requests: list[AddRequest], overlap: bool) -> tuple[dict, dict, Schedule
             sched.check_integrity()
         if not in_flight and plan is None and not sched.has_unfinished():
             break
-    worker.execute(StepPlan(999, sched._drops, [], CachedSequences([], [], [])))
+    worker.execute(StepPlan(999, sched.state.drops, [], CachedSequences([], [], [])))
     return tokens, outcome, sched, worker
 
 
