@@ -240,8 +240,9 @@ def main() -> None:
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                     help="overlap scheduling in the pipeline (default on)")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    ap.add_argument("--worker-lookahead", action="store_true",
-                    help="workers launch the next step before this one's tokens reach the host")
+    ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True,
+                    help="workers launch the next step before this one's tokens reach the host "
+                    "(default on, as in the engine)")
     ap.add_argument("--hop-iters", type=int, default=5000)
     ap.add_argument("--hop-plan-seqs", type=int, default=256)
     args = ap.parse_args()

@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--worker-lookahead", action="store_true")
+    ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     lo, hi = args.prompt_len_range
     if not 1 <= lo <= hi or args.num_requests < 1 or args.max_tokens < 1:

@@ -109,8 +109,8 @@ def serve_check(model_dir: str, tp: int, args: argparse.Namespace,
     max_model_len = max(len(p) for p in prompts) + args.max_tokens
     cmd = [str(ROOT / "scripts" / "launch.sh"), "--model", model_dir, "--tp", str(tp),
            "--device", args.device, "--max-model-len", str(max_model_len)]
-    if args.worker_lookahead:
-        cmd.append("--worker-lookahead")
+    if not args.worker_lookahead:
+        cmd.append("--no-worker-lookahead")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -179,8 +179,9 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--no-overlap", action="store_true")
-    ap.add_argument("--worker-lookahead", action="store_true",
-                    help="workers launch the next step before this one's tokens reach the host")
+    ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True,
+                    help="workers launch the next step before this one's tokens reach the host "
+                    "(default on, as in the engine)")
     ap.add_argument("--skip-w1", action="store_true")
     ap.add_argument("--skip-parity", action="store_true")
     ap.add_argument("--serve-check", action="store_true",

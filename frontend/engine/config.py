@@ -71,8 +71,8 @@ class EngineConfig:
     overlap: bool = option(
         True, "wait for each step's result before planning the next", flags=("--no-overlap",))
     worker_lookahead: bool = option(
-        False, "workers launch the next step before the current step's tokens reach the host "
-        "(with overlap)")
+        True, "workers wait for each step's tokens to reach the host before launching the next",
+        flags=("--no-worker-lookahead",))
     seed: int = option(0, "seed of unseeded sampling")
     served_model_name: str | None = option(
         None, "the model id clients see (default: the model directory's name)")

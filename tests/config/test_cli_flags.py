@@ -38,7 +38,7 @@ def test_the_flags_users_know_are_still_there():
                  "--max-model-len", "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
                  "--gpu-memory-utilization", "--kv-cache-bytes", "--enforce-eager",
                  "--attention-backend", "--no-prefix-caching", "--no-overlap",
-                 "--worker-lookahead", "--seed", "--zmq-transport", "--transport", "--zmq-host",
+                 "--no-worker-lookahead", "--seed", "--zmq-transport", "--transport", "--zmq-host",
                  "--zmq-port", "--stdout", "--port", "--http", "--host", "--api-key",
                  "--served-model-name", "--max-request-bytes", "--log-level"):
         assert flag in flags
