@@ -63,7 +63,8 @@ def _partial_kernel(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, part_val_ptr
         x = tl.load(logits_ptr + row * stride_row + cols, mask=mask,
                     other=-float("inf")).to(tl.float32)
         h = _mix32(_mix32(cols.to(tl.uint32) ^ seed_lo) ^ seed_hi)
-        u = tl.minimum((h.to(tl.float32) + 0.5) * 2.3283064365386963e-10, 1.0 - 5.960464477539063e-08)
+        u = (h.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # 2**-32
+        u = tl.minimum(u, 0.9999999403953552)  # 1 - 2**-24
         e = tl.where(u < 1e-4, u + 0.5 * u * u, -tl.log(1.0 - u))
         score = tl.where(inv_t > 0, x * inv_t - tl.log(e), x)
         score = tl.where(mask, score, -float("inf"))

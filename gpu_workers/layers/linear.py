@@ -10,11 +10,11 @@ which one, and `packed_shards` lists the parts of a checkpoint that stores them 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.partition import even_split, partition_heads
+from kernels.skinny_linear import linear
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -47,7 +47,7 @@ class ColumnParallelLinear(nn.Module):
         self._load_part(param, loaded, 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -116,5 +116,5 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.cols.start, self.in_local))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias

@@ -1,0 +1,42 @@
+"""The few-row linear kernel (interpreted on CPU) against F.linear, and where it is used."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.skinny_linear import skinny_linear_triton, use_skinny
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("rows,shape,bias", [
+    (1, (37, 70), False), (3, (9, 600), True), (4, (37, 70), True), (1, (4100, 64), True)])
+def test_matches_f_linear(rows, shape, bias):
+    n, k = shape
+    gen = torch.Generator().manual_seed(rows * 100 + n)
+    x = torch.randn(rows, k, generator=gen).to(DEVICE)
+    w = torch.randn(n, k, generator=gen).to(DEVICE)
+    b = torch.randn(n, generator=gen).to(DEVICE) if bias else None
+    got = skinny_linear_triton(x, w, b)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+def test_a_strided_row_view_is_read_in_place():
+    x = torch.randn(2, 200).to(DEVICE)[:, :100]
+    w = torch.randn(8, 100).to(DEVICE)
+    torch.testing.assert_close(skinny_linear_triton(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+def test_used_only_where_it_wins():
+    assert use_skinny(1, 1024, 2048) and use_skinny(1, 6144, 1024)
+    assert use_skinny(4, 1024, 3072)
+    assert not use_skinny(1, 151936, 1024)  # the vocabulary projection: cuBLAS is as fast
+    assert not use_skinny(2, 6144, 1024) and not use_skinny(8, 1024, 2048)
+    assert not use_skinny(0, 1024, 2048)
+
+
+def test_mismatched_inputs_are_refused():
+    with pytest.raises(ValueError, match="must agree"):
+        skinny_linear_triton(torch.randn(1, 5).to(DEVICE), torch.randn(3, 6).to(DEVICE))
