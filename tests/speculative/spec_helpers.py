@@ -38,8 +38,8 @@ def repeating_prompt(rng: random.Random, length: int, period: int) -> list[int]:
     return (phrase * (length // period + 1))[:length]
 
 
-def greedy_requests(seed: int, n: int = 6, **params) -> list[AddRequest]:
-    rng = random.Random(seed)
+def greedy_requests(rng_seed: int, n: int = 6, **params) -> list[AddRequest]:
+    rng = random.Random(rng_seed)
     out = []
     for rid in range(n):
         prompt = repeating_prompt(rng, rng.randint(8, 40), rng.randint(3, 9))
@@ -51,15 +51,16 @@ def greedy_requests(seed: int, n: int = 6, **params) -> list[AddRequest]:
 
 
 def generate(model_dir: str, reqs: list[AddRequest], k: int = 0, ngram: int = 2,
-             kv_bytes: int = 1 << 20, budget: int = 256, check=None, **runner_kw):
+             kv_bytes: int = 1 << 20, budget: int = 256, check=None, max_num_seqs: int = 8,
+             max_model_len: int = MAX_MODEL_LEN, **runner_kw):
     """{request id: (tokens, finish reason)}, the scheduler and the worker."""
     spec = {"speculative": "ngram", "num_speculative_tokens": k, "ngram_size": ngram} if k else {}
-    runner = make_runner(model_dir, **{"max_model_len": MAX_MODEL_LEN, "kv_cache_bytes": kv_bytes,
-                                       "max_num_seqs": 8, "max_num_batched_tokens": budget,
-                                       **spec, **runner_kw})
+    runner = make_runner(model_dir, **{"max_model_len": max_model_len, "kv_cache_bytes": kv_bytes,
+                                       "max_num_seqs": max_num_seqs,
+                                       "max_num_batched_tokens": budget, **spec, **runner_kw})
     sched = Scheduler(SchedulerConfig(runner.num_kv_blocks, runner.config.block_size,
-                                      max_num_seqs=8, max_num_batched_tokens=budget,
-                                      max_model_len=MAX_MODEL_LEN, overlap=not k,
+                                      max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                      max_model_len=max_model_len, overlap=not k,
                                       num_speculative_tokens=k))
     for r in reqs:
         sched.add_request(r)
