@@ -55,14 +55,14 @@ def test_first_sampled_tokens_follow_the_same_distribution(tiny_qwen3_dir):
     proposes; chi-square on the counts, fixed sampler seeds."""
     from scipy.stats import chi2_contingency
 
-    prompt = list(range(3, 765))
+    prompt = list(range(3, 680))  # the tiny vocabulary has 688 ids
     random.Random(4).shuffle(prompt)
     reqs = [AddRequest(i, prompt, SamplingParams(temperature=1.0, top_k=6, max_tokens=4,
                                                  ignore_eos=True), [2]) for i in range(300)]
     counts = []
     for k in (0, 2):
         out, sched, _ = generate(tiny_qwen3_dir, reqs, k=k, ngram=1, budget=1024, seed=k + 11,
-                                 max_num_seqs=64, max_model_len=800, kv_bytes=8 << 20)
+                                 max_num_seqs=64, max_model_len=700, kv_bytes=8 << 20)
         if k:
             stats = sched.stats()
             assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
