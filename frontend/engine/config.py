@@ -76,14 +76,12 @@ class EngineConfig:
     speculative: str | None = option(
         None, "speculative decoding: ngram proposes the tokens that followed the last "
         "--ngram-size tokens earlier in the sequence, and one step verifies them (turns "
-        "overlap off); draft: not available yet", choices=("ngram", "draft"), auto="off")
+        "overlap off)", choices=("ngram",), auto="off")
     num_speculative_tokens: int = option(
         4, "most proposed tokens one step verifies per sequence (with --speculative)",
         minimum=1, maximum=32, metavar="K")
     ngram_size: int = option(3, "tokens the ngram proposer matches (with --speculative ngram)",
                              minimum=1, maximum=32, metavar="N")
-    draft_model: str | None = option(
-        None, "draft model directory (with --speculative draft)", metavar="DIR")
     seed: int = option(0, "seed of unseeded sampling")
     served_model_name: str | None = option(
         None, "the model id clients see (default: the model directory's name)")
@@ -104,11 +102,6 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_options(self)
-        if self.speculative == "draft":
-            raise ConfigError("EngineConfig", "speculative", "'draft' is not available yet: "
-                              "use 'ngram'")
-        if self.draft_model is not None:
-            raise ConfigError("EngineConfig", "draft_model", "needs --speculative draft")
         if self.speculative and self.worker_lookahead:
             raise ConfigError("EngineConfig", "worker_lookahead", "cannot be used with "
                               "speculative decoding (it plans one step at a time)")
