@@ -35,11 +35,17 @@ class StepBatch:
     sampling: SamplingBatch | None
     num_entries: int
     """Real entries; the batch may be padded beyond this to a CUDA-graph size."""
+    logit_counts: np.ndarray | None = None
+    """Speculation: logits rows per sampling entry (1 + its proposals); None: one each."""
 
 
 def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, block_size: int,
                 device: torch.device, pad_to: int | None = None,
-                block_width: int | None = None) -> StepBatch:
+                block_width: int | None = None,
+                num_verify: np.ndarray | None = None) -> StepBatch:
+    """num_verify: per entry, how many of its num_new tokens are proposals to verify (they
+    sit in the mirror past its known tokens); such an entry needs logits at each of its last
+    1 + num_verify positions, each sampled with the entry's parameters."""
     n = len(rows)
     start = table.num_computed[rows]
     end = start + num_new
@@ -68,14 +74,22 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
     cu_k = np.zeros(len(seq_lens) + 1, np.int64)
     np.cumsum(seq_lens, out=cu_k[1:])
 
-    samples = end == table.num_tokens[rows]
+    known_end = end if num_verify is None else end - num_verify
+    samples = known_end == table.num_tokens[rows]
     sample_entries = np.flatnonzero(samples)
     logits_idx = cu_q[1:n + 1][samples] - 1
     sample_rows = rows[samples]
-    temp = table.temperature[sample_rows]
-    top_k = table.top_k[sample_rows]
-    top_p = table.top_p[sample_rows]
-    min_p = table.min_p[sample_rows]
+    counts = steps = None
+    logit_rows = sample_rows
+    if num_verify is not None:
+        counts = num_verify[samples] + 1
+        steps = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        logits_idx = np.repeat(logits_idx - counts + 1, counts) + steps
+        logit_rows = np.repeat(sample_rows, counts)
+    temp = table.temperature[logit_rows]
+    top_k = table.top_k[logit_rows]
+    top_p = table.top_p[logit_rows]
+    min_p = table.min_p[logit_rows]
 
     parts = [ids, positions, slots, cu_q, seq_lens, cu_k, tables.reshape(-1), logits_idx,
              top_k, temp.view(np.int32), top_p.view(np.int32), min_p.view(np.int32)]
@@ -102,9 +116,11 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
         greedy = temp == 0
         random_rows = ~greedy
         seeded = []
-        for i in np.flatnonzero(random_rows & (table.seed[sample_rows] >= 0)):
-            r = sample_rows[i]
+        for i in np.flatnonzero(random_rows & (table.seed[logit_rows] >= 0)):
+            r = logit_rows[i]
             generated = int(table.num_tokens[r] - table.num_prompt[r])
+            if steps is not None:  # a verified position draws as its token would unspeculated
+                generated += int(steps[i])
             seeded.append((int(i), row_seed(int(table.seed[r]), generated)))
         sampling = SamplingBatch(
             temperature=d_temp.view(torch.float32), top_k=d_top_k,
@@ -114,7 +130,9 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
             use_top_p=bool(np.any(top_p[random_rows] < 1.0)),
             use_min_p=bool(np.any(min_p[random_rows] > 0.0)),
             seeded=seeded, logprobs=bool(table.logprobs[sample_rows].any()),
-            penalties=gather_penalties(table, sample_rows, device),
+            # Speculation refuses penalties (admission): logit_rows is sample_rows here.
+            penalties=gather_penalties(table, logit_rows, device),
             top_logprobs=int(table.top_logprobs[sample_rows].max(initial=0)),
         )
-    return StepBatch(d_ids, d_pos, attn, d_logits, sample_entries, sample_rows, sampling, n)
+    return StepBatch(d_ids, d_pos, attn, d_logits, sample_entries, sample_rows, sampling, n,
+                     counts)

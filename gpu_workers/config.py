@@ -62,6 +62,12 @@ class WorkerConfig:
     lookahead: bool = False
     """Launch a plan that is already waiting before the previous step's tokens reached the
     host, so the device runs the two back to back (needs the scheduler's overlap)."""
+    speculative: str | None = None
+    """"ngram": propose tokens by prompt lookup and verify them (gpu_workers.speculative)."""
+    num_speculative_tokens: int = 0
+    """The most proposals one entry verifies per step; the plan caps each entry (num_spec)."""
+    ngram_size: int = 3
+    """Tokens matched by the n-gram proposer."""
     max_plans_in_flight: int = plans_in_flight(overlap=True)
     """The scheduler's: how many plans it sends ahead of results. A sequence finished at
     step N may be computed by the plans already sent after N, so the worker's buffers reach
@@ -72,8 +78,12 @@ class WorkerConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.dtype is not None:
             parse_dtype(self.dtype)
+        if self.speculative not in (None, "ngram"):
+            raise ValueError(f"speculative must be None or 'ngram', got {self.speculative!r}")
+        if self.speculative and self.lookahead:
+            raise ValueError("speculative decoding runs without lookahead")
         for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                     "max_plans_in_flight"):
+                     "max_plans_in_flight", "ngram_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.gpu_memory_utilization <= 1:

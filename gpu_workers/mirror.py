@@ -52,6 +52,8 @@ class SequenceTable:
         """Sequences left out of a step, and why, until a plan drops them."""
         self.new_failures: list[tuple[int, str]] = []
         """Failures of the last applied plan, for its StepResult."""
+        self.step_spec = np.zeros(0, np.int64)
+        """The last applied plan's speculation cap per entry (zeros when none speculates)."""
         self.rows: dict[int, int] = {}
         self.free: list[int] = []
         self.tokens = np.zeros((0, max_tokens), np.int32)
@@ -132,14 +134,27 @@ class SequenceTable:
             new.append(n)
         rows_a = np.asarray(rows, np.int64)
         new_a = np.asarray(new, np.int64)
+        self.step_spec = self._spec_caps(plan, ids)
         if len(rows_a):
             end = self.num_computed[rows_a] + new_a
             if np.any(new_a < 1) or np.any(end > self.num_tokens[rows_a]):
                 raise MirrorError(f"plan {plan.step_id} computes tokens the worker does not know")
             if self.block_size is not None and np.any(
-                    end > self.num_blocks[rows_a] * self.block_size):
+                    end + self.step_spec > self.num_blocks[rows_a] * self.block_size):
                 raise MirrorError(f"plan {plan.step_id} computes past a block table")
         return ids, rows_a, new_a
+
+    @staticmethod
+    def _spec_caps(plan: StepPlan, ids: list[int]) -> np.ndarray:
+        """Per entry of this step, its num_spec (new sequences never speculate)."""
+        caps = np.zeros(len(ids), np.int64)
+        spec = plan.cached.num_spec
+        if spec:
+            by_id = dict(zip(plan.cached.seq_ids, spec, strict=True))
+            for i, sid in enumerate(ids):
+                caps[i] = by_id.get(sid, 0)
+            caps = np.maximum(caps, 0)
+        return caps
 
     def _release(self, sid: int) -> None:
         row = self.rows.pop(sid, None)
@@ -230,6 +245,26 @@ class SequenceTable:
     def uses_penalties(self, rows: np.ndarray) -> np.ndarray:
         return (self.presence[rows] != 0) | (self.frequency[rows] != 0) | (
             self.repetition[rows] != 1)
+
+    def append_verified(self, rows: np.ndarray, counts: np.ndarray, tokens: np.ndarray,
+                        spec_planned: np.ndarray) -> None:
+        """After a verification step: append each row's counts[i] tokens (flat in `tokens`),
+        count its accepted proposals as computed (their KV is written), and trim the block
+        table of each row the plan let speculate to what its tokens need, releasing blocks
+        reserved for rejected proposals. The scheduler applies the same rule to its tables."""
+        offset = 0
+        for i, row in enumerate(rows.tolist()):
+            c = int(counts[i])
+            length = int(self.num_tokens[row])
+            if length + c > self.max_tokens:
+                raise MirrorError("a sequence grew past max_model_len")
+            self.tokens[row, length:length + c] = tokens[offset:offset + c]
+            offset += c
+            self.num_tokens[row] = length + c
+            self.num_computed[row] += c - 1
+            if spec_planned[i] and self.block_size is not None:
+                need = -(-(length + c) // self.block_size)
+                self.num_blocks[row] = min(int(self.num_blocks[row]), need)
 
     def append_placeholders(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Reserve the next position of each row for the token being sampled; its value is

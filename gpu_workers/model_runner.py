@@ -9,7 +9,6 @@ The only host sync per step is the copy of the sampled ids.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,7 +23,9 @@ from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
+from gpu_workers.pending_step import PendingStep
 from gpu_workers.sampler import Sampler, top_logprobs
+from gpu_workers.speculative import prepare_proposals, settle_verified
 from gpu_workers.transfer import to_device
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
 
@@ -186,7 +187,9 @@ class ModelRunner:
                           _listed(pending.host_logprobs), _listed(pending.host_top_ids),
                           _listed(pending.host_top_logprobs),
                           failed_seq_ids=[sid for sid, _ in failed],
-                          failed_errors=[error for _, error in failed])
+                          failed_errors=[error for _, error in failed],
+                          num_tokens=_listed(pending.counts),
+                          num_proposed=_listed(pending.num_proposed))
 
     def _run(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
         with torch.inference_mode():
@@ -205,6 +208,12 @@ class ModelRunner:
         if in_flight is not None and np.any(
                 table.uses_penalties(rows) & (table.pending_pos[rows] >= 0)):
             self._settle(in_flight)  # penalties read the token history on the host
+        spec, run_new = None, num_new
+        if self.config.num_speculative_tokens and table.step_spec.any():
+            # Speculation runs without lookahead: proposals read the settled history.
+            spec = prepare_proposals(table, rows, num_new, table.step_spec,
+                                     self.config.ngram_size)
+            run_new = num_new + spec.num_verify
         bs, width = None, None
         if self.device.type == "cuda":
             # A static block-table width: Triton specialises kernels on integer arguments such
@@ -212,11 +221,12 @@ class ModelRunner:
             # following the longest context would recompile kernels in the middle of serving.
             width = self.config.max_blocks_per_seq
             if (self.graphs is not None and len(rows) <= self.graphs.max_bs
-                    and table is self.table and bool(np.all(num_new == 1))):
+                    and table is self.table and bool(np.all(run_new == 1))):
                 bs = self.graphs.bucket(len(rows))
         start = table.num_computed[rows]
-        batch = build_batch(table, rows, num_new, self.config.block_size, self.device,
-                            pad_to=bs, block_width=width)
+        batch = build_batch(table, rows, run_new, self.config.block_size, self.device,
+                            pad_to=bs, block_width=width,
+                            num_verify=None if spec is None else spec.num_verify)
         if in_flight is not None:
             self._take_pending_inputs(batch, table, rows, start, num_new, in_flight)
         table.num_computed[rows] += num_new
@@ -227,6 +237,12 @@ class ModelRunner:
         if len(batch.sample_rows) == 0:
             return PendingStep.empty(plan.step_id, table, failures)
         tokens, logprobs, top = self._sample(hidden, batch)
+        if spec is not None:
+            return settle_verified(PendingStep(
+                step_id=plan.step_id, table=table,
+                seq_ids=[seq_ids[i] for i in batch.sample_entries], rows=batch.sample_rows,
+                positions=start, epochs=start, tokens=tokens, logprobs=logprobs, top=top,
+                failures=failures), batch, spec, self.device)
         pos, epochs = table.append_placeholders(batch.sample_rows)
         pending = PendingStep(
             step_id=plan.step_id, table=table,
@@ -269,7 +285,7 @@ class ModelRunner:
         """Sampled ids [R] int64, on rank 0 their logprobs and the requested top
         alternatives ([R, k] ids and logprobs), all on the device."""
         logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
-        n = len(batch.sample_rows)
+        n = len(batch.logits_indices)
         lp = top = None
         if self.rank == 0:
             tokens, lp = self.sampler(logits, batch.sampling)
@@ -284,63 +300,3 @@ class ModelRunner:
 
 def _listed(a: np.ndarray | None) -> list | None:
     return None if a is None else a.tolist()
-
-
-@dataclass(eq=False)
-class PendingStep:
-    """A launched step: its sampled ids on the device and, once copied, on the host."""
-
-    step_id: int
-    table: SequenceTable
-    seq_ids: list[int]
-    rows: np.ndarray
-    positions: np.ndarray
-    epochs: np.ndarray
-    tokens: torch.Tensor | None
-    logprobs: torch.Tensor | None
-    top: tuple[torch.Tensor, torch.Tensor] | None = None
-    """[R, k] ids and logprobs of the most likely tokens, when a row asked for them."""
-    host_tokens: np.ndarray | None = None
-    host_logprobs: np.ndarray | None = None
-    host_top_ids: np.ndarray | None = None
-    host_top_logprobs: np.ndarray | None = None
-    event: torch.cuda.Event | None = None
-    settled: bool = False
-    failures: list[tuple[int, str]] = field(default_factory=list)
-    """Sequences the mirror refused in this step, with why (reported, never run)."""
-
-    @classmethod
-    def empty(cls, step_id: int, table: SequenceTable,
-              failures: list[tuple[int, str]] | None = None) -> PendingStep:
-        none = np.zeros(0, np.int64)
-        return cls(step_id, table, [], none, none, none, None, None, host_tokens=none,
-                   settled=True, failures=failures or [])
-
-    def copy_to_host(self, device: torch.device) -> None:
-        """Start the device-to-host copies (pinned memory on CUDA, so they do not block)."""
-        cuda = device.type == "cuda"
-
-        def host(t: torch.Tensor | None) -> np.ndarray | None:
-            if t is None:
-                return None
-            if not cuda:
-                return t.numpy()
-            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            out.copy_(t, non_blocking=True)
-            return out.numpy()
-
-        self.host_tokens = host(self.tokens)
-        self.host_logprobs = host(self.logprobs)
-        if self.top is not None:
-            self.host_top_ids, self.host_top_logprobs = host(self.top[0]), host(self.top[1])
-        if cuda:
-            self.event = torch.cuda.Event()
-            self.event.record()
-
-    def done(self) -> bool:
-        """Whether the host copy has arrived (never blocks)."""
-        return self.event is None or self.event.query()
-
-    def wait(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()

@@ -126,6 +126,10 @@ class EngineStats:
     waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
+    spec_proposed_tokens: int = 0
+    """Speculation: proposed tokens verified (acceptance rate: accepted / proposed)."""
+    spec_accepted_tokens: int = 0
+    """Speculation: proposed tokens the target model accepted."""
 
 
 def _topic(cls: type) -> bytes:

@@ -47,6 +47,9 @@ class CachedSequences:
     num_new: list[int]
     new_block_ids: list[list[int]]
     """Blocks appended to each sequence's block table this step (mostly empty)."""
+    num_spec: list[int] = field(default_factory=list)
+    """Speculation: the most proposed tokens each entry may verify after its num_new (the
+    scheduler reserved their KV slots and token budget); empty when no entry speculates."""
 
 
 @message(0x20)
@@ -67,7 +70,11 @@ class StepPlan:
 @message(0x21)
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """Rank 0's answer to a plan: the token sampled for each entry that sampled."""
+    """Rank 0's answer to a plan: the tokens sampled for each entry that sampled.
+
+    One token per entry, unless num_tokens is set (speculation): then entry i produced
+    num_tokens[i] tokens (its accepted proposals, then one sampled token), flattened in
+    token_ids, and logprobs / top alternatives follow the same flat order."""
 
     step_id: int
     seq_ids: list[int]
@@ -82,6 +89,10 @@ class StepResult:
     requests. Every rank refuses the same ones: the checks depend only on the plan."""
     failed_errors: list[str] = field(default_factory=list)
     """Why, one message per failed sequence."""
+    num_tokens: list[int] | None = None
+    """Speculation: tokens each entry produced (1 + accepted proposals)."""
+    num_proposed: list[int] | None = None
+    """Speculation: tokens each entry verified (proposals made, accepted or not)."""
 
 
 @message(0x22)

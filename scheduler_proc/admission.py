@@ -31,6 +31,13 @@ def admission_error(
     if n >= max_len:
         return invalid(f"the prompt has {n} tokens, but max_model_len is {max_len}: "
                        f"shorten the prompt", "prompt")
+    if config.num_speculative_tokens:
+        p = req.params
+        for name, off in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                          ("repetition_penalty", 1.0)):
+            if getattr(p, name) != off:
+                return invalid(f"params.{name} is not supported with speculative decoding "
+                               f"(this engine runs with --speculative)", f"params.{name}")
     max_tokens = req.params.max_tokens
     total = max_len if max_tokens is None else n + max_tokens
     if total > max_len:

@@ -143,6 +143,18 @@ class BlockManager:
         seq.num_hashed_blocks = 0
         seq.last_hash = 0
 
+    def free_tail(self, seq: Sequence, num_tokens: int) -> None:
+        """Release the blocks of seq's table past those num_tokens tokens need (blocks that
+        were reserved for rejected speculative tokens; never hashed, as no known token of
+        the sequence is in them)."""
+        keep = max(self.blocks_for(num_tokens), seq.num_hashed_blocks)
+        table = seq.block_table
+        for b in table[keep:]:
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free_blocks[b] = None
+        del table[keep:]
+
     def hash_full_blocks(self, seq: Sequence) -> None:
         """Enter seq's newly completed blocks in the prefix cache.
 

@@ -24,6 +24,10 @@ class SchedulerConfig:
     max_model_len: int = field(kw_only=True)  # required; keyword-only as it follows defaults
     enable_prefix_caching: bool = True
     overlap: bool = True
+    num_speculative_tokens: int = 0
+    """Speculation: proposals a decoding entry may verify per step (0: off). The result of a
+    step says how far each sequence advanced, which the next plan must know, so speculation
+    plans one step at a time (overlap off)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -37,9 +41,12 @@ class SchedulerConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be a positive int, got {value!r}")
 
+        if self.num_speculative_tokens < 0:
+            raise ValueError("SchedulerConfig.num_speculative_tokens must be >= 0")
+
     @property
     def max_plans_in_flight(self) -> int:
-        return plans_in_flight(self.overlap)
+        return plans_in_flight(self.overlap and not self.num_speculative_tokens)
 
     @property
     def kv_capacity_tokens(self) -> int:

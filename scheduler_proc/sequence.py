@@ -44,6 +44,9 @@ class Sequence:
         "on_worker",
         "num_hashed_blocks",
         "last_hash",
+        "spec_tokens",
+        "spec_proposed",
+        "spec_accepted",
     )
 
     def __init__(
@@ -78,6 +81,11 @@ class Sequence:
         # block table are hashed, and the chained hash of the last of them.
         self.num_hashed_blocks = 0
         self.last_hash = 0
+        # Speculation: proposals the last plan let it verify (its KV slots are reserved), and
+        # proposals verified and accepted over the request's life.
+        self.spec_tokens = 0
+        self.spec_proposed = 0
+        self.spec_accepted = 0
 
     @property
     def num_tokens(self) -> int:

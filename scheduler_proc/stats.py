@@ -21,7 +21,8 @@ class SchedulerStats:
     """Cumulative since start; see EngineStats for what each counts."""
 
     __slots__ = ("prompt_tokens", "cached_prompt_tokens", "generated_tokens", "preemptions",
-                 "finished_requests", "schedule_time_s", "result_time_s")
+                 "finished_requests", "schedule_time_s", "result_time_s",
+                 "spec_proposed_tokens", "spec_accepted_tokens")
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
@@ -31,6 +32,8 @@ class SchedulerStats:
         self.finished_requests = 0
         self.schedule_time_s = 0.0
         self.result_time_s = 0.0
+        self.spec_proposed_tokens = 0
+        self.spec_accepted_tokens = 0
 
 
 def snapshot(state: SchedulerState) -> EngineStats:
@@ -51,4 +54,6 @@ def snapshot(state: SchedulerState) -> EngineStats:
         waiting=len(state.waiting),
         kv_blocks_used=bm.num_blocks - bm.num_free,
         kv_blocks_total=bm.num_blocks,
+        spec_proposed_tokens=s.spec_proposed_tokens,
+        spec_accepted_tokens=s.spec_accepted_tokens,
     )

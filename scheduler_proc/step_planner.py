@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol import CachedSequences, NewSequence, StepPlan
+from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import RUNNING, SchedulerState
 
@@ -22,6 +23,7 @@ class _StepBatch:
     budget: int
     cached_ids: list[int] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
+    num_spec: list[int] = field(default_factory=list)  # filled only when speculating
     new_blocks: list[list[int]] = field(default_factory=list)
     sampled: list[Sequence] = field(default_factory=list)  # running ones this step samples for
     new_seqs: list[NewSequence] = field(default_factory=list)
@@ -53,7 +55,7 @@ def plan_step(state: SchedulerState) -> StepPlan | None:
         step_id,
         state.drops,
         batch.new_seqs,
-        CachedSequences(batch.cached_ids, batch.num_new, batch.new_blocks),
+        CachedSequences(batch.cached_ids, batch.num_new, batch.new_blocks, batch.num_spec),
     )
     state.drops = []
     # Workers apply new_seqs before cached entries; results come back in that order.
@@ -73,6 +75,7 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
     ids, num_new, new_blocks = batch.cached_ids, batch.num_new, batch.new_blocks
     sampled, to_hash = batch.sampled, state.to_hash
     prefill = 0
+    spec_k = state.config.num_speculative_tokens
 
     i = 0
     while i < len(running) and budget > 0:
@@ -90,23 +93,27 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
         n = target - computed
         if n > budget:
             n = budget
+        k = _spec_tokens(seq, spec_k, n, target, budget, max_model_len, bm) if spec_k else 0
         blocks: list[int] = []
-        if computed + n > len(seq.block_table) * bs:
-            alloc = bm.allocate(seq, computed + n)
+        if computed + n + k > len(seq.block_table) * bs:
+            alloc = bm.allocate(seq, computed + n + k)
             while alloc is None:
                 victim = running.pop()  # most recently admitted
                 state.preempt(victim)
                 batch.preempted = True
                 if victim is seq:
                     break
-                alloc = bm.allocate(seq, computed + n)
+                alloc = bm.allocate(seq, computed + n + k)
             if alloc is None:
                 break
             blocks = alloc.new_block_ids
         ids.append(seq.seq_id)
         num_new.append(n)
         new_blocks.append(blocks)
-        budget -= n
+        if spec_k:
+            batch.num_spec.append(k)
+            seq.spec_tokens = k
+        budget -= n + k
         if computed < seq.num_prefill:  # a later chunk of a prefill (never past its end)
             prefill += n
         seq.num_computed = computed + n
@@ -118,6 +125,20 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
         i += 1
     batch.budget = budget
     state.stats.prompt_tokens += prefill
+
+
+def _spec_tokens(seq: Sequence, spec_k: int, n: int, target: int, budget: int,
+                 max_model_len: int, bm: BlockManager) -> int:
+    """Proposals a decoding entry may verify this step: within the token budget, the blocks
+    free now (speculation never preempts), and so that even if all are accepted the sequence
+    cannot pass max_tokens or max_model_len (the bonus token counts: hence the - 1)."""
+    computed = seq.num_computed
+    if n != 1 or computed + 1 != target:  # prefill chunks do not speculate
+        return 0
+    room = (len(seq.block_table) + bm.num_free) * bm.block_size - computed - 1
+    k = min(spec_k, budget - 1, room, max_model_len - target - 1,
+            seq.max_tokens - (target - seq.num_prompt_tokens) - 1)
+    return k if k > 0 else 0
 
 
 def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
@@ -158,6 +179,7 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
             )
         )
         seq.on_worker = True
+        seq.spec_tokens = 0
         seq.num_computed = num_cached + n
         seq.num_prefill = len(seq.token_ids)
         stats.prompt_tokens += n

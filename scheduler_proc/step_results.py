@@ -28,6 +28,8 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
     if result.failed_seq_ids:
         _fail_refused(state, result)
     seqs = _match(seqs, result)
+    if result.num_tokens is not None:
+        return _apply_speculative(state, result, seqs)
     tokens = result.token_ids
     logprobs = result.logprobs
     top_ids, top_lps = result.top_token_ids, result.top_logprobs
@@ -85,6 +87,68 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
     return deltas.take(result.step_id, logprobs is not None)
 
 
+def _apply_speculative(state: SchedulerState, result: StepResult,
+                       seqs: list[Sequence]) -> TokenDeltas:
+    """apply_result for a step that verified proposals: entry k produced num_tokens[k] tokens
+    (flat in token_ids). They are appended one by one through the stop conditions; tokens past
+    a stop, max_tokens or max_model_len are dropped, never streamed. The accepted proposals'
+    KV is written, so they count as computed; blocks reserved for rejected ones are freed
+    (the workers trim their tables by the same rule, gpu_workers.mirror.append_verified)."""
+    deltas, stats, bm = state.deltas, state.stats, state.block_manager
+    max_model_len = state.config.max_model_len
+    tokens, logprobs = result.token_ids, result.logprobs
+    top_ids, top_lps = result.top_token_ids, result.top_logprobs
+    if top_ids is not None:
+        deltas.pad_top()
+    proposed = result.num_proposed or [0] * len(seqs)
+    finished_running = False
+    start = 0
+    for seq, count, num_proposed in zip(seqs, result.num_tokens, proposed, strict=True):
+        first, start = start, start + count
+        seq.num_pending -= 1
+        if seq.status is FINISHED:  # aborted while the step ran
+            continue
+        stats.spec_proposed_tokens += num_proposed
+        stats.spec_accepted_tokens += count - 1
+        seq.spec_proposed += num_proposed
+        seq.spec_accepted += count - 1
+        token_ids = seq.token_ids
+        reason = None
+        end = first
+        while end < start and reason is None:
+            tok = tokens[end]
+            token_ids.append(tok)
+            end += 1
+            length = len(token_ids)
+            if tok in seq.eos_ids or tok in seq.stop_ids:
+                reason = STOP
+            elif length - seq.num_prompt_tokens >= seq.max_tokens or length >= max_model_len:
+                reason = LENGTH
+        stats.generated_tokens += end - first
+        deltas.ids.append(seq.seq_id)
+        deltas.tokens.append(tokens[first:end])
+        deltas.reasons.append(reason)
+        deltas.errors.append(None)
+        deltas.logprobs.append(_NO_LOGPROBS if logprobs is None else logprobs[first:end])
+        if top_ids is not None:
+            deltas.top_ids.append(top_ids[first:end])
+            deltas.top_lps.append(top_lps[first:end])
+        if reason is not None:
+            if seq.status is RUNNING:
+                finished_running = True
+            else:
+                state.waiting.remove(seq)
+            state.finish(seq, reason)
+        elif seq.status is RUNNING:
+            seq.num_computed += count - 1
+            if seq.spec_tokens:
+                bm.free_tail(seq, len(token_ids))
+            bm.hash_full_blocks(seq)
+    if finished_running:
+        state.running = [s for s in state.running if s.status is RUNNING]
+    return deltas.take(result.step_id, logprobs is not None)
+
+
 def _fail_refused(state: SchedulerState, result: StepResult) -> None:
     """Finish the requests whose sequences the workers refused, with their error.
 
@@ -107,7 +171,11 @@ def _match(seqs: list[Sequence], result: StepResult) -> list[Sequence]:
     A planned sequence may be missing only if the workers refused it (it is finished by
     then); its token in flight is accounted for here."""
     ids = result.seq_ids
-    if len(result.token_ids) != len(ids):
+    counts = result.num_tokens
+    if counts is not None and (len(counts) != len(ids) or sum(counts) != len(result.token_ids)
+                               or min(counts, default=1) < 1):
+        raise ValueError(f"step {result.step_id}: token counts do not match its tokens")
+    if counts is None and len(result.token_ids) != len(ids):
         raise ValueError(f"step {result.step_id}: {len(ids)} sequences, "
                          f"{len(result.token_ids)} tokens")
     if len(ids) == len(seqs) and all(s.seq_id == i for s, i in zip(seqs, ids, strict=True)):

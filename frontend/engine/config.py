@@ -73,6 +73,15 @@ class EngineConfig:
     worker_lookahead: bool = option(
         True, "workers wait for each step's tokens to reach the host before launching the next",
         flags=("--no-worker-lookahead",))
+    speculative: str | None = option(
+        None, "speculative decoding: ngram proposes the tokens that followed the last "
+        "--ngram-size tokens earlier in the sequence, and one step verifies them (turns "
+        "overlap off)", choices=("ngram",), auto="off")
+    num_speculative_tokens: int = option(
+        4, "most proposed tokens one step verifies per sequence (with --speculative)",
+        minimum=1, maximum=32, metavar="K")
+    ngram_size: int = option(3, "tokens the ngram proposer matches (with --speculative ngram)",
+                             minimum=1, maximum=32, metavar="N")
     seed: int = option(0, "seed of unseeded sampling")
     served_model_name: str | None = option(
         None, "the model id clients see (default: the model directory's name)")
@@ -148,8 +157,18 @@ class EngineConfig:
         return MAX_NUM_BATCHED_TOKENS[self.resolved_device]
 
     @property
+    def resolved_overlap(self) -> bool:
+        """Speculation turns overlap off: a plan must know how far the previous step
+        advanced each sequence (how many proposals it accepted)."""
+        return self.overlap and self.speculative is None
+
+    @property
+    def resolved_num_speculative_tokens(self) -> int:
+        return self.num_speculative_tokens if self.speculative else 0
+
+    @property
     def max_plans_in_flight(self) -> int:
-        return plans_in_flight(self.overlap)
+        return plans_in_flight(self.resolved_overlap)
 
     def resolved(self, name: str) -> Any:
         """Field `name` as the processes get it: `resolved_<name>` where there is one."""
@@ -168,7 +187,7 @@ class EngineConfig:
         from gpu_workers.config import WorkerConfig
 
         return self._derive(WorkerConfig, dist_init_method=dist_init_method,
-                            lookahead=self.worker_lookahead and self.overlap,
+                            lookahead=self.worker_lookahead and self.resolved_overlap,
                             max_plans_in_flight=self.max_plans_in_flight)
 
     def tokenizer_config(self):

@@ -96,3 +96,13 @@ def test_overlap_headroom_is_one_number_the_worker_receives(model_dir, overlap):
 def test_detokenizer_config_needs_max_model_len():
     with pytest.raises(TypeError, match="max_model_len"):
         DetokenizerConfig(model="m")
+
+
+def test_speculation_plans_step_by_step_whatever_the_lookahead_default(model_dir):
+    """Speculation needs each step's result before the next plan: it turns overlap and the
+    (default) worker lookahead off instead of refusing the defaults."""
+    engine = EngineConfig(model=model_dir, max_model_len=100, block_size=16, max_num_seqs=8,
+                          speculative="ngram")
+    assert engine.worker_lookahead  # the default, left as it is
+    worker, sched = engine.worker_config("x"), engine.scheduler_config(64)
+    assert not worker.lookahead and sched.max_plans_in_flight == 1

@@ -1,0 +1,74 @@
+"""A launched step: what the runner keeps until its sampled tokens reach the host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from gpu_workers.mirror import SequenceTable
+
+
+@dataclass(eq=False)
+class PendingStep:
+    """A launched step: its sampled ids on the device and, once copied, on the host."""
+
+    step_id: int
+    table: SequenceTable
+    seq_ids: list[int]
+    rows: np.ndarray
+    positions: np.ndarray
+    epochs: np.ndarray
+    tokens: torch.Tensor | None
+    logprobs: torch.Tensor | None
+    top: tuple[torch.Tensor, torch.Tensor] | None = None
+    """[R, k] ids and logprobs of the most likely tokens, when a row asked for them."""
+    host_tokens: np.ndarray | None = None
+    host_logprobs: np.ndarray | None = None
+    host_top_ids: np.ndarray | None = None
+    host_top_logprobs: np.ndarray | None = None
+    event: torch.cuda.Event | None = None
+    settled: bool = False
+    failures: list[tuple[int, str]] = field(default_factory=list)
+    """Sequences the mirror refused in this step, with why (reported, never run)."""
+    counts: np.ndarray | None = None
+    """Speculation: tokens each entry produced (host arrays then hold them flat)."""
+    num_proposed: np.ndarray | None = None
+    """Speculation: proposals each entry verified."""
+
+    @classmethod
+    def empty(cls, step_id: int, table: SequenceTable,
+              failures: list[tuple[int, str]] | None = None) -> PendingStep:
+        none = np.zeros(0, np.int64)
+        return cls(step_id, table, [], none, none, none, None, None, host_tokens=none,
+                   settled=True, failures=failures or [])
+
+    def copy_to_host(self, device: torch.device) -> None:
+        """Start the device-to-host copies (pinned memory on CUDA, so they do not block)."""
+        cuda = device.type == "cuda"
+
+        def host(t: torch.Tensor | None) -> np.ndarray | None:
+            if t is None:
+                return None
+            if not cuda:
+                return t.numpy()
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            out.copy_(t, non_blocking=True)
+            return out.numpy()
+
+        self.host_tokens = host(self.tokens)
+        self.host_logprobs = host(self.logprobs)
+        if self.top is not None:
+            self.host_top_ids, self.host_top_logprobs = host(self.top[0]), host(self.top[1])
+        if cuda:
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def done(self) -> bool:
+        """Whether the host copy has arrived (never blocks)."""
+        return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
