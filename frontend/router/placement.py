@@ -3,9 +3,10 @@
 Cost of replica r = tokens r must prefill for this request (its prompt less the leading
 blocks r was already given, see prefix_summary) + LOAD_WEIGHT x the work already ahead of
 it there. The work ahead is estimated from what the router placed and what the replica's
-last EngineStats says it has done: prefill tokens placed but not yet computed or served
-from cache, plus REQUEST_COST per request placed but not yet finished; a replica whose KV
-pool is nearly full costs KV_FULL_COST more (it would preempt). Placing a request counts at
+last EngineStats says it has done: prefill tokens placed (less the prefix each request was
+expected to find cached) but not yet computed, plus REQUEST_COST per request placed but not
+yet finished; a replica whose KV pool is nearly full costs KV_FULL_COST more (it would
+preempt). Placing a request counts at
 once, so a burst spreads before the next stats arrive (every half second).
 
 LOAD_WEIGHT < 1 lets a prefix hit win over a slightly lighter replica: the request that
@@ -34,6 +35,7 @@ class ReplicaLoad:
 
     placed_requests: int = 0
     placed_prompt_tokens: int = 0
+    """Prefill tokens placed here that no earlier request placed here had in its prefix."""
     stats: EngineStats | None = None
 
     def work_ahead(self) -> float:
@@ -41,7 +43,7 @@ class ReplicaLoad:
         kv_used = 0.0
         if self.stats is not None:
             s = self.stats
-            done_tokens = s.prompt_tokens + s.cached_prompt_tokens
+            done_tokens = s.prompt_tokens
             finished = s.finished_requests
             kv_used = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
         work = (max(0, self.placed_prompt_tokens - done_tokens)
@@ -96,7 +98,7 @@ class Router:
                     best, best_cost, best_matched = r, cost, matched
         load = self.loads[best]
         load.placed_requests += 1
-        load.placed_prompt_tokens += len(token_ids)
+        load.placed_prompt_tokens += len(token_ids) - best_matched
         if hashes:
             self.summaries[best].add(hashes)
         return Placement(best, best_matched)
@@ -110,7 +112,7 @@ class Router:
                 and stats.finished_requests >= load.placed_requests):
             # Idle with everything placed finished: what it never prefilled (aborted while
             # waiting) is no work ahead, so the estimate starts again from its counters.
-            load.placed_prompt_tokens = stats.prompt_tokens + stats.cached_prompt_tokens
+            load.placed_prompt_tokens = stats.prompt_tokens
 
     def mark_dead(self, replica: int) -> None:
         self.alive[replica] = False

@@ -104,3 +104,17 @@ def test_bad_router_config_names_the_field():
         config(routing="random")
     with pytest.raises(ValueError, match="per replica"):
         RouterConfig(("a", "b"), ("c",), block_size=BS, kv_blocks=(1, 1))
+
+
+def test_a_burst_of_four_groups_keeps_each_group_on_one_replica_and_splits_the_load():
+    """W3 traffic as bench_dp.py sends it: the first request of each group, then the rest of
+    every group at once, group after group (no stats in between). The expected prefix hit is
+    not counted as work ahead, so a long shared prefix keeps its group together."""
+    router = Router(config())
+    where = {g: {router.place(prompt(g, 0, prefix_len=192, own_len=20)).replica}
+             for g in range(4)}
+    for g in range(4):
+        for i in range(1, 8):
+            where[g].add(router.place(prompt(g, i, prefix_len=192, own_len=20)).replica)
+    assert all(len(replicas) == 1 for replicas in where.values()), where
+    assert sorted(r for (r,) in where.values()) == [0, 0, 1, 1]
