@@ -47,3 +47,13 @@ class StartupProgress:
     role: str
     rank: int
     text: str
+
+
+@message(0x34)
+@dataclass(frozen=True, slots=True)
+class ReplicaDown:
+    """Launcher -> tokenizer: one data-parallel replica lost a process. The router stops
+    placing requests there and fails the ones it placed there; the other replicas serve on."""
+
+    replica: int
+    reason: str

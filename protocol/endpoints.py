@@ -18,7 +18,7 @@ import os
 import shutil
 import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from protocol.auth import CurveKeys, write_credentials
 
@@ -92,6 +92,25 @@ class Endpoints:
         # A file rendezvous, as over ipc: a TCPStore would listen on every interface.
         return cls(**addr, worker_steps=steps, dist_init_method=f"file://{run_dir}/dist_init",
                    run_dir=run_dir, keys=keys)
+
+    def replica(self, index: int) -> Endpoints:
+        """The endpoints of data-parallel replica `index`: its own scheduler input, step
+        results, stats publisher, worker steps, rendezvous and control link (so its READYs
+        are told apart from the other replicas'), and this run's frontend sockets, run
+        directory and keys. Replica 0 is this object itself."""
+        if index == 0:
+            return self
+        own = ("scheduler_in", "step_results", "deltas_pub", "control")
+        count = len(own) + len(self.worker_steps)
+        if self.keys is None:
+            addr = [f"ipc://{self.run_dir}/r{index}_{name}" for name in own]
+            addr += [f"ipc://{self.run_dir}/r{index}_step_r{r}"
+                     for r in range(len(self.worker_steps))]
+        else:
+            host = self.scheduler_in.rsplit(":", 1)[0].removeprefix("tcp://")
+            addr = [f"tcp://{host}:{p}" for p in _free_ports(count, host)]
+        return replace(self, **dict(zip(own, addr)), worker_steps=tuple(addr[len(own):]),
+                       dist_init_method=f"file://{self.run_dir}/dist_init_r{index}")
 
     def cleanup(self) -> None:
         """Remove the run directory and every socket file in it."""

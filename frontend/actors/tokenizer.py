@@ -36,6 +36,8 @@ from frontend.actors.request_validation import (
     salvage_request_id,
 )
 from frontend.actors.tokenize_pool import LARGE_JOB_BYTES, TokenizeJob, TokenizePool
+from frontend.router.config import RouterConfig
+from frontend.router.dispatch import ReplicaDispatch
 from protocol import (
     AbortRequest,
     AbortRequests,
@@ -53,6 +55,7 @@ from protocol import (
     encode,
 )
 from protocol.actor_start import from_plain, read_start
+from protocol.control import ReplicaDown
 from protocol.outcomes import invalid
 from protocol.process_runtime import (
     POLL_MS,
@@ -80,6 +83,9 @@ class TokenizerConfig:
     """Name reported to clients; defaults to the directory name."""
     vocab_size: int | None = None
     """Valid token ids are [0, vocab_size); None reads it from config.json / the tokenizer."""
+    router: RouterConfig | None = None
+    """The data-parallel replicas requests are placed on; None: the one scheduler of
+    `endpoints`."""
 
     @property
     def served_name(self) -> str:
@@ -105,10 +111,14 @@ class TokenizerActor:
         self.eos_ids = eos_token_ids(config.model, tokenizer)
         self.router = rt.adopt(RouterSocket(
             rt.ctx, endpoints.tokenizer, accepts=(ClientHello, GenerateRequest, AbortRequest)))
+        # With several replicas the detokenizer's aborts (stop strings, lost clients) come
+        # here too, as only the router knows which replica holds a request.
         self.ctl = rt.socket(zmq.PULL, endpoints.tokenizer_ctl, bind=True,
-                             accepts=(EngineDead, Shutdown), security=endpoints.keys)
-        self.to_scheduler = rt.socket(zmq.PUSH, endpoints.scheduler_in, bind=False,
-                                      security=endpoints.keys)
+                             accepts=(EngineDead, Shutdown, ReplicaDown, AbortRequests),
+                             security=endpoints.keys)
+        router = config.router or RouterConfig(
+            (endpoints.scheduler_in,), (endpoints.deltas_pub,), block_size=1, kv_blocks=(1,))
+        self.dispatch = ReplicaDispatch(rt, router, endpoints.keys)
         self.to_detok = rt.socket(zmq.PUSH, endpoints.detok_in, bind=False,
                                   security=endpoints.keys)
         self.clients: dict[bytes, str] = {}  # peer routing id -> client_id
@@ -126,11 +136,16 @@ class TokenizerActor:
         poller.register(self.router.socket, zmq.POLLIN)
         poller.register(self.ctl.socket, zmq.POLLIN)
         poller.register(self.pool.fileno(), zmq.POLLIN)
+        for sock in self.dispatch.poll_sockets:
+            poller.register(sock, zmq.POLLIN)
         try:
             while self.rt.stop_reason is None:
                 ready = dict(poller.poll(POLL_MS))
                 if self.ctl.socket in ready and not self._on_control():
                     return
+                for sock in self.dispatch.poll_sockets:
+                    if sock in ready:
+                        self.dispatch.on_readable(sock)
                 if self.pool.fileno() in ready:
                     for job in self.pool.drain():
                         self._on_prepared(job)
@@ -151,6 +166,14 @@ class TokenizerActor:
             return True
         if isinstance(msg, Shutdown):
             return False
+        if isinstance(msg, AbortRequests):
+            self.dispatch.abort(msg)
+            return True
+        if isinstance(msg, ReplicaDown):
+            deltas = self.dispatch.replica_down(msg.replica, msg.reason)
+            if deltas is not None:
+                self.to_detok.send(deltas)
+            return True
         self.dead_reason = msg.reason
         for peer in list(self.clients):
             self.router.send_to(peer, EngineDead(msg.reason))
@@ -251,10 +274,14 @@ class TokenizerActor:
             self.router.send_to(job.peer, error_delta(job.client_request_id, error))
 
     def _forward(self, peer: bytes, req: GenerateRequest, ids: list[int]) -> None:
+        if self.dispatch.all_down:  # the launcher's EngineDead is on its way
+            self.router.send_to(peer, error_delta(req.client_request_id, RequestError(
+                ErrorKind.ENGINE_DEAD, "engine dead: no data-parallel replica is alive")))
+            return
         request_id = self.book.assign(peer, req.client_request_id)
         # The detokenizer must know the route before any token of this request can exist.
         self.to_detok.send(detok_request_info(request_id, self.clients[peer], req, ids))
-        self.to_scheduler.send(add_request(request_id, req, ids, self.eos_ids))
+        self.dispatch.add(add_request(request_id, req, ids, self.eos_ids))
 
     def _on_abort(self, peer: bytes, msg: AbortRequest) -> None:
         job = self.book.take_preparing(peer, msg.client_request_id)
@@ -266,8 +293,8 @@ class TokenizerActor:
             return
         request_id = self.book.take_request_id(peer, msg.client_request_id)
         if request_id is not None:
-            self.to_scheduler.send(AbortRequests(request_ids=[request_id],
-                                                 reason=FinishReason.ABORT))
+            self.dispatch.abort(AbortRequests(request_ids=[request_id],
+                                              reason=FinishReason.ABORT))
 
 
 def run_tokenizer(config: TokenizerConfig, endpoints: Endpoints) -> None:

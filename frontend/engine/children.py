@@ -23,10 +23,14 @@ class Child:
     rank: int
     module: str
     proc: subprocess.Popen
+    replica: int | None = None
+    """The data-parallel replica it belongs to (a scheduler or worker, with more than one
+    replica); None: shared by the whole pipeline, or the only replica."""
 
     @property
     def name(self) -> str:
-        return f"{self.role} {self.rank}"
+        where = "" if self.replica is None else f"replica {self.replica} "
+        return f"{where}{self.role} {self.rank}"
 
     @property
     def pid(self) -> int:

@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from frontend.engine.options import check_options, option
+from frontend.router.config import ROUTING_POLICIES, RouterConfig
 from protocol import model_config as hf
 from protocol.limits import (
     ATTENTION_BACKENDS,
@@ -46,6 +47,12 @@ class EngineConfig:
     tensor_parallel_size: int = option(
         1, "tensor-parallel ranks (one worker process each); need not divide the head counts",
         flags=("--tp", "--tensor-parallel-size"), minimum=1)
+    data_parallel_size: int = option(
+        1, "data-parallel replicas (a scheduler and its workers each, on cuda each on its own "
+        "GPUs) behind the one address", flags=("--dp", "--data-parallel-size"), minimum=1)
+    routing: str = option(
+        "affinity", "how requests are placed on data-parallel replicas: affinity (by load and "
+        "shared prompt prefixes) or round_robin", choices=ROUTING_POLICIES)
     device: str | None = option(None, "auto picks cuda when a GPU is visible",
                                 choices=("cpu", "cuda"), auto="auto")
     dtype: str | None = option(None, "auto keeps the checkpoint's dtype", choices=DTYPES,
@@ -190,10 +197,18 @@ class EngineConfig:
                             lookahead=self.worker_lookahead and self.resolved_overlap,
                             max_plans_in_flight=self.max_plans_in_flight)
 
-    def tokenizer_config(self):
+    def tokenizer_config(self, router: RouterConfig | None = None):
         from frontend.actors.tokenizer import TokenizerConfig
 
-        return self._derive(TokenizerConfig, model_name=self.model_name)
+        return self._derive(TokenizerConfig, model_name=self.model_name, router=router)
+
+    def router_config(self, replicas: list, kv_blocks: list[int]) -> RouterConfig:
+        """How the tokenizer places requests on `replicas` (their Endpoints)."""
+        return RouterConfig(
+            scheduler_addresses=tuple(ep.scheduler_in for ep in replicas),
+            stats_addresses=tuple(ep.deltas_pub for ep in replicas),
+            block_size=self.resolved_block_size, kv_blocks=tuple(kv_blocks),
+            routing=self.routing, enable_prefix_caching=self.enable_prefix_caching)
 
     def detokenizer_config(self):
         from frontend.actors.detokenizer import DetokenizerConfig

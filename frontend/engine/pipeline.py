@@ -2,6 +2,11 @@
 
 How a child is started lives in startup.py, how it is watched in children.py.
 
+With data_parallel_size N there are N replicas (a scheduler and its workers each, with
+their own sockets, see Endpoints.replica) behind the one tokenizer, whose router places each
+request; the death of one replica's process fails only the requests placed there and leaves
+the pipeline `degraded`, serving on the others.
+
 Start-up order: workers first (they measure how many KV blocks fit and say so in their
 READY), then the scheduler (sized from that), then the detokenizer and the tokenizer, then
 an attached stdout printer if asked for, and the stats-line logger (a thread of this process).
@@ -15,6 +20,8 @@ run directory with its socket files.
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import logging
 import subprocess
 import threading
 import time
@@ -25,12 +32,14 @@ import zmq
 
 from frontend.engine.children import Child, wait_for_any_exit
 from frontend.engine.config import EngineConfig
-from frontend.engine.startup import StartupError, await_ready, spawn
+from frontend.engine.startup import StartupError, await_ready, replica_env, spawn
 from frontend.engine.stats_log import StatsLogger
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
 from protocol.actor_start import to_plain
-from protocol.control import StartupProgress
+from protocol.control import ReplicaDown, StartupProgress
 from protocol.sockets import MessageSocket
+
+log = logging.getLogger("nanopipe.launcher")
 
 
 class Pipeline:
@@ -42,6 +51,10 @@ class Pipeline:
         self.endpoints: Endpoints | None = None
         self.num_kv_blocks = 0
         self._dead_reason: str | None = None
+        self.replicas: list[Endpoints] = []
+        self.down_replicas: dict[int, str] = {}
+        """Replicas lost while the others serve on: index -> why."""
+        self._replica_controls: list[MessageSocket] = []
         self._children: list[Child] = []
         self._ctx: zmq.Context | None = None
         self._control: MessageSocket | None = None
@@ -92,40 +105,61 @@ class Pipeline:
 
     def _start(self) -> None:
         cfg = self.config
-        tp = cfg.tensor_parallel_size
+        tp, dp = cfg.tensor_parallel_size, cfg.data_parallel_size
         if cfg.transport == "ipc":
             self.endpoints = Endpoints.ipc(tp)
         else:
             self.endpoints = Endpoints.tcp(tp, host=cfg.host, port=cfg.port)
         ep = self.endpoints
+        self.replicas = [ep.replica(i) for i in range(dp)]
         self._ctx = zmq.Context()
         self._control = MessageSocket(
             self._ctx, zmq.PULL, ep.control, bind=True,
             accepts=(Ready, StartupFailed, StartupProgress), security=ep.keys)
+        # Each replica reports on a control link of its own: its ranks' READYs look alike.
+        self._replica_controls = [self._control] + [
+            MessageSocket(self._ctx, zmq.PULL, r.control, bind=True,
+                          accepts=(Ready, StartupFailed, StartupProgress), security=ep.keys)
+            for r in self.replicas[1:]]
         deadline = time.monotonic() + cfg.startup_timeout_s
 
-        self._progress(f"starting {tp} worker{'s' if tp > 1 else ''} "
-                       f"({cfg.model_name} on {cfg.resolved_device})")
-        worker_cfg = to_plain(cfg.worker_config(ep.dist_init_method))
-        for rank in range(tp):
-            self._spawn("worker", rank, "gpu_workers.worker_proc",
-                        {"worker": worker_cfg, "world_size": tp})
-        readies = self._await_ready({("worker", r) for r in range(tp)}, deadline)
-        self.num_kv_blocks = min(r.num_kv_blocks for r in readies)
+        self._progress(f"starting {dp * tp} worker{'s' if dp * tp > 1 else ''} "
+                       f"({cfg.model_name} on {cfg.resolved_device}"
+                       f"{f', {dp} replicas of tp={tp}' if dp > 1 else ''})")
+        for i, rep in enumerate(self.replicas):
+            worker_cfg = to_plain(cfg.worker_config(rep.dist_init_method))
+            for rank in range(tp):
+                self._spawn("worker", rank, "gpu_workers.worker_proc",
+                            {"worker": worker_cfg, "world_size": tp}, replica=i,
+                            env=replica_env(cfg.resolved_device, tp, dp, i))
+        kv_blocks = []
+        for i in range(dp):
+            readies = self._await_ready({("worker", r) for r in range(tp)}, deadline, i)
+            kv_blocks.append(min(r.num_kv_blocks for r in readies))
+        self.num_kv_blocks = min(kv_blocks)
         sched_cfg = cfg.scheduler_config(self.num_kv_blocks)
         try:
             sched_cfg.check_pool_fits_model_len()
         except ValueError as exc:
             raise StartupError(str(exc)) from None
 
-        self._progress(f"KV cache: {self.num_kv_blocks} blocks of {sched_cfg.block_size} tokens;"
-                       " starting the scheduler, tokenizer and detokenizer")
-        self._spawn("scheduler", 0, "scheduler_proc.scheduler_loop",
-                    {"scheduler": to_plain(sched_cfg), "world_size": tp})
+        self._progress(f"KV cache: {self.num_kv_blocks} blocks of {sched_cfg.block_size} tokens"
+                       f"{' per replica' if dp > 1 else ''}; starting the scheduler"
+                       f"{'s' if dp > 1 else ''}, tokenizer and detokenizer")
+        for i, rep in enumerate(self.replicas):
+            self._spawn("scheduler", 0, "scheduler_proc.scheduler_loop",
+                        {"scheduler": to_plain(sched_cfg), "world_size": tp}, replica=i,
+                        endpoints=rep)
+        # With several replicas the detokenizer's aborts go to the router (tokenizer_ctl),
+        # which knows where each request runs.
+        detok_ep = ep if dp == 1 else dataclasses.replace(ep, scheduler_in=ep.tokenizer_ctl)
         self._spawn("detokenizer", 0, "frontend.actors.detokenizer",
-                    {"detokenizer": to_plain(cfg.detokenizer_config())})
+                    {"detokenizer": to_plain(cfg.detokenizer_config())}, endpoints=detok_ep)
+        router = None if dp == 1 else cfg.router_config(self.replicas, kv_blocks)
         self._spawn("tokenizer", 0, "frontend.actors.tokenizer",
-                    {"tokenizer": to_plain(cfg.tokenizer_config())})
+                    {"tokenizer": to_plain(cfg.tokenizer_config(router))})
+        for i in range(1, dp):
+            self._await_ready({("scheduler", 0)}, deadline, i)
         self._await_ready({("scheduler", 0), ("detokenizer", 0), ("tokenizer", 0)}, deadline)
         if cfg.stdout:
             # Over tcp the run directory holds the credentials of the internal links.
@@ -141,54 +175,109 @@ class Pipeline:
                                              cfg.log_stats_interval)
 
     def _spawn(self, role: str, rank: int, module: str, config: dict[str, Any],
-               argv: list[str] | None = None) -> None:
+               argv: list[str] | None = None, replica: int | None = None,
+               endpoints: Endpoints | None = None, env: dict[str, str] | None = None) -> None:
         assert self.endpoints is not None
-        spawn(self._children, role, rank, module, config, self.endpoints, argv)
+        if replica is not None:
+            endpoints = endpoints or self.replicas[replica]
+            if len(self.replicas) == 1:
+                replica = None  # one replica: named as before, its death is the engine's
+        spawn(self._children, role, rank, module, config, endpoints or self.endpoints, argv,
+              replica, env)
 
-    def _await_ready(self, expected: set[tuple[str, int]], deadline: float) -> list[Ready]:
-        assert self._control is not None
-        return await_ready(self._control, self._children, expected, deadline, self._progress)
+    def _await_ready(self, expected: set[tuple[str, int]], deadline: float,
+                     replica: int = 0) -> list[Ready]:
+        control = self._replica_controls[replica]
+        return await_ready(control, self._children, expected, deadline, self._progress)
 
     # ------------------------------------------------------------ serving
 
     @property
     def dead_reason(self) -> str | None:
-        """Why the engine died, or None while every process serves.
+        """Why the engine died, or None while it serves (perhaps `degraded`).
 
         Read synchronously as well as by the watcher: a caller that saw a process vanish
         (a client's connection dropped) gets the reason even before the watcher wakes.
         """
         if self._dead_reason is None and not self._stopping.is_set():
-            for child in self._children:
-                if child.proc.poll() is not None:
+            for child in self._serving_children():
+                if child.proc.poll() is not None and self._fatal(child):
                     self._dead_reason = child.exit_description()
                     break
         return self._dead_reason
 
+    @property
+    def degraded(self) -> str | None:
+        """Why some data-parallel replicas are gone while the others serve, or None."""
+        if not self.down_replicas or self.dead_reason is not None:
+            return None
+        return "; ".join(f"replica {i} is down: {why}"
+                         for i, why in sorted(self.down_replicas.items()))
+
+    def _serving_children(self) -> list[Child]:
+        return [c for c in self._children if c.replica not in self.down_replicas]
+
+    def _fatal(self, child: Child) -> bool:
+        """Whether this child's exit ends the engine: a shared process, or the last replica."""
+        if child.replica is None:
+            return True
+        return len(self.down_replicas) + 1 >= len(self.replicas)
+
     def _watch(self) -> None:
-        """Wait for any child to exit; then tell the survivors that the engine is dead."""
+        """Wait for any child to exit: a replica's process takes that replica down; any
+        other (or the last replica's) ends the engine, and the survivors are told."""
         while not self._stopping.is_set():
-            exited = wait_for_any_exit([c.proc for c in self._children], timeout=0.5)
+            serving = self._serving_children()
+            exited = wait_for_any_exit([c.proc for c in serving], timeout=0.5)
             if exited is None or self._stopping.is_set():
+                continue
+            child = next(c for c in serving if c.proc is exited)
+            if not self._fatal(child):
+                self._replica_down(child)
                 continue
             reason = self.dead_reason or "a process exited"
             self._announce_death(reason)
             return
 
-    def _announce_death(self, reason: str) -> None:
+    def _replica_down(self, child: Child) -> None:
+        """Fail the replica's requests, stop what is left of it, serve on with the others."""
+        assert child.replica is not None and self.endpoints is not None
+        replica, reason = child.replica, child.exit_description()
+        self.down_replicas[replica] = reason
+        log.error("nanopipe: %s; the other replicas serve on", reason)
+        self._push(self.endpoints.tokenizer_ctl, ReplicaDown(replica, reason))
+        for other in self._children:
+            if other.replica == replica and other.proc.poll() is None:
+                other.proc.terminate()
+        for other in self._children:
+            if other.replica == replica:
+                try:
+                    other.proc.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    other.proc.kill()
+                    other.proc.wait()
+
+    def _push(self, address: str, msg: object) -> None:
         assert self.endpoints is not None and self._ctx is not None
+        sock = MessageSocket(self._ctx, zmq.PUSH, address, bind=False,
+                             security=self.endpoints.keys)
+        try:
+            sock.send(msg, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # that peer is the one that died
+        finally:
+            # Linger so the message is delivered before the socket goes; a dead peer
+            # costs at most the linger time.
+            sock.socket.close(linger=2000)
+
+    def _announce_death(self, reason: str) -> None:
+        assert self.endpoints is not None
         ep = self.endpoints
         msg = EngineDead(reason)
-        for address in (ep.scheduler_in, ep.detok_in, ep.tokenizer_ctl):
-            sock = MessageSocket(self._ctx, zmq.PUSH, address, bind=False, security=ep.keys)
-            try:
-                sock.send(msg, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass  # that peer is the one that died
-            finally:
-                # Linger so the message is delivered before the socket goes; a dead peer
-                # costs at most the linger time.
-                sock.socket.close(linger=2000)
+        live = [r.scheduler_in for i, r in enumerate(self.replicas)
+                if i not in self.down_replicas]
+        for address in (*live, ep.detok_in, ep.tokenizer_ctl):
+            self._push(address, msg)
 
     @property
     def alive(self) -> bool:
@@ -236,6 +325,9 @@ class Pipeline:
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join()
             self._watcher = None
+        for control in self._replica_controls[1:]:
+            control.close()
+        self._replica_controls = []
         if self._control is not None:
             self._control.close()
             self._control = None
@@ -244,4 +336,5 @@ class Pipeline:
             self._ctx = None
         if self.endpoints is not None:
             self.endpoints.cleanup()
+
 

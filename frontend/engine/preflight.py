@@ -46,6 +46,11 @@ def check_device(config: EngineConfig) -> None:
     if config.tensor_parallel_size > count:
         raise ValueError(f"tensor parallel size {config.tensor_parallel_size} needs "
                          f"{config.tensor_parallel_size} GPUs but {count} are visible")
+    needed = config.tensor_parallel_size * config.data_parallel_size
+    if needed > count:
+        raise ValueError(f"{config.data_parallel_size} data-parallel replicas of tensor "
+                         f"parallel size {config.tensor_parallel_size} need {needed} GPUs "
+                         f"but {count} are visible")
 
 
 def check_model_fits_tp(config: EngineConfig) -> None:

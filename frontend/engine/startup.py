@@ -34,7 +34,8 @@ class StartupError(RuntimeError):
 
 
 def spawn(children: list[Child], role: str, rank: int, module: str, config: dict[str, Any],
-          endpoints: Endpoints, argv: list[str] | None = None) -> None:
+          endpoints: Endpoints, argv: list[str] | None = None, replica: int | None = None,
+          env_overrides: dict[str, str] | None = None) -> None:
     """Start `python -m module`; an actor gets its spec on stdin, a tool its `argv`.
 
     The child joins `children` before its spec is written, so a stop that interrupts the
@@ -44,12 +45,13 @@ def spawn(children: list[Child], role: str, rank: int, module: str, config: dict
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env.update(env_overrides or {})
     # A session of its own: a Ctrl-C in the user's terminal reaches the launcher, which
     # then stops the children in order, instead of every process at once.
     proc = subprocess.Popen([sys.executable, "-m", module, *(argv or [])],
                             stdin=subprocess.PIPE, env=env, start_new_session=True,
                             close_fds=True)
-    children.append(Child(role, rank, module, proc))
+    children.append(Child(role, rank, module, proc, replica))
     assert proc.stdin is not None
     if argv is not None:
         proc.stdin.close()
@@ -89,3 +91,18 @@ def await_ready(control: MessageSocket, children: list[Child], expected: set[tup
         waiting.discard((msg.role, msg.rank))
         readies.append(msg)
     return readies
+
+
+def replica_env(device: str, tp: int, dp: int, replica: int) -> dict[str, str] | None:
+    """On cuda with several replicas, replica i's workers see GPUs i*tp .. (i+1)*tp-1 only
+    (of those already visible), so each replica runs on its own GPUs."""
+    if dp == 1 or device != "cuda":
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        import torch
+
+        devices = [str(i) for i in range(torch.cuda.device_count())]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(devices[replica * tp:(replica + 1) * tp])}

@@ -1,0 +1,118 @@
+"""The tokenizer's links to the data-parallel replicas: each AddRequest to the scheduler the
+router chose, each abort to the scheduler that holds the request, each replica's EngineStats
+into the router, and a replica's death turned into errors for the requests placed there.
+
+Owned by the tokenizer's I/O loop thread; nothing here blocks it (PUSH sends to schedulers
+that are up, SUB reads only when its socket is readable).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+import zmq
+
+from frontend.router.config import RouterConfig
+from frontend.router.placement import Router
+from protocol import (
+    OUT_OF_BAND_STEP,
+    AbortRequests,
+    AddRequest,
+    ErrorKind,
+    FinishReason,
+    ProtocolError,
+    RequestError,
+    TokenDeltas,
+)
+from protocol.auth import CurveKeys
+from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
+from protocol.process_runtime import ProcessRuntime
+from protocol.sockets import MessageSocket
+
+log = logging.getLogger(__name__)
+
+MAX_TRACKED_PLACEMENTS = 1 << 18
+"""Request ids whose replica is remembered (for aborts and a replica's death). The tokenizer
+never learns when a request ends, so the oldest are forgotten first; an abort of a forgotten
+one goes to every replica, where an unknown id is a no-op."""
+
+
+class ReplicaDispatch:
+    def __init__(self, rt: ProcessRuntime, config: RouterConfig,
+                 keys: CurveKeys | None) -> None:
+        self.router = Router(config)
+        self.to_schedulers = [rt.socket(zmq.PUSH, a, bind=False, security=keys)
+                              for a in config.scheduler_addresses]
+        self.stats_in: list[MessageSocket] = []
+        if config.num_replicas > 1:  # one replica leaves nothing to choose
+            for address in config.stats_addresses:
+                sub = rt.socket(zmq.SUB, address, bind=False, accepts=(EngineStats,),
+                                security=keys)
+                sub.socket.setsockopt(zmq.SUBSCRIBE, ENGINE_STATS_TOPIC)
+                self.stats_in.append(sub)
+        self._by_socket = {s.socket: r for r, s in enumerate(self.stats_in)}
+        self.placed: OrderedDict[int, int] = OrderedDict()  # request id -> replica
+
+    @property
+    def poll_sockets(self) -> list[zmq.Socket]:
+        return list(self._by_socket)
+
+    def on_readable(self, zsock: zmq.Socket) -> None:
+        """Drain one replica's stats socket into the router."""
+        replica = self._by_socket[zsock]
+        sock = self.stats_in[replica]
+        while sock.poll(0):
+            try:
+                stats = sock.recv()
+            except ProtocolError:
+                continue  # a frame that arrived before the topic filter took effect
+            self.router.on_stats(replica, stats)
+
+    def add(self, msg: AddRequest) -> bool:
+        """Send a request to the replica the router picks; False when none is alive."""
+        try:
+            replica = self.router.place(msg.prompt_token_ids).replica
+        except LookupError:
+            return False
+        self.placed[msg.request_id] = replica
+        if len(self.placed) > MAX_TRACKED_PLACEMENTS:
+            self.placed.popitem(last=False)
+        self.to_schedulers[replica].send(msg)
+        return True
+
+    def abort(self, msg: AbortRequests) -> None:
+        """Each id to the replica that holds it (every live one when it was forgotten)."""
+        per_replica: dict[int, list[int]] = {}
+        everywhere: list[int] = []
+        for rid in msg.request_ids:
+            replica = self.placed.pop(rid, None)
+            if replica is None:
+                everywhere.append(rid)
+            elif self.router.alive[replica]:
+                per_replica.setdefault(replica, []).append(rid)
+        for replica in self.router.live_replicas:
+            ids = per_replica.get(replica, []) + everywhere
+            if ids:
+                self.to_schedulers[replica].send(AbortRequests(ids, msg.reason))
+
+    def replica_down(self, replica: int, reason: str) -> TokenDeltas | None:
+        """Stop placing on `replica`; the error deltas for the requests placed there (a
+        finished one among them is dropped by the detokenizer)."""
+        if not self.router.alive[replica]:
+            return None
+        self.router.mark_dead(replica)
+        log.error("tokenizer: replica %d is down: %s", replica, reason)
+        ids = [rid for rid, r in self.placed.items() if r == replica]
+        for rid in ids:
+            del self.placed[rid]
+        if not ids:
+            return None
+        error = RequestError(ErrorKind.ENGINE_DEAD, f"engine dead: replica {replica}: {reason}")
+        n = len(ids)
+        return TokenDeltas(OUT_OF_BAND_STEP, ids, [[] for _ in ids], [FinishReason.ERROR] * n,
+                           [error] * n, None)
+
+    @property
+    def all_down(self) -> bool:
+        return not self.router.live_replicas
