@@ -126,6 +126,9 @@ class EngineStats:
     waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
+    gpu_busy_s: float = 0.0
+    """Device time of the steps' forward and sample as the workers measured it (rank 0); over
+    an interval, 1 - busy / elapsed is the share the GPU sat idle."""
 
 
 def _topic(cls: type) -> bytes:

@@ -82,6 +82,10 @@ class StepResult:
     requests. Every rank refuses the same ones: the checks depend only on the plan."""
     failed_errors: list[str] = field(default_factory=list)
     """Why, one message per failed sequence."""
+    gpu_busy_s: float = 0.0
+    """Device time of the forward and sample of this and earlier steps whose time was not
+    reported yet (read without a sync, so it may lag a step); the sum over results is the
+    engine's GPU busy time."""
 
 
 @message(0x22)

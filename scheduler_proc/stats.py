@@ -21,7 +21,7 @@ class SchedulerStats:
     """Cumulative since start; see EngineStats for what each counts."""
 
     __slots__ = ("prompt_tokens", "cached_prompt_tokens", "generated_tokens", "preemptions",
-                 "finished_requests", "schedule_time_s", "result_time_s")
+                 "finished_requests", "schedule_time_s", "result_time_s", "gpu_busy_s")
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
@@ -31,6 +31,7 @@ class SchedulerStats:
         self.finished_requests = 0
         self.schedule_time_s = 0.0
         self.result_time_s = 0.0
+        self.gpu_busy_s = 0.0
 
 
 def snapshot(state: SchedulerState) -> EngineStats:
@@ -51,4 +52,5 @@ def snapshot(state: SchedulerState) -> EngineStats:
         waiting=len(state.waiting),
         kv_blocks_used=bm.num_blocks - bm.num_free,
         kv_blocks_total=bm.num_blocks,
+        gpu_busy_s=s.gpu_busy_s,
     )

@@ -128,14 +128,14 @@ def test_oversized_frame_is_refused_before_parsing():
 @pytest.mark.parametrize(
     "payload, match",
     [
-        ([0x21, 1, [1], [2]], "expected 8 fields"),
-        ([0x21, 1, [1], [2], None, None, None, [], [], "extra"], "expected 8 fields"),
-        ([0x21, "1", [1], [2], None, None, None, [], []], "StepResult.step_id"),
-        ([0x21, True, [1], [2], None, None, None, [], []], "StepResult.step_id"),
-        ([0x21, 1, [1.5], [2], None, None, None, [], []], "StepResult.seq_ids"),
-        ([0x21, 1, [1], [2], None, [[3, "x"]], None, [], []], "StepResult.top_token_ids"),
-        ([0x21, 1, [1], [2], None, None, None, [1], [2]], "StepResult.failed_errors"),
-        ([0x21, 1, [1], [2], [1], [[3, 4]], [[0, -1]], [], []], None),  # ints as floats
+        ([0x21, 1, [1], [2]], "expected 9 fields"),
+        ([0x21, 1, [1], [2], None, None, None, [], [], 0.0, "extra"], "expected 9 fields"),
+        ([0x21, "1", [1], [2], None, None, None, [], [], 0.0], "StepResult.step_id"),
+        ([0x21, True, [1], [2], None, None, None, [], [], 0.0], "StepResult.step_id"),
+        ([0x21, 1, [1.5], [2], None, None, None, [], [], 0.0], "StepResult.seq_ids"),
+        ([0x21, 1, [1], [2], None, [[3, "x"]], None, [], [], 0.0], "StepResult.top_token_ids"),
+        ([0x21, 1, [1], [2], None, None, None, [1], [2], 0.0], "StepResult.failed_errors"),
+        ([0x21, 1, [1], [2], [1], [[3, 4]], [[0, -1]], [], [], 0.0], None),  # ints as floats
         ({"kind": 0x21}, "array"),
         ([], "array"),
         (["StepResult", 1], "array"),
