@@ -74,3 +74,27 @@ def test_make_random_smollm2_has_the_embedded_model_shape(tmp_path, monkeypatch)
     assert (mc.model_type, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.head_dim,
             mc.vocab_size, mc.qk_norm) == ("llama", 30, 9, 3, 64, 49152, False)
     assert param_count(str(tmp_path)) == 134_515_008  # SmolLM2-135M's own count
+
+
+def test_profile_step_breaks_a_window_of_steps_down(tiny_qwen3_dir, tmp_path):
+    out_json = tmp_path / "profile.json"
+    out = run_script("scripts/profile_step.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                     "--num-seqs", "2", "--max-input-len", "100", "--max-output-len", "100",
+                     "--window", "3,5", "--kv-cache-bytes", str(4 << 20),
+                     "--json", str(out_json)).stdout
+    result = json.loads(out_json.read_text())
+    assert result["steps"] == [3, 5] and result["running_at_first"] == 2
+    cats = result["gpu_ms_per_step"]
+    assert set(cats) == {"attention", "GEMM", "norm", "rotary/kv-store", "elementwise/copies",
+                         "sampler", "other"}
+    # A decode step of a transformer runs matmuls, attention and the sampler.
+    assert cats["GEMM"] > 0 and cats["attention"] > 0 and cats["sampler"] > 0
+    assert sum(cats.values()) <= result["wall_ms_per_step"]
+    assert 0 < result["gpu_busy_fraction"] <= 1 and result["launches_per_step"] > 0
+    assert "launches/step" in out and "sampler" in out
+
+
+def test_profile_step_refuses_a_bad_window(tiny_qwen3_dir):
+    done = run_script("scripts/profile_step.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                      "--window", "9,3", ok=False)
+    assert done.returncode != 0 and "--window needs 0 <= FIRST < LAST" in done.stderr
