@@ -25,7 +25,7 @@ from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
 from gpu_workers.sampler import Sampler, top_logprobs
-from gpu_workers.step_timer import StepTimer
+from gpu_workers.step_timer import BusyTimes
 from gpu_workers.transfer import to_device
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
 
@@ -59,13 +59,11 @@ class ModelRunner:
             self.model = CausalLM(mc, self.tp, self.backend, self.device,
                                   config.max_seq_tokens)
             load_weights(self.model, config.model)
-        self.sampler = Sampler(self.device, config.seed)
+        self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.device)
         self.graphs: DecodeGraphs | None = None
         self.table: SequenceTable | None = None
         self._unsettled: list[PendingStep] = []
         """Launched steps of self.table whose tokens are not in the mirror yet, oldest first."""
-        self._timers: list[StepTimer] = []
-        """Device timings of launched steps of self.table not yet reported, oldest first."""
         progress("profiling memory to size the KV cache" if self.device.type == "cuda"
                  else "sizing the KV cache")
         self.num_kv_blocks = self._size_kv_cache()
@@ -182,7 +180,6 @@ class ModelRunner:
     def finish(self, pending: PendingStep) -> StepResult | None:
         """Wait for a launched step's tokens, settle them in the mirror, make the result."""
         self._settle(pending)
-        busy = self._take_busy()
         if self.rank != 0:
             return None
         failed = pending.failures
@@ -190,15 +187,7 @@ class ModelRunner:
                           _listed(pending.host_logprobs), _listed(pending.host_top_ids),
                           _listed(pending.host_top_logprobs),
                           failed_seq_ids=[sid for sid, _ in failed],
-                          failed_errors=[error for _, error in failed], gpu_busy_s=busy)
-
-    def _take_busy(self) -> float:
-        """The device seconds of every timed step that has finished on the device and was not
-        reported yet: a step whose tokens nobody waited for is counted in a later result."""
-        ready = [t.ready() for t in self._timers]
-        busy = sum(t.seconds() for t, r in zip(self._timers, ready, strict=True) if r)
-        self._timers = [t for t, r in zip(self._timers, ready, strict=True) if not r]
-        return busy
+                          failed_errors=[error for _, error in failed], gpu_busy_s=self.busy.take())
 
     def _run(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
         with torch.inference_mode():
@@ -232,16 +221,16 @@ class ModelRunner:
         if in_flight is not None:
             self._take_pending_inputs(batch, table, rows, start, num_new, in_flight)
         table.num_computed[rows] += num_new
-        timer = StepTimer(self.device) if table is self.table else None
+        timer = self.busy.start() if table is self.table and self.rank == 0 else None
         if bs is not None:
             hidden = self.graphs.run(batch, bs)
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch.attn)
         if len(batch.sample_rows) == 0:
-            self._stop(timer)
+            self.busy.stop(timer)
             return PendingStep.empty(plan.step_id, table, failures)
         tokens, logprobs, top = self._sample(hidden, batch)
-        self._stop(timer)
+        self.busy.stop(timer)
         pos, epochs = table.append_placeholders(batch.sample_rows)
         pending = PendingStep(
             step_id=plan.step_id, table=table,
@@ -252,11 +241,6 @@ class ModelRunner:
         if table is self.table:
             self._unsettled.append(pending)
         return pending
-
-    def _stop(self, timer: StepTimer | None) -> None:
-        if timer is not None:
-            timer.stop()
-            self._timers.append(timer)
 
     def _take_pending_inputs(self, batch: StepBatch, table: SequenceTable, rows: np.ndarray,
                              start: np.ndarray, num_new: np.ndarray,

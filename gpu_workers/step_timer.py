@@ -41,3 +41,28 @@ class StepTimer:
         if self._elapsed_s is None:
             self._elapsed_s = self._start.elapsed_time(self._end) / 1e3
         return self._elapsed_s
+
+
+class BusyTimes:
+    """The timers of launched steps not reported yet, oldest first (ModelRunner times rank
+    0's steps of its serving table; StepResult.gpu_busy_s reports them)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._timers: list[StepTimer] = []
+
+    def start(self) -> StepTimer:
+        return StepTimer(self.device)
+
+    def stop(self, timer: StepTimer | None) -> None:
+        if timer is not None:
+            timer.stop()
+            self._timers.append(timer)
+
+    def take(self) -> float:
+        """The device seconds of every stopped step that has finished on the device and was
+        not taken yet: a step whose end nobody waited for is counted by a later take()."""
+        ready = [t.ready() for t in self._timers]
+        busy = sum(t.seconds() for t, r in zip(self._timers, ready, strict=True) if r)
+        self._timers = [t for t, r in zip(self._timers, ready, strict=True) if not r]
+        return busy
