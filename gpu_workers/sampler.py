@@ -28,6 +28,8 @@ from gpu_workers.penalties import PenaltyBatch, apply_penalties
 _MASK64 = (1 << 63) - 1
 TOP_P_CANDIDATES = 1024
 """How many of a row's best tokens top-p looks at before it falls back to a full sort."""
+FALLBACK_ROWS = 16
+"""Rows sorted at once by that fallback."""
 
 
 def row_seed(seed: int, num_generated: int) -> int:
@@ -137,9 +139,11 @@ def _top_p_threshold(scores: torch.Tensor, top: torch.Tensor, tau_k: torch.Tenso
     # or the row does not use top-p.
     complete |= (top[:, -1] < tau_k) | (top.shape[1] == scores.shape[1]) | (top_p >= 1)
     if not bool(complete.all()):  # host sync: only batches that use top-p get here
-        rows = torch.nonzero(~complete).squeeze(1)
-        srt = survivors.index_select(0, rows).sort(dim=-1, descending=True).values
-        tau[rows] = _prefix_threshold(srt, lse[rows], top_p[rows])[0]
+        # A few rows at a time, so the sort's transient memory stays small whatever the batch
+        # (the start-up memory profile need not have met this path).
+        for rows in torch.nonzero(~complete).squeeze(1).split(FALLBACK_ROWS):
+            srt = survivors.index_select(0, rows).sort(dim=-1, descending=True).values
+            tau[rows] = _prefix_threshold(srt, lse[rows], top_p[rows])[0]
     return torch.where(top_p < 1, tau, torch.full_like(tau, float("-inf")))
 
 

@@ -88,14 +88,16 @@ def test_filtered_distribution_matches_the_reference():
 
 def test_top_p_falls_back_to_a_sort_when_the_candidates_hold_too_little_mass():
     vocab = 4 * TOP_P_CANDIDATES
-    x = logits(4, vocab, 5, scale=0.1)  # nearly flat: 0.9 of the mass spans most of the vocab
+    rows = 40  # more rows than the fallback sorts at once
+    x = logits(rows, vocab, 5, scale=0.1)  # nearly flat: 0.9 of the mass spans most of the vocab
     x[2] *= 100  # a peaked row, decided by its candidates alone
-    b = batch([1.0] * 4, [0] * 4, [0.9, 0.5, 0.9, 1.0], [0.0] * 4)
+    b = batch([1.0] * rows, [0] * rows, [0.9, 0.5, 0.9, 1.0] * 10, [0.0] * rows)
     with OpLog() as log:
         fast = Sampler("cpu", 4)(x, b)[0]
     assert "sort" in log.ops
     assert torch.equal(fast, ReferenceSampler("cpu", 4)(x, b)[0])
-    x[:2] *= 100  # every row peaked: no sort
+    x[2] /= 100
+    x *= 100  # every row peaked: no sort
     with OpLog() as log:
         Sampler("cpu", 4)(x, b)
     assert "sort" not in log.ops
