@@ -119,8 +119,9 @@ def _thresholds(scores: torch.Tensor, b: SamplingBatch) -> torch.Tensor | None:
     if b.max_top_k > 0:
         k = b.top_k.long().clamp(1, top.shape[1])
         tau = torch.where(b.top_k > 0, top.gather(1, (k - 1)[:, None]).squeeze(1), tau)
-    if b.use_top_p:
-        tau = torch.maximum(tau, _top_p_threshold(scores, top, tau, b.top_p))
+    if b.use_top_p:  # greedy rows' top_p is moot: never let them cost a sort
+        top_p = b.top_p.masked_fill(b.temperature == 0, 1.0)
+        tau = torch.maximum(tau, _top_p_threshold(scores, top, tau, top_p))
     if b.use_min_p:
         floor = top[:, 0] + b.min_p.log()
         tau = torch.where(b.min_p > 0, torch.maximum(tau, floor), tau)
