@@ -26,6 +26,7 @@ from gpu_workers.models import CausalLM
 from gpu_workers.pending_step import PendingStep
 from gpu_workers.sampler import Sampler, top_logprobs
 from gpu_workers.speculative import prepare_proposals, settle_verified
+from gpu_workers.step_timer import BusyTimes
 from gpu_workers.transfer import to_device
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
 
@@ -59,7 +60,7 @@ class ModelRunner:
             self.model = CausalLM(mc, self.tp, self.backend, self.device,
                                   config.max_seq_tokens)
             load_weights(self.model, config.model)
-        self.sampler = Sampler(self.device, config.seed)
+        self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.device)
         self.graphs: DecodeGraphs | None = None
         self.table: SequenceTable | None = None
         self._unsettled: list[PendingStep] = []
@@ -189,7 +190,8 @@ class ModelRunner:
                           failed_seq_ids=[sid for sid, _ in failed],
                           failed_errors=[error for _, error in failed],
                           num_tokens=_listed(pending.counts),
-                          num_proposed=_listed(pending.num_proposed))
+                          num_proposed=_listed(pending.num_proposed),
+                          gpu_busy_s=self.busy.take())
 
     def _run(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
         with torch.inference_mode():
@@ -230,13 +232,16 @@ class ModelRunner:
         if in_flight is not None:
             self._take_pending_inputs(batch, table, rows, start, num_new, in_flight)
         table.num_computed[rows] += num_new
+        timer = self.busy.start() if table is self.table and self.rank == 0 else None
         if bs is not None:
             hidden = self.graphs.run(batch, bs)
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch.attn)
         if len(batch.sample_rows) == 0:
+            self.busy.stop(timer)
             return PendingStep.empty(plan.step_id, table, failures)
         tokens, logprobs, top = self._sample(hidden, batch)
+        self.busy.stop(timer)
         if spec is not None:
             return settle_verified(PendingStep(
                 step_id=plan.step_id, table=table,

@@ -130,6 +130,9 @@ class EngineStats:
     """Speculation: proposed tokens verified (acceptance rate: accepted / proposed)."""
     spec_accepted_tokens: int = 0
     """Speculation: proposed tokens the target model accepted."""
+    gpu_busy_s: float = 0.0
+    """Device time of the steps' forward and sample as the workers measured it (rank 0); over
+    an interval, 1 - busy / elapsed is the share the GPU sat idle."""
 
 
 def _topic(cls: type) -> bytes:

@@ -93,6 +93,10 @@ class StepResult:
     """Speculation: tokens each entry produced (1 + accepted proposals)."""
     num_proposed: list[int] | None = None
     """Speculation: tokens each entry verified (proposals made, accepted or not)."""
+    gpu_busy_s: float = 0.0
+    """Device time of the forward and sample of this and earlier steps whose time was not
+    reported yet (read without a sync, so it may lag a step); the sum over results is the
+    engine's GPU busy time."""
 
 
 @message(0x22)

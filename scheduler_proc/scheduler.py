@@ -134,6 +134,7 @@ class Scheduler:
         start = time.perf_counter()
         deltas = apply_result(self.state, result)
         self.state.stats.result_time_s += time.perf_counter() - start
+        self.state.stats.gpu_busy_s += result.gpu_busy_s
         return deltas
 
     def stats(self) -> EngineStats:

@@ -22,7 +22,7 @@ class SchedulerStats:
 
     __slots__ = ("prompt_tokens", "cached_prompt_tokens", "generated_tokens", "preemptions",
                  "finished_requests", "schedule_time_s", "result_time_s",
-                 "spec_proposed_tokens", "spec_accepted_tokens")
+                 "spec_proposed_tokens", "spec_accepted_tokens", "gpu_busy_s")
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
@@ -34,6 +34,7 @@ class SchedulerStats:
         self.result_time_s = 0.0
         self.spec_proposed_tokens = 0
         self.spec_accepted_tokens = 0
+        self.gpu_busy_s = 0.0
 
 
 def snapshot(state: SchedulerState) -> EngineStats:
@@ -56,4 +57,5 @@ def snapshot(state: SchedulerState) -> EngineStats:
         kv_blocks_total=bm.num_blocks,
         spec_proposed_tokens=s.spec_proposed_tokens,
         spec_accepted_tokens=s.spec_accepted_tokens,
+        gpu_busy_s=s.gpu_busy_s,
     )

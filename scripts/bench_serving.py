@@ -11,6 +11,11 @@ the span from the first arrival to the last finish, and how many requests comple
 request sends seeded random token ids (lengths uniform in --prompt-len-range) and asks for
 exactly --max-tokens greedy tokens (ignore_eos). Arrivals are seeded, so a rerun replays
 the same schedule. Human lines, then one JSON line per rate.
+
+--make-random SHAPE   random bf16 weights of qwen3-0.6b, qwen3-8b or smollm2-135m (the
+                      embedded model's shape), built on the device
+--plot OUT.png        a figure of output tok/s, TTFT and ITL (p50, p99) against the rate
+                      (needs matplotlib: the `bench` extra)
 """
 
 from __future__ import annotations
@@ -133,12 +138,15 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--plot", metavar="OUT.png", help="write a figure of the results")
     args = ap.parse_args()
     lo, hi = args.prompt_len_range
     if not 1 <= lo <= hi or args.num_requests < 1 or args.max_tokens < 1:
         ap.error("need 1 <= MIN <= MAX, --num-requests >= 1 and --max-tokens >= 1")
     if not args.rates or min(args.rates) <= 0:
         ap.error("--rates must be positive")
+    if args.plot:
+        import matplotlib  # noqa: F401  (fail before the runs, not after them)
 
     made = None
     model = args.model
@@ -153,7 +161,11 @@ def main() -> None:
         print(f"W2 serving: {config.model_name} on {config.resolved_device}, "
               f"{args.num_requests} requests per rate, prompts {lo}-{hi} tokens, "
               f"{args.max_tokens} output tokens each; {time.strftime('%Y-%m-%d')}", flush=True)
-        asyncio.run(serve_all(config, args))
+        results = asyncio.run(serve_all(config, args))
+        if args.plot:
+            from benchlib.plots import plot_serving
+
+            print(f"figure: {plot_serving(results, args.plot)}", flush=True)
     finally:
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)

@@ -163,9 +163,9 @@ class CausalLM(nn.Module):
         return self.model(ids, positions, batch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """fp32 logits [R, vocab] on rank 0, None on the other ranks."""
-        logits = self.lm_head.logits(hidden)
-        return None if logits is None else logits.float()
+        """Logits [R, vocab] in the model's dtype on rank 0, None on the other ranks (the
+        sampler widens what it needs: a greedy batch's argmax reads them as they are)."""
+        return self.lm_head.logits(hidden)
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]

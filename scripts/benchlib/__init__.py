@@ -6,6 +6,7 @@ another script or anything under tests/.
 """
 
 from benchlib.drive import drain, process, run
+from benchlib.engine_stats import StatsFollower, timed_w1_busy
 from benchlib.hardware import COPY_BYTES_PER_S, MATMUL_FLOPS_PER_S, Throughput, hardware_bound_s
 from benchlib.random_model import (
     SHAPES,
@@ -32,6 +33,7 @@ __all__ = [
     "ID_CAP",
     "MATMUL_FLOPS_PER_S",
     "SHAPES",
+    "StatsFollower",
     "Throughput",
     "W1_WARMUP_PROMPT",
     "default_device",
@@ -49,6 +51,7 @@ __all__ = [
     "run",
     "sig",
     "timed_w1",
+    "timed_w1_busy",
     "w1_params",
     "w1_workload",
     "write_synthetic_tokenizer",

@@ -12,14 +12,21 @@ from pathlib import Path
 import torch
 
 SHAPES = {
-    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+    "qwen3-0.6b": dict(model_type="qwen3", eos_token_id=151645,
+                       vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                        head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True,
                        max_position_embeddings=40960),
-    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+    "qwen3-8b": dict(model_type="qwen3", eos_token_id=151645,
+                     vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                      num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False,
                      max_position_embeddings=40960),
+    # The embedded default model's shape (frontend.embedded_model: SmolLM2-135M-Instruct).
+    "smollm2-135m": dict(model_type="llama", eos_token_id=2, vocab_size=49152, hidden_size=576,
+                         intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=1e5,
+                         tie_word_embeddings=True, max_position_embeddings=8192),
 }
 
 
@@ -28,7 +35,8 @@ def default_device() -> str:
 
 
 def param_shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    """Every tensor of a Qwen3 checkpoint with config `c`, by its Hugging Face name."""
+    """Every tensor of a Qwen3 or Llama checkpoint with config `c`, by its Hugging Face
+    name (Llama has no q/k norms)."""
     h, i, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
     shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
@@ -39,11 +47,13 @@ def param_shapes(c: dict) -> dict[str, tuple[int, ...]]:
         shapes.update({
             p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
             p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
             p + "mlp.down_proj.weight": (h, i),
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         })
+        if c.get("model_type", "qwen3") == "qwen3":
+            shapes.update({p + "self_attn.q_norm.weight": (d,),
+                           p + "self_attn.k_norm.weight": (d,)})
     return shapes
 
 
@@ -51,11 +61,12 @@ def make_random(shape: str, out_dir: Path, device: str, tokenizer: bool = False)
     """Random bf16 weights of a real model shape in out_dir; with `tokenizer`, also a
     synthetic one, for runs through the whole pipeline."""
     from safetensors.torch import save_file
-    from transformers import Qwen3Config
+    from transformers import AutoConfig
 
     c = SHAPES[shape]
     out_dir.mkdir(parents=True, exist_ok=True)
-    Qwen3Config(**c, dtype="bfloat16", eos_token_id=151645).save_pretrained(out_dir)
+    config = {k: v for k, v in c.items() if k != "model_type"}
+    AutoConfig.for_model(c["model_type"], **config, dtype="bfloat16").save_pretrained(out_dir)
     g = torch.Generator(device=device).manual_seed(0)
     tensors = {}
     for name, s in param_shapes(c).items():

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import protocol as p
 from protocol.codec import kind_of
-from protocol.control import StartupProgress
+from protocol.control import ReplicaDown, StartupProgress
 from protocol.engine_messages import (
     ENGINE_STATS_TOPIC,
     EngineStats,
@@ -63,6 +63,7 @@ EXAMPLES = [
     p.Shutdown("SIGTERM"),
     p.StartupFailed("worker", 1, "KV cache too small"),
     StartupProgress("worker", 0, "loading weights"),
+    ReplicaDown(1, "scheduler of replica 1 exited with code -9"),
 ]
 
 
@@ -128,15 +129,18 @@ def test_oversized_frame_is_refused_before_parsing():
 @pytest.mark.parametrize(
     "payload, match",
     [
-        ([0x21, 1, [1], [2]], "expected 10 fields"),
-        ([0x21, 1, [1], [2], None, None, None, [], [], None, None, "extra"], "expected 10 fields"),
-        ([0x21, "1", [1], [2], None, None, None, [], [], None, None], "StepResult.step_id"),
-        ([0x21, True, [1], [2], None, None, None, [], [], None, None], "StepResult.step_id"),
-        ([0x21, 1, [1.5], [2], None, None, None, [], [], None, None], "StepResult.seq_ids"),
-        ([0x21, 1, [1], [2], None, [[3, "x"]], None, [], [], None, None],
+        ([0x21, 1, [1], [2]], "expected 11 fields"),
+        ([0x21, 1, [1], [2], None, None, None, [], [], None, None, 0.0, "extra"],
+         "expected 11 fields"),
+        ([0x21, "1", [1], [2], None, None, None, [], [], None, None, 0.0], "StepResult.step_id"),
+        ([0x21, True, [1], [2], None, None, None, [], [], None, None, 0.0], "StepResult.step_id"),
+        ([0x21, 1, [1.5], [2], None, None, None, [], [], None, None, 0.0], "StepResult.seq_ids"),
+        ([0x21, 1, [1], [2], None, [[3, "x"]], None, [], [], None, None, 0.0],
          "StepResult.top_token_ids"),
-        ([0x21, 1, [1], [2], None, None, None, [1], [2], None, None], "StepResult.failed_errors"),
-        ([0x21, 1, [1], [2], [1], [[3, 4]], [[0, -1]], [], [], None, None], None),  # ints as floats
+        ([0x21, 1, [1], [2], None, None, None, [1], [2], None, None, 0.0],
+         "StepResult.failed_errors"),
+        # ints as floats
+        ([0x21, 1, [1], [2], [1], [[3, 4]], [[0, -1]], [], [], None, None, 0.0], None),
         ({"kind": 0x21}, "array"),
         ([], "array"),
         (["StepResult", 1], "array"),

@@ -1,0 +1,100 @@
+"""The speed tooling as a user runs it on a tiny CPU model: bench_pipeline's GPU idle share
+and figure, bench_serving's figure, --make-random smollm2-135m, and --nano-vllm's refusal of
+a directory that is no checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_script(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    if ok:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_bench_pipeline_reports_gpu_idle_and_plots(tiny_qwen3_dir, tmp_path):
+    png = tmp_path / "w1.png"
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(dict(
+        steps=[400, 450], launches_per_step=300.0, gpu_busy_fraction=0.8,
+        gpu_ms_per_step={"attention": 4.4, "GEMM": 1.0, "other": 0.2})))
+    out = run_script("scripts/bench_pipeline.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                     "--num-seqs", "3", "--max-input-len", "100", "--max-output-len", "100",
+                     "--modes", "on", "--plot", str(png), "--profile-json", str(profile)).stdout
+    (result,) = json_lines(out)
+    assert result["output_tokens"] == 300
+    # The workers' busy time lies inside the W1 wall time.
+    assert 0 < result["gpu_busy_s"] <= result["seconds"]
+    assert 0 <= result["gpu_idle_pct"] < 100
+    assert f"GPU idle {result['gpu_idle_pct']:.1f}%" in out
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_bench_serving_plots_each_rate(tiny_qwen3_dir, tmp_path):
+    png = tmp_path / "w2.png"
+    out = run_script("scripts/bench_serving.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                     "--rates", "20,40", "--num-requests", "3", "--prompt-len-range", "8", "16",
+                     "--max-tokens", "4", "--plot", str(png)).stdout
+    results = json_lines(out)
+    assert [r["rate_req_s"] for r in results] == [20, 40]
+    assert all(r["completed"] == 3 for r in results)
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_nano_vllm_flag_refuses_a_directory_without_its_package(tiny_qwen3_dir, tmp_path):
+    done = run_script("scripts/bench_pipeline.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                      "--nano-vllm", str(tmp_path), ok=False)
+    assert done.returncode != 0
+    assert f"--nano-vllm {tmp_path}: no nanovllm/llm.py there" in done.stderr
+
+
+def test_make_random_smollm2_has_the_embedded_model_shape(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from benchlib import make_random, param_count
+
+    from gpu_workers import ModelConfig
+
+    make_random("smollm2-135m", tmp_path, "cpu", tokenizer=True)
+    mc = ModelConfig.from_dir(str(tmp_path))
+    assert (mc.model_type, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.head_dim,
+            mc.vocab_size, mc.qk_norm) == ("llama", 30, 9, 3, 64, 49152, False)
+    assert param_count(str(tmp_path)) == 134_515_008  # SmolLM2-135M's own count
+
+
+def test_profile_step_breaks_a_window_of_steps_down(tiny_qwen3_dir, tmp_path):
+    out_json = tmp_path / "profile.json"
+    out = run_script("scripts/profile_step.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                     "--num-seqs", "2", "--max-input-len", "100", "--max-output-len", "100",
+                     "--window", "3,5", "--kv-cache-bytes", str(4 << 20),
+                     "--json", str(out_json)).stdout
+    result = json.loads(out_json.read_text())
+    assert result["steps"] == [3, 5] and result["running_at_first"] == 2
+    cats = result["gpu_ms_per_step"]
+    assert set(cats) == {"attention", "GEMM", "norm", "rotary/kv-store", "elementwise/copies",
+                         "sampler", "other"}
+    # A decode step of a transformer runs matmuls, attention and the sampler.
+    assert cats["GEMM"] > 0 and cats["attention"] > 0 and cats["sampler"] > 0
+    assert sum(cats.values()) <= result["wall_ms_per_step"]
+    assert 0 < result["gpu_busy_fraction"] <= 1 and result["launches_per_step"] > 0
+    assert "launches/step" in out and "sampler" in out
+
+
+def test_profile_step_refuses_a_bad_window(tiny_qwen3_dir):
+    done = run_script("scripts/profile_step.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                      "--window", "9,3", ok=False)
+    assert done.returncode != 0 and "--window needs 0 <= FIRST < LAST" in done.stderr

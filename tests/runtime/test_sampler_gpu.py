@@ -1,0 +1,50 @@
+"""The one-pass sampler on CUDA at the real vocabulary size, bf16 logits as the model gives
+them: the reference's tokens from the same noise, and the time of each (printed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu_workers.sampler import Sampler, SamplingBatch
+from gpu_workers.sampler_reference import ReferenceSampler
+
+pytestmark = pytest.mark.gpu
+ROWS, VOCAB = 256, 151936
+
+
+def cuda_batch(temperature: float, top_k: int, top_p: float, min_p: float) -> SamplingBatch:
+    def col(v, dtype):
+        return torch.full((ROWS,), v, dtype=dtype, device="cuda")
+
+    return SamplingBatch(
+        temperature=col(temperature, torch.float32), top_k=col(top_k, torch.int32),
+        top_p=col(top_p, torch.float32), min_p=col(min_p, torch.float32),
+        all_greedy=temperature == 0, any_greedy=temperature == 0, max_top_k=top_k,
+        use_top_p=top_p < 1, use_min_p=min_p > 0, seeded=[], logprobs=False)
+
+
+def timed_ms(fn, reps: int = 20) -> float:
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+@pytest.mark.parametrize("setting", [(0.0, 0, 1.0, 0.0), (0.6, 0, 1.0, 0.0), (0.8, 50, 1.0, 0.0),
+                                     (1.0, 0, 0.9, 0.0), (0.7, 40, 0.95, 0.05),
+                                     (1.0, 0, 1.0, 0.1)])
+def test_fast_sampler_on_cuda_matches_the_reference(setting):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    logits = (torch.randn(ROWS, VOCAB, device="cuda", generator=g) * 4).to(torch.bfloat16)
+    b = cuda_batch(*setting)
+    fast, ref = Sampler("cuda", 3), ReferenceSampler("cuda", 3)
+    assert torch.equal(fast(logits, b)[0], ref(logits, b)[0])
+    t_fast = timed_ms(lambda: fast(logits, b))
+    t_ref = timed_ms(lambda: ref(logits, b))
+    print(f"\nsampler {setting}: fast {t_fast:.3f} ms, reference {t_ref:.3f} ms, "
+          f"{t_ref / t_fast:.2f}x")
