@@ -13,6 +13,8 @@ from protocol.engine_messages import EngineStats, WatchRequest
 
 RATE_WINDOW_S = 2.0
 """Rates are taken over about this much of the scheduler's time (stats come every 0.5 s)."""
+MIN_RATE_SPAN_S = 0.5
+"""A request's tok/s is shown once its tokens have spanned this long."""
 KEEP_FINISHED = 8
 """Finished requests stay in the table, newest first, until this many newer ones finish."""
 
@@ -81,9 +83,11 @@ class _Request:
     def view(self, now: float) -> RequestView:
         end = self.finished_s if self.finished_s is not None else now
         tok_s = None
-        if self.first_token_s is not None and self.tokens > 1:
-            span = (self.last_token_s or end) - self.first_token_s
-            tok_s = (self.tokens - 1) / span if span > 0 else None
+        if self.first_token_s is not None and self.last_token_s is not None:
+            span = self.last_token_s - self.first_token_s
+            # Frames queued while the watcher was busy arrive together: a short span says
+            # more about reading than about the engine.
+            tok_s = (self.tokens - 1) / span if span >= MIN_RATE_SPAN_S else None
         state = self.finish or ("generating" if self.tokens else "queued")
         return RequestView(self.request_id, self.client_request_id, self.tokens, tok_s,
                            end - self.seen_s, state, self.joined_late)

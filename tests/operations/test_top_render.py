@@ -44,7 +44,8 @@ def test_a_frame_shows_rates_gauges_step_split_and_requests():
     state.on_request(WatchRequest(6, "chat-6"), now=1.0)
     for t in range(4):  # 4 steps, one token each for 4 and (from the second) 3
         state.on_deltas(deltas({4: [7], **({3: [8]} if t else {})}), now=1.0 + t)
-    state.on_deltas(deltas({5: [1, 2]}, finish={5: FinishReason.LENGTH}), now=2.0)
+    state.on_deltas(deltas({5: [1]}), now=1.9)  # 0.1 s apart: too short a span for a rate
+    state.on_deltas(deltas({5: [2]}, finish={5: FinishReason.LENGTH}), now=2.0)
     state.on_deltas(deltas({6: []}, finish={6: FinishReason.ERROR},
                            errors={6: RequestError(ErrorKind.REQUEST_FAILED, "no room")}), 2.0)
     # Two seconds later: 20 steps of 50 ms, 400 tokens generated, 600 prompt tokens computed
