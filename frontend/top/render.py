@@ -45,7 +45,7 @@ def _engine(view: TopView) -> Table:
                            f"from prefix cache {s.cached_prompt_tokens:,}")
     grid.add_row("KV blocks", kv_bar(s.kv_blocks_used, s.kv_blocks_total))
     hits = "-" if view.prefix_hits_total is None else f"{view.prefix_hits_total:.1%}"
-    recent = "-" if r is None or r.prefix_hits is None else f"{r.prefix_hits:.1%}"
+    recent = "-" if view.prefix_hits_recent is None else f"{view.prefix_hits_recent:.1%}"
     grid.add_row("prefix hits", f"{recent} recently   {hits} since start")
     st = view.steps
     grid.add_row("step time", "idle" if st is None else

@@ -61,6 +61,9 @@ class TopView:
     rates: StatsRates | None
     """None until two stats a window apart have arrived."""
     steps: StepSplit | None
+    prefix_hits_recent: float | None
+    """Share of the rate window's prefill tokens served from the prefix cache (None when it
+    had no prefill)."""
     prefix_hits_total: float | None
     """Share of all prefill tokens since start served from the prefix cache."""
     requests: list[RequestView]
@@ -149,13 +152,19 @@ class TopState:
             first = self._stats[0]
             r = rates(first, latest)
             steps = _step_split(first, latest)
-        hits = None
-        if latest is not None and latest.prompt_tokens + latest.cached_prompt_tokens:
-            hits = latest.cached_prompt_tokens / (latest.prompt_tokens
-                                                  + latest.cached_prompt_tokens)
+        recent = total = None
+        if latest is not None:
+            total = _hit_share(latest.prompt_tokens, latest.cached_prompt_tokens)
+            first = self._stats[0]
+            recent = _hit_share(latest.prompt_tokens - first.prompt_tokens,
+                                latest.cached_prompt_tokens - first.cached_prompt_tokens)
         rows = sorted(self._running.values(), key=lambda q: q.seen_s)
         requests = [q.view(now) for q in rows] + [q.view(now) for q in self._finished]
-        return TopView(self.address, latest, r, steps, hits, requests, self.status)
+        return TopView(self.address, latest, r, steps, recent, total, requests, self.status)
+
+
+def _hit_share(computed: int, cached: int) -> float | None:
+    return cached / (computed + cached) if computed + cached else None
 
 
 def _step_split(prev: EngineStats, cur: EngineStats) -> StepSplit | None:

@@ -72,6 +72,15 @@ def test_a_frame_shows_rates_gauges_step_split_and_requests():
     assert "N+: began before top attached" in frame
 
 
+def test_recent_prefix_hits_are_the_windows_own():
+    state = TopState("a")
+    state.on_stats(stats(1.0, prompt=90, cached=10))
+    state.on_stats(stats(2.0, prompt=90, cached=10, generated=5))  # no prefill since
+    assert "- recently   10.0% since start" in text(state, 0.0)
+    state.on_stats(stats(3.0, prompt=90, cached=30))  # only cache hits in the window
+    assert "100.0% recently   25.0% since start" in text(state, 0.0)
+
+
 def test_rates_use_a_window_of_the_schedulers_time():
     state = TopState("a", window_s=2.0)
     for i in range(10):  # every 0.5 s; 10 tokens/s until 3.0, then 100 tokens/s
@@ -89,7 +98,8 @@ def test_before_stats_and_after_the_end():
     assert "waiting for the first stats" in frame and "no requests yet" in frame
     assert "(q quits)" in frame
     state.on_stats(stats(1.0))
-    assert "measuring" in text(state, 0.0)
+    frame = text(state, 0.0)
+    assert "measuring" in frame and frame.split("prefix hits")[1].split()[0] == "-"
     state.status = "engine dead: worker 0 was killed by SIGKILL"
     frame = text(state, 0.0)
     assert "engine dead: worker 0 was killed by SIGKILL" in frame and "q quits" not in frame
