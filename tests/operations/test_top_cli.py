@@ -78,7 +78,7 @@ def test_top_shows_requests_and_tokens_and_q_leaves_the_engine_serving(pipeline)
         with Client(pipeline.address) as client:
             outs = [client.generate(f"watch me {i}", params=GREEDY) for i in range(2)]
         for out in outs:  # each request's row: its engine id, the client's id, 12 tokens
-            screen.until(rf"\d+\s+{out.request_id}\s+12\s+[\d.]+\s+[\d.]+s\s+length")
+            screen.until(rf"\d+\s+{out.request_id}\s+12\s+([\d.,]+|-)\s+[\d.]+s\s+length")
         screen.until(r"finished 2 .*\n.*generated 24 ")
         screen.proc.send("q")
         assert screen.exit_status() == 0
