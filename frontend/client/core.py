@@ -327,3 +327,8 @@ class ConnectionInfo:
     def dead(self) -> bool:
         """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
         return self._core.dead is not None
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the pipeline is gone, as the engine (or the lost connection) said."""
+        return self._core.dead

@@ -229,9 +229,25 @@ def serve(command: ServeCommand) -> int:
     except ValueError as exc:
         print(f"nanopipe: {exc}", file=sys.stderr, flush=True)
         return 2
-    pipeline = Pipeline(config, on_progress=print_progress)
+    # While the engine starts, the HTTP port answers 503 "starting" (with the progress).
+    starting = None
+    if http_sock is not None:
+        from frontend.openai_server.starting import StartingResponder
+
+        starting = StartingResponder(http_sock)
+
+    def progress(text: str) -> None:
+        print_progress(text)
+        if starting is not None:
+            starting.reason = text
+
+    pipeline = Pipeline(config, on_progress=progress)
     try:
-        pipeline.start()
+        try:
+            pipeline.start()
+        finally:
+            if starting is not None:
+                starting.close()
         print(f"nanopipe ready: {config.model_name} on {config.resolved_device}"
               f" (tp={config.tensor_parallel_size}"
               f"{f', dp={config.data_parallel_size}' if config.data_parallel_size > 1 else ''}"

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from frontend.client.outputs import ClientClosedError, EngineDeadError, RequestRejected
 from frontend.openai_server.body_limit import BodyLimit, default_max_request_bytes
 from frontend.openai_server.errors import ApiError, api_error, error_body, validation_error
+from frontend.openai_server.health import health_of
 from frontend.openai_server.responses import ChatFormat, CompletionFormat
 from frontend.openai_server.schema import ChatCompletionRequest, CompletionRequest
 from frontend.openai_server.streaming import ClientGone, answer
@@ -83,10 +84,8 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
 
     @app.get("/health")
     async def health() -> Response:
-        if _is_dead(client):
-            return JSONResponse(error_body("engine is dead", "engine_dead", code="engine_dead"),
-                                status_code=503)
-        return Response(status_code=200)
+        state = health_of(client)
+        return JSONResponse(state.body(), status_code=state.http_status)
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models() -> dict[str, Any]:

@@ -21,6 +21,7 @@ DIE_MIDWAY = "die after two tokens"
 CRASH = "a bug in the client library"
 BUSY = "too much waiting"
 UNRUNNABLE = "the engine cannot run this"
+DEAD_REASON = "worker 0 exited with code 1"
 
 
 @dataclass
@@ -40,20 +41,28 @@ class FakeClient:
     model: str = "fake-model"
     max_model_len: int = 512
     dead: bool = False
+    started: bool = True
+    """False: the handshake with the pipeline has not finished (no welcome yet)."""
     token_delay_s: float = 0.0
     fail_seed: int | None = None
     """A request with this seed dies after two tokens (one choice of several failing)."""
     calls: list[Call] = field(default_factory=list)
 
     @property
-    def welcome(self) -> ClientWelcome:
+    def welcome(self) -> ClientWelcome | None:
+        if not self.started:
+            return None
         return ClientWelcome(results_address="", model=self.model,
                              max_model_len=self.max_model_len)
+
+    @property
+    def dead_reason(self) -> str | None:
+        return DEAD_REASON if self.dead else None
 
     def _deltas(self, call: Call) -> AsyncIterator[RequestDelta]:
         async def gen() -> AsyncIterator[RequestDelta]:
             if self.dead:
-                raise EngineDeadError("worker 0 exited with code 1")
+                raise EngineDeadError(DEAD_REASON)
             if call.kwargs.get("prompt") == CRASH:
                 raise RuntimeError("boom")
             if call.kwargs.get("prompt") == REJECT:

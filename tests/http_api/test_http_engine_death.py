@@ -35,7 +35,7 @@ def test_engine_death_under_a_running_server(tiny_llama_dir):
             body = {"model": "llama", "prompt": "hello there", "max_tokens": 12,
                     "temperature": 0, "ignore_eos": True}
             assert http.post("/v1/completions", json=body).json()["choices"][0]["text"] == expected
-            assert http.get("/health").status_code == 200
+            assert http.get("/health").json() == {"status": "ready", "reason": None}
 
             stream_body = {**body, "max_tokens": 400, "stream": True}
             with http.stream("POST", "/v1/completions", json=stream_body) as resp:
@@ -51,6 +51,8 @@ def test_engine_death_under_a_running_server(tiny_llama_dir):
             while http.get("/health").status_code != 503:
                 assert time.monotonic() < deadline, "/health never noticed the dead engine"
                 time.sleep(0.05)
+            health = http.get("/health").json()
+            assert health["status"] == "dead" and health["reason"], health
             resp = http.post("/v1/completions", json=body)
             assert resp.status_code == 503
             assert resp.json()["error"]["type"] == "engine_dead"

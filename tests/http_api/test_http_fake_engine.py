@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from http_fakes import BUSY, CRASH, DIE_MIDWAY, REJECT, UNRUNNABLE, FakeClient
+from http_fakes import BUSY, CRASH, DEAD_REASON, DIE_MIDWAY, REJECT, UNRUNNABLE, FakeClient
 from http_serving import running_server, static_app
 
 from frontend.openai_server.app import create_app
@@ -272,12 +272,27 @@ def test_models_and_health(http):
     models = http.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["fake-model"]
     assert models["data"][0]["object"] == "model"
-    assert http.get("/health").status_code == 200
+    assert models["data"][0]["max_model_len"] == 512
+    health = http.get("/health")
+    assert (health.status_code, health.json()) == (200, {"status": "ready", "reason": None})
+
+
+def test_health_is_starting_until_the_client_is_welcomed():
+    fake = FakeClient(started=False)
+    app = create_app(fake, "m", max_model_len=512)
+    with running_server(lambda: static_app(app)) as url:
+        health = httpx.get(url + "/health", timeout=10)
+        assert health.status_code == 503
+        assert health.json() == {"status": "starting", "reason": "connecting to the engine"}
+        fake.started = True
+        assert httpx.get(url + "/health", timeout=10).json()["status"] == "ready"
 
 
 def test_dead_engine_is_503(http, fake):
     fake.dead = True
-    assert http.get("/health").status_code == 503
+    health = http.get("/health")
+    assert health.status_code == 503
+    assert health.json() == {"status": "dead", "reason": DEAD_REASON}
     for stream in (False, True):
         resp = http.post("/v1/completions",
                          json={"model": "fake-model", "prompt": "p", "stream": stream})

@@ -1,0 +1,3 @@
+from frontend.top.cli import main
+
+main()

@@ -1,0 +1,91 @@
+"""/health as a load balancer or an orchestrator sees `nanopipe serve MODEL --port N`: 503
+"starting" (saying what start-up is doing) from the moment the port is bound, then 200
+"ready"; /v1/models gives the context length."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_health_goes_from_starting_to_ready(tiny_qwen3_dir):
+    port = _free_port()
+    cmd = [sys.executable, "-c",
+           "import sys; from frontend.engine.cli import main; sys.exit(main())",
+           "serve", tiny_qwen3_dir, "--device", "cpu", "--dtype", "float32",
+           "--max-model-len", "128", "--max-num-batched-tokens", "256", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    base = f"http://127.0.0.1:{port}"
+    answers: list[tuple[int, dict]] = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                resp = httpx.get(f"{base}/health", timeout=5)
+            except httpx.TransportError:
+                assert not answers, "the port stopped answering during start-up"
+                time.sleep(0.05)
+                continue
+            answers.append((resp.status_code, resp.json()))
+            if resp.status_code == 200:
+                break
+            time.sleep(0.05)
+        assert answers and answers[-1] == (200, {"status": "ready", "reason": None}), answers
+        starting = [body for code, body in answers if code == 503]
+        assert starting, "the engine was ready at the first answer: no 'starting' seen"
+        assert {body["status"] for body in starting} == {"starting"}
+        reasons = [body["reason"] for body in starting]
+        assert all(reasons) and any("KV cache" in r or "worker" in r for r in reasons), reasons
+        assert len(answers) == len(starting) + 1  # never ready, then starting again
+
+        models = httpx.get(f"{base}/v1/models", timeout=30).json()["data"]
+        assert [m["max_model_len"] for m in models] == [128]
+        done = httpx.post(f"{base}/v1/completions", timeout=60, json={
+            "prompt": "hi", "max_tokens": 3, "ignore_eos": True})
+        assert done.json()["usage"]["completion_tokens"] == 3
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_other_routes_are_503_while_starting():
+    """The responder alone, on a bound socket: what a client calling too early is told."""
+    from frontend.openai_server.starting import StartingResponder
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    responder = StartingResponder(sock)
+    responder.reason = "loading weights"
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        resp = httpx.post(f"{base}/v1/completions", json={"prompt": "p"}, timeout=5)
+        assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+        assert resp.json()["error"]["type"] == "engine_starting"
+        assert "loading weights" in resp.json()["error"]["message"]
+        health = httpx.get(f"{base}/health?verbose=1", timeout=5)
+        assert health.json() == {"status": "starting", "reason": "loading weights"}
+        with socket.create_connection(sock.getsockname(), timeout=5) as silent:
+            # A prober that sends nothing holds the responder for its read timeout only.
+            assert httpx.get(f"{base}/health", timeout=10).status_code == 503
+            silent.close()
+    finally:
+        responder.close()
+        sock.close()
