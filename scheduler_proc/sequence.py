@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -44,6 +45,13 @@ class Sequence:
         "on_worker",
         "num_hashed_blocks",
         "last_hash",
+        "arrival_time",
+        "arrival_s",
+        "first_scheduled_s",
+        "first_token_s",
+        "last_token_s",
+        "num_cached_prompt",
+        "num_preemptions",
     )
 
     def __init__(
@@ -52,6 +60,7 @@ class Sequence:
         prompt_token_ids: list[int],
         params: SamplingParams,
         eos_token_ids: list[int] | tuple[int, ...] = (),
+        arrival_time: float = 0.0,
     ) -> None:
         self.seq_id = seq_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -78,6 +87,16 @@ class Sequence:
         # block table are hashed, and the chained hash of the last of them.
         self.num_hashed_blocks = 0
         self.last_hash = 0
+        # Request metrics (scheduler_proc.stats.request_metrics): the arrival on the wall
+        # clock and, once, on this process's monotonic clock, which times everything after.
+        now, wall = time.monotonic(), time.time()
+        self.arrival_time = arrival_time or wall
+        self.arrival_s = now - max(0.0, wall - self.arrival_time)
+        self.first_scheduled_s: float | None = None
+        self.first_token_s: float | None = None
+        self.last_token_s = 0.0
+        self.num_cached_prompt = 0
+        self.num_preemptions = 0
 
     @property
     def num_tokens(self) -> int:
