@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +24,7 @@ from frontend.engine.pipeline import Pipeline
 from frontend.metrics import follow
 from frontend.openai_server.app import create_app
 
+ROOT = Path(__file__).resolve().parents[2]
 ENGINE = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=16,
               max_num_batched_tokens=512, log_stats_interval=0)
 SHARED = [(7 * i + 3) % 200 + 10 for i in range(48)]  # three full blocks of 16 on cpu
@@ -28,20 +34,25 @@ HISTOGRAMS = ("time_to_first_token_seconds", "time_per_output_token_seconds",
 
 
 @pytest.fixture(scope="module")
-def base_url(tiny_qwen3_dir):
+def pipeline(tiny_qwen3_dir):
     with Pipeline(EngineConfig(model=tiny_qwen3_dir, **ENGINE)) as pipeline:
-        metrics, subscriber = follow(pipeline.endpoints.deltas_pub, pipeline.endpoints.keys)
+        yield pipeline
 
-        @contextlib.asynccontextmanager
-        async def make_app():
-            async with AsyncClient(pipeline.address) as client:
-                yield create_app(client, client.welcome.model, metrics=metrics)
 
-        try:
-            with running_server(make_app) as url:
-                yield url
-        finally:
-            subscriber.close()
+@pytest.fixture(scope="module")
+def base_url(pipeline):
+    metrics, subscriber = follow(pipeline.endpoints.deltas_pub, pipeline.endpoints.keys)
+
+    @contextlib.asynccontextmanager
+    async def make_app():
+        async with AsyncClient(pipeline.address) as client:
+            yield create_app(client, client.welcome.model, metrics=metrics)
+
+    try:
+        with running_server(make_app) as url:
+            yield url
+    finally:
+        subscriber.close()
 
 
 def scrape(base_url: str) -> dict[str, float]:
@@ -140,3 +151,34 @@ def test_metrics_endpoint_counts_what_the_requests_did(base_url):
     assert after["nanopipe:num_requests_running"] == after["nanopipe:num_requests_waiting"] == 0
     assert after["nanopipe:kv_cache_usage_perc"] == 0
     assert 0 < after["nanopipe:prefix_cache_hit_rate"] < 1
+
+
+def test_the_standalone_server_follows_an_ipc_pipelines_stats(pipeline):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "frontend.openai_server.server",
+                             "--address", pipeline.address, "--port", str(port),
+                             "--log-level", "warning"], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        complete(base, SHARED + [99])
+        # It follows from its start: this request is in its histograms, earlier ones not.
+        got = wait_scrape(base, lambda s: s["nanopipe:e2e_request_latency_seconds_count"] == 1)
+        assert got["nanopipe:time_to_first_token_seconds_count"] == 1
+        assert finished(got) >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
