@@ -19,10 +19,13 @@ from http_serving import running_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontend import AsyncClient
+from frontend.client.outputs import RequestOutput
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
 from frontend.metrics import follow
 from frontend.openai_server.app import create_app
+from frontend.openai_server.responses import CompletionFormat
+from protocol import FinishReason, RequestMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=16,
@@ -182,3 +185,18 @@ def test_the_standalone_server_follows_an_ipc_pipelines_stats(pipeline):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_n_choices_report_the_prompts_cache_once_and_each_choices_timings():
+    def output(cached: int, ttft: float) -> RequestOutput:
+        m = RequestMetrics(1.7e9, 0.001, ttft, 0.01, ttft + 0.04, 60, cached, 5, 0,
+                           FinishReason.LENGTH)
+        return RequestOutput("r", "text", [1, 2, 3, 4, 5], "length", 60, 5, None, metrics=m)
+
+    body = CompletionFormat("tiny").response([output(0, 0.2), output(48, 0.05)])
+    usage = body["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (60, 10)
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 48}
+    assert usage["nanopipe"]["ttft_s"] == 0.2  # the first choice's, and every choice's below
+    assert [c["ttft_s"] for c in usage["nanopipe"]["choices"]] == [0.2, 0.05]
+    assert [c["cached_tokens"] for c in usage["nanopipe"]["choices"]] == [0, 48]
