@@ -52,6 +52,13 @@ class _LatestStats(Collector):
         yield c("num_preemptions", "Sequences preempted (their KV freed, recomputed later).",
                 s.preemptions if s else 0)
         yield c("engine_steps", "Steps the scheduler planned.", s.steps if s else 0)
+        yield c("gpu_busy_seconds", "Device time of the steps' forward and sample, as the "
+                "workers time it (rank 0); its rate is the share of time the GPU was busy.",
+                s.gpu_busy_s if s else 0.0)
+        yield c("spec_proposed_tokens", "Speculative tokens proposed and verified.",
+                s.spec_proposed_tokens if s else 0)
+        yield c("spec_accepted_tokens", "Speculative tokens the model accepted.",
+                s.spec_accepted_tokens if s else 0)
         finished = CounterMetricFamily(PREFIX + "requests_finished", "Requests finished, by "
                                        "finish reason.", labels=["finished_reason"])
         counts = s.finished_by_reason if s else []

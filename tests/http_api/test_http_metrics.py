@@ -146,6 +146,8 @@ def test_metrics_endpoint_counts_what_the_requests_did(base_url):
         o["usage"]["completion_tokens"] for o in outs) == 5 * n
     assert delta["nanopipe:prompt_tokens_cached_total"] >= (n - 1) * len(SHARED)
     assert delta["nanopipe:engine_steps_total"] >= 5
+    assert delta["nanopipe:gpu_busy_seconds_total"] > 0  # the worker's own step timing
+    assert after["nanopipe:spec_proposed_tokens_total"] == 0  # no speculation here
     for name in HISTOGRAMS:
         # Every request finished so far (this module's) is in each histogram, once.
         assert after[f"nanopipe:{name}_count"] == finished(after), name
