@@ -267,7 +267,8 @@ def serve(command: ServeCommand) -> int:
             serve_http(pipeline.address, sock=http_sock, api_key=http.api_key,
                        model_name=config.served_model_name, log_level=http.log_level,
                        max_request_bytes=http.max_request_bytes,
-                       engine_alive=lambda: pipeline.dead_reason is None)
+                       engine_alive=lambda: pipeline.dead_reason is None,
+                       degraded=lambda: pipeline.degraded)
         else:
             while not pipeline.wait(timeout=1.0):
                 pass

@@ -20,12 +20,14 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
           model_name: str | None = None, log_level: str = "info",
           max_request_bytes: int | None = None, *,
           sock: socket.socket | None = None,
-          engine_alive: Callable[[], bool] | None = None) -> None:
+          engine_alive: Callable[[], bool] | None = None,
+          degraded: Callable[[], str | None] | None = None) -> None:
     """Connect to the pipeline at `address` and serve it over HTTP until interrupted.
 
     `sock`, when given, is an already bound listening socket (host and port are then
     ignored). `engine_alive`, when given, is checked every half second: the server stops
-    once it returns False, so the HTTP front never outlives its engine.
+    once it returns False, so the HTTP front never outlives its engine. `degraded`, when
+    given, is /health's source for replicas that are down (see health.health_of).
     """
     import uvicorn
 
@@ -40,7 +42,8 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
     async def run() -> None:
         async with AsyncClient(address) as client:
             name = model_name or client.welcome.model
-            app = create_app(client, name, api_key, max_request_bytes=max_request_bytes)
+            app = create_app(client, name, api_key, max_request_bytes=max_request_bytes,
+                             degraded=degraded)
             config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                     lifespan="off", timeout_graceful_shutdown=5)
             server = uvicorn.Server(config)
