@@ -168,6 +168,8 @@ def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
             if name in http:
                 raise UsageError(f"{flag_for('http', name)} applies to the HTTP API: "
                                  f"add {flag_for('http', 'port')} to serve it")
+    if engine.get("node_rank", 0) > 0 and "port" in http:
+        raise UsageError(f"{flag_for('http', 'port')} applies to node 0, which runs the front")
     transport = engine.get("transport", _default(EngineConfig, "transport"))
     if transport == "ipc":
         for name in ("host", "port"):
@@ -222,6 +224,10 @@ def serve(command: ServeCommand) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     # Installed before anything starts, so a SIGTERM during start-up still stops everything.
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    if config.node_rank > 0:  # another host of a multi-host group: its worker ranks only
+        from frontend.engine.nodes import serve_node
+
+        return serve_node(config, print_progress)
     http_sock = None
     try:
         if http.port is not None:

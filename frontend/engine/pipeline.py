@@ -32,6 +32,7 @@ import zmq
 
 from frontend.engine.children import Child, wait_for_any_exit
 from frontend.engine.config import EngineConfig
+from frontend.engine.nodes import cluster_endpoints
 from frontend.engine.startup import StartupError, await_ready, replica_env, spawn
 from frontend.engine.stats_log import StatsLogger
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
@@ -87,6 +88,9 @@ class Pipeline:
         """Check the configuration, then start every process and wait for each READY."""
         from frontend.engine.preflight import check_config
 
+        if self.config.node_rank > 0:
+            raise StartupError(f"node {self.config.node_rank} runs only its worker ranks: "
+                               "start it with `nanopipe serve --node-rank ...` (NodeRanks)")
         try:
             check_config(self.config)
         except ValueError as exc:
@@ -106,7 +110,9 @@ class Pipeline:
     def _start(self) -> None:
         cfg = self.config
         tp, dp = cfg.tensor_parallel_size, cfg.data_parallel_size
-        if cfg.transport == "ipc":
+        if cfg.nnodes > 1:
+            self.endpoints = cluster_endpoints(cfg, self._progress)
+        elif cfg.transport == "ipc":
             self.endpoints = Endpoints.ipc(tp)
         else:
             self.endpoints = Endpoints.tcp(tp, host=cfg.host, port=cfg.port)
@@ -128,12 +134,14 @@ class Pipeline:
                        f"{f', {dp} replicas of tp={tp}' if dp > 1 else ''})")
         for i, rep in enumerate(self.replicas):
             worker_cfg = to_plain(cfg.worker_config(rep.dist_init_method))
-            for rank in range(tp):
+            for rank in cfg.local_ranks:
                 self._spawn("worker", rank, "gpu_workers.worker_proc",
-                            {"worker": worker_cfg, "world_size": tp}, replica=i,
+                            {"worker": worker_cfg, "world_size": tp,
+                             "rendezvous_timeout_s": cfg.startup_timeout_s}, replica=i,
                             env=replica_env(cfg.resolved_device, tp, dp, i))
         kv_blocks = []
         for i in range(dp):
+            # Ranks on other hosts report on node 0's control link like the local ones.
             readies = self._await_ready({("worker", r) for r in range(tp)}, deadline, i)
             kv_blocks.append(min(r.num_kv_blocks for r in readies))
         self.num_kv_blocks = min(kv_blocks)
