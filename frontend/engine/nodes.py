@@ -51,6 +51,17 @@ def cluster_endpoints(cfg: EngineConfig, progress: Callable[[str], None]) -> End
                              host=cfg.host, port=cfg.port)
 
 
+def missing_ranks_hint(cfg: EngineConfig) -> str:
+    """What node 0 adds when its ranks' READYs did not all come in time."""
+    if cfg.nnodes == 1:
+        return ""
+    return (f": not every rank joined the rendezvous at {cfg.master_addr}:{cfg.master_port} "
+            f"within {cfg.startup_timeout_s:g}s (ranks {cfg.local_ranks.stop}.."
+            f"{cfg.tensor_parallel_size - 1} run on the other nodes: start them with "
+            f"--node-rank 1 .. {cfg.nnodes - 1}, the same --master-addr and --master-port and "
+            f"a copy of --cluster-key)")
+
+
 class NodeRanks:
     """Node R > 0: its worker ranks, watched until one exits, node 0 goes or stop()."""
 

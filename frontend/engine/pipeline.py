@@ -32,7 +32,7 @@ import zmq
 
 from frontend.engine.children import Child, wait_for_any_exit
 from frontend.engine.config import EngineConfig
-from frontend.engine.nodes import cluster_endpoints
+from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
 from frontend.engine.startup import StartupError, await_ready, replica_env, spawn
 from frontend.engine.stats_log import StatsLogger
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
@@ -147,7 +147,7 @@ class Pipeline:
             except StartupError as exc:
                 if not str(exc).startswith("timed out"):
                     raise
-                raise StartupError(f"{exc}{self._missing_nodes_hint()}") from None
+                raise StartupError(f"{exc}{missing_ranks_hint(cfg)}") from None
             kv_blocks.append(min(r.num_kv_blocks for r in readies))
         self.num_kv_blocks = min(kv_blocks)
         sched_cfg = cfg.scheduler_config(self.num_kv_blocks)
@@ -186,16 +186,6 @@ class Pipeline:
         if cfg.log_stats_interval > 0:
             self._stats_logger = StatsLogger(self._ctx, ep.deltas_pub, ep.keys,
                                              cfg.log_stats_interval)
-
-    def _missing_nodes_hint(self) -> str:
-        cfg = self.config
-        if cfg.nnodes == 1:
-            return ""
-        return (f": not every rank joined the rendezvous at {cfg.master_addr}:"
-                f"{cfg.master_port} within {cfg.startup_timeout_s:g}s (ranks "
-                f"{cfg.local_ranks.stop}..{cfg.tensor_parallel_size - 1} run on the other "
-                f"nodes: start them with --node-rank 1 .. {cfg.nnodes - 1}, the same "
-                f"--master-addr and --master-port and a copy of --cluster-key)")
 
     def _spawn(self, role: str, rank: int, module: str, config: dict[str, Any],
                argv: list[str] | None = None, replica: int | None = None,
