@@ -66,6 +66,10 @@ class EngineConfig:
         None, "file with the secret that the hosts share (with --nnodes): the internal links' "
         "CURVE keys are derived from it; node 0 creates it (mode 0600) if missing, copy it to "
         "the other hosts", metavar="FILE")
+    ray_address: str | None = option(
+        None, "place the data-parallel replicas (a scheduler and its ranks, one node each) on "
+        "this Ray cluster (auto: the one this host belongs to; needs the ray extra)",
+        metavar="ADDRESS")
     routing: str = option(
         "affinity", "how requests are placed on data-parallel replicas: affinity (by load and "
         "shared prompt prefixes) or round_robin", choices=ROUTING_POLICIES)
@@ -133,6 +137,9 @@ class EngineConfig:
         if self.node_rank >= self.nnodes:
             raise ConfigError(owner, "node_rank", f"must be < nnodes ({self.nnodes}), "
                                                   f"got {self.node_rank}")
+        if self.ray_address is not None and self.nnodes > 1:
+            raise ConfigError(owner, "ray_address", "and nnodes > 1 exclude each other: Ray "
+                                                    "places the ranks itself")
         multi = ("master_addr", "master_port", "cluster_key")
         if self.nnodes == 1:
             for name in multi:

@@ -15,15 +15,13 @@ for plans forever) and exits.
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from frontend.engine.children import Child, wait_for_any_exit
+from frontend.engine.children import Child, stop_children, wait_for_any_exit
 from frontend.engine.config import EngineConfig
 from frontend.engine.startup import StartupError, spawn
 from protocol import Endpoints
@@ -141,16 +139,7 @@ class NodeRanks:
         return False
 
     def stop(self, grace_s: float = 5.0) -> None:
-        deadline = time.monotonic() + grace_s
-        for child in self.children:
-            if child.proc.poll() is None:
-                child.proc.terminate()
-        for child in self.children:
-            try:
-                child.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+        stop_children([self.children], grace_s)
         self.children.clear()
         for sock in (self._monitor, self._link):
             if sock is not None:
