@@ -81,3 +81,19 @@ def test_health_is_degraded_while_one_replica_is_down(tiny_qwen3_dir):
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_dead_outranks_degraded_and_degraded_is_still_served():
+    """The order of the states for one connection: dead (503) before degraded (200)."""
+    from types import SimpleNamespace
+
+    from frontend.openai_server.health import health_of
+
+    why = "replica 1 is down: replica 1 worker 0 exited with code 1"
+    serving = SimpleNamespace(welcome=object(), dead_reason=None)
+    state = health_of(serving, why)
+    assert (state.http_status, state.body()) == (200, {"status": "degraded", "reason": why})
+    assert health_of(serving).body() == {"status": "ready", "reason": None}
+    dead = SimpleNamespace(welcome=object(), dead_reason="engine dead: tokenizer 0 exited")
+    assert health_of(dead, why).http_status == 503
+    assert health_of(dead, why).body()["status"] == "dead"

@@ -1,9 +1,14 @@
 """Data-parallel replicas placed by Ray (`ray_address`): on a local Ray cluster of two
 logical nodes, each replica's scheduler and worker run as Ray-hosted actor programs in a
 placement group of their own, one per node, and the greedy tokens through a Client equal
-one engine's. Skipped where ray is not installed (the `ray` extra)."""
+one engine's; killing one replica's scheduler leaves the pipeline degraded, serving on the
+other. Skipped where ray is not installed (the `ray` extra)."""
 
 from __future__ import annotations
+
+import os
+import signal
+import time
 
 import pytest
 from pipeline_config import tiny_engine
@@ -40,6 +45,18 @@ def test_replicas_on_two_ray_nodes_give_one_engines_tokens(tiny_qwen3_dir):
             with Client(pipeline.address) as client:
                 streams = [client.stream(prompt_token_ids=p, params=GREEDY) for p in PROMPTS]
                 got = [[t for d in s for t in d.token_ids] for s in streams]
+                # A Ray-hosted process is watched like a local one: its death takes its
+                # replica down and the other serves on.
+                victim = next(c for c in pipeline.children
+                              if c.name == "replica 1 scheduler 0")
+                os.kill(victim.pid, signal.SIGKILL)  # the local cluster's nodes share this host
+                deadline = time.monotonic() + 30
+                while pipeline.degraded is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert pipeline.degraded == ("replica 1 is down: replica 1 scheduler 0 was "
+                                             "killed by SIGKILL")
+                after = client.generate(prompt_token_ids=PROMPTS[0], params=GREEDY)
+                assert after.token_ids == got[0]
         assert not ray.is_initialized()  # the pipeline connected, so it disconnected
     finally:
         cluster.shutdown()
