@@ -5,7 +5,9 @@ How a child is started lives in startup.py, how it is watched in children.py.
 With data_parallel_size N there are N replicas (a scheduler and its workers each, with
 their own sockets, see Endpoints.replica) behind the one tokenizer, whose router places each
 request; the death of one replica's process fails only the requests placed there and leaves
-the pipeline `degraded`, serving on the others.
+the pipeline `degraded`, serving on the others. A tensor-parallel group may span hosts
+(nodes.py: node 0 runs this Pipeline, the others NodeRanks), and Ray may place the
+replicas (ray_launch.py).
 
 Start-up order: workers first (they measure how many KV blocks fit and say so in their
 READY), then the scheduler (sized from that), then the detokenizer and the tokenizer, then

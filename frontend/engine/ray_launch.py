@@ -138,8 +138,13 @@ class RayPlacement:
         driver_ip = ray.util.get_node_ip_address()
         tp = cfg.tensor_parallel_size
         base = Endpoints.tcp(tp, host=cfg.host, port=cfg.port, internal_host=driver_ip)
-        self.replicas = [self._place(i, base, cfg.startup_timeout_s)
-                         for i in range(cfg.data_parallel_size)]
+        try:
+            self.replicas = [self._place(i, base, cfg.startup_timeout_s)
+                             for i in range(cfg.data_parallel_size)]
+        except BaseException:
+            self.close()
+            base.cleanup()
+            raise
         # Replica 0 is the pipeline's own endpoints, as on one host.
         self.endpoints = dataclasses.replace(self.replicas[0], run_dir=base.run_dir)
         assert base.run_dir is not None and base.keys is not None
