@@ -18,6 +18,7 @@ import torch.distributed as dist
 import zmq
 
 from gpu_workers.config import WorkerConfig
+from gpu_workers.rendezvous import tcp_rendezvous
 from protocol import Endpoints, ProtocolError, Shutdown, StepPlan
 from protocol.actor_start import from_plain, read_start
 from protocol.process_runtime import (
@@ -31,9 +32,11 @@ from protocol.sockets import MessageSocket
 
 log = logging.getLogger("nanopipe.worker")
 LOOKAHEAD_POLL_S = 20e-6
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
 
 
-def init_distributed(config: WorkerConfig, rank: int, world_size: int) -> None:
+def init_distributed(config: WorkerConfig, rank: int, world_size: int,
+                     rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S) -> None:
     if config.device == "cuda":
         torch.cuda.set_device(rank % max(1, torch.cuda.device_count()))
     if world_size == 1:
@@ -41,23 +44,29 @@ def init_distributed(config: WorkerConfig, rank: int, world_size: int) -> None:
     if not config.dist_init_method:
         raise ValueError("dist_init_method is required with more than one rank")
     backend = "nccl" if config.device == "cuda" else "gloo"
+    if config.dist_init_method.startswith("tcp://"):
+        store = tcp_rendezvous(config.dist_init_method, rank, world_size, rendezvous_timeout_s)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+        return
     dist.init_process_group(backend, init_method=config.dist_init_method, rank=rank,
                             world_size=world_size)
 
 
-def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endpoints) -> None:
+def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endpoints,
+               rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S) -> None:
     """Process entry point for one rank."""
     with actor_process("worker", endpoints, rank) as rt:
         def start() -> Started:
             from gpu_workers.model_runner import ModelRunner
 
-            steps = rt.socket(zmq.PULL, endpoints.worker_steps[rank], bind=True,
+            steps = rt.socket(zmq.PULL, endpoints.worker_steps[rank],
+                              bind=not endpoints.scheduler_binds_steps,
                               accepts=(StepPlan, Shutdown), security=endpoints.keys)
             results = None
             if rank == 0:
                 results = rt.socket(zmq.PUSH, endpoints.step_results, bind=False,
                                     security=endpoints.keys)
-            init_distributed(config, rank, world_size)
+            init_distributed(config, rank, world_size, rendezvous_timeout_s)
             progress = None
             if rank == 0:
                 def progress(text: str) -> None:
@@ -130,7 +139,8 @@ def main() -> None:
     """`python -m gpu_workers.worker_proc`, started by the launcher (spec on stdin)."""
     start = read_start()
     run_worker(from_plain(WorkerConfig, start.config["worker"]), start.rank,
-               start.config["world_size"], from_plain(Endpoints, start.config["endpoints"]))
+               start.config["world_size"], from_plain(Endpoints, start.config["endpoints"]),
+               float(start.config.get("rendezvous_timeout_s", DEFAULT_RENDEZVOUS_TIMEOUT_S)))
 
 
 if __name__ == "__main__":

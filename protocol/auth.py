@@ -14,13 +14,19 @@ cost of CURVE on one StepPlan hop: see `Endpoints.ipc`).
 
 A local tool that attaches to a tcp pipeline (a stdout detokenizer on `deltas_pub`) reads
 the client side of the keys from the run directory with `load_credentials`.
+
+A pipeline spread over several hosts (`--nnodes`) cannot hand per-run keys to the other
+hosts' processes, so its keys are derived from a secret in a cluster key file that node 0
+creates and the user copies to every other host (see `read_cluster_key`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 from dataclasses import dataclass
 
@@ -186,3 +192,53 @@ def _key(doc: dict, name: str) -> bytes:
     if not isinstance(value, str) or len(value) != 40:
         raise ValueError(f"{name} must be a 40-character Z85 key")
     return value.encode()
+
+
+# ---------------------------------------------------------------- cluster key file
+
+CLUSTER_SECRET_BYTES = 32
+
+
+def keys_from_secret(secret: bytes) -> CurveKeys:
+    """The CURVE keys of a pipeline spread over several hosts, derived from their shared
+    secret, so every host computes the same keys with nothing sent over the network."""
+    if len(secret) < CLUSTER_SECRET_BYTES:
+        raise ValueError(f"a cluster secret needs at least {CLUSTER_SECRET_BYTES} bytes")
+
+    def keypair(label: bytes) -> tuple[bytes, bytes]:
+        secret_key = z85.encode(hashlib.sha256(b"nanopipe " + label + b"\0" + secret).digest())
+        return zmq.curve_public(secret_key), secret_key
+
+    server_public, server_secret = keypair(b"server")
+    client_public, client_secret = keypair(b"client")
+    return CurveKeys(server_public=server_public, client_public=client_public,
+                     client_secret=client_secret, server_secret=server_secret)
+
+
+def create_cluster_key(path: str) -> bool:
+    """Write a fresh random secret to `path` (mode 0600) unless the file exists; True when
+    written. The user copies that file to the other hosts."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(CLUSTER_SECRET_BYTES) + "\n")
+    return True
+
+
+def read_cluster_key(path: str) -> CurveKeys:
+    """The keys of the secret in `path`; refuses a file that others may read, as ssh does."""
+    try:
+        st = os.stat(path)
+        if st.st_mode & 0o077:
+            raise ValueError(f"{path} is readable by other users: chmod 600 {path}")
+        with open(path) as f:
+            secret = bytes.fromhex(f.read().strip())
+    except OSError as exc:
+        raise ValueError(f"cannot read the cluster key {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        if "chmod" in str(exc):
+            raise
+        raise ValueError(f"{path} is not a nanopipe cluster key (hex secret)") from None
+    return keys_from_secret(secret)

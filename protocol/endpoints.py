@@ -52,6 +52,9 @@ class Endpoints:
     run_dir: str | None = None
     keys: CurveKeys | None = None
     """The run's CURVE keys, required on every internal link; None over ipc://."""
+    scheduler_binds_steps: bool = False
+    """Who binds `worker_steps`: the workers (one host), or the scheduler, when ranks run on
+    other hosts and connect to node 0, which alone listens (see `cluster`)."""
 
     @classmethod
     def ipc(cls, world_size: int, run_dir: str | None = None) -> Endpoints:
@@ -70,10 +73,11 @@ class Endpoints:
 
     @classmethod
     def tcp(cls, world_size: int, host: str = "127.0.0.1", port: int | None = None,
-            internal_host: str = "127.0.0.1") -> Endpoints:
+            internal_host: str = "127.0.0.1", keys: CurveKeys | None = None) -> Endpoints:
         """TCP endpoints: the two that clients use (requests on host:port, a free port if
         None, and results) on `host`, the rest on loopback ports found free now and guarded
-        by fresh CURVE keys, which are also written to the run directory for local tools."""
+        by CURVE keys (fresh ones unless given), which are also written to the run directory
+        for local tools."""
         ports = _free_ports(len(_NAMES) + world_size, internal_host)
         addr = {name: f"tcp://{internal_host}:{ports[i]}" for i, name in enumerate(_NAMES)}
         addr["tokenizer"] = f"tcp://{host}:{port or ports[0]}"
@@ -83,7 +87,7 @@ class Endpoints:
             f"tcp://{internal_host}:{ports[len(_NAMES) + r]}" for r in range(world_size)
         )
         run_dir = _private_run_dir(None)
-        keys = CurveKeys.generate()
+        keys = keys or CurveKeys.generate()
         try:
             write_credentials(run_dir, addr["deltas_pub"], keys)
         except BaseException:
@@ -92,6 +96,31 @@ class Endpoints:
         # A file rendezvous, as over ipc: a TCPStore would listen on every interface.
         return cls(**addr, worker_steps=steps, dist_init_method=f"file://{run_dir}/dist_init",
                    run_dir=run_dir, keys=keys)
+
+    @classmethod
+    def cluster(cls, world_size: int, master_addr: str, master_port: int, keys: CurveKeys,
+                host: str = "127.0.0.1", port: int | None = None) -> Endpoints:
+        """The endpoints of one tensor-parallel group spread over several hosts, as every
+        host computes them from the same flags and cluster key.
+
+        What ranks on other hosts reach listens on node 0's `master_addr` at fixed ports, so
+        nothing has to be told to them: the torch.distributed rendezvous on `master_port`
+        (P), the launcher's control link on P+1, the scheduler's step results on P+2 and one
+        StepPlan link per rank on P+3+rank (bound by the scheduler, which every rank
+        connects to). Other hosts bind nothing of ours (gloo and NCCL open their own
+        sockets). The other links stay on node 0's loopback as with `tcp`."""
+        ep = cls.tcp(world_size, host=host, port=port, keys=keys)
+        at = f"tcp://{_bracketed(master_addr)}:"
+        return replace(ep, control=f"{at}{master_port + 1}",
+                       step_results=f"{at}{master_port + 2}",
+                       worker_steps=tuple(f"{at}{master_port + 3 + r}"
+                                          for r in range(world_size)),
+                       dist_init_method=f"{at}{master_port}", scheduler_binds_steps=True)
+
+    @staticmethod
+    def cluster_ports(world_size: int, master_port: int) -> range:
+        """The ports `cluster` uses on node 0's master address."""
+        return range(master_port, master_port + 3 + world_size)
 
     def replica(self, index: int) -> Endpoints:
         """The endpoints of data-parallel replica `index`: its own scheduler input, step
@@ -116,6 +145,10 @@ class Endpoints:
         """Remove the run directory and every socket file in it."""
         if self.run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def _private_run_dir(run_dir: str | None) -> str:

@@ -95,7 +95,7 @@ class SchedulerLoop:
                                          stats=self.sched.stats)
         self.deltas_pub = self.publisher.sink  # the writer's way to the attached watchers
         self.to_detok = self._sock(ctx, zmq.PUSH, endpoints.detok_in, False)
-        self.to_workers = [self._sock(ctx, zmq.PUSH, a, False)
+        self.to_workers = [self._sock(ctx, zmq.PUSH, a, endpoints.scheduler_binds_steps)
                            for a in endpoints.worker_steps[:world_size]]
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()

@@ -48,6 +48,25 @@ class Child:
         return f"{self.name} exited with code {code}"
 
 
+def stop_children(groups: list[list[Child]], grace_s: float) -> None:
+    """Terminate each group in turn (a later one once the earlier has exited), killing what
+    is still running when `grace_s` has passed."""
+    deadline = time.monotonic() + grace_s
+    for group in groups:
+        for child in reversed(group):
+            if child.proc.poll() is None:
+                try:
+                    child.proc.terminate()
+                except ProcessLookupError:
+                    pass
+        for child in group:
+            try:
+                child.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+
+
 def wait_for_any_exit(procs: list[subprocess.Popen], timeout: float) -> subprocess.Popen | None:
     """The first of `procs` found exited within `timeout` seconds, else None.
 
@@ -58,7 +77,8 @@ def wait_for_any_exit(procs: list[subprocess.Popen], timeout: float) -> subproce
             return proc
     fds: dict[int, subprocess.Popen] = {}
     try:
-        if hasattr(os, "pidfd_open"):
+        # A pidfd needs a local child: a Ray-hosted one (ray_launch.RayProc) is polled.
+        if hasattr(os, "pidfd_open") and all(isinstance(p, subprocess.Popen) for p in procs):
             for proc in procs:
                 try:
                     fds[os.pidfd_open(proc.pid)] = proc

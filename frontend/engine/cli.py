@@ -177,6 +177,8 @@ def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
     if "metrics_host" in http and "metrics_port" not in http:
         raise UsageError(f"{flag_for('http', 'metrics_host')} applies to "
                          f"{flag_for('http', 'metrics_port')}: add it")
+    if engine.get("node_rank", 0) > 0 and "port" in http:
+        raise UsageError(f"{flag_for('http', 'port')} applies to node 0, which runs the front")
     transport = engine.get("transport", _default(EngineConfig, "transport"))
     if transport == "ipc":
         for name in ("host", "port"):
@@ -231,6 +233,10 @@ def serve(command: ServeCommand) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     # Installed before anything starts, so a SIGTERM during start-up still stops everything.
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    if config.node_rank > 0:  # another host of a multi-host group: its worker ranks only
+        from frontend.engine.nodes import serve_node
+
+        return serve_node(config, print_progress)
     http_sock = None
     metrics = metrics_server = stats_sub = None
     if http.port is not None or http.metrics_port is not None:
@@ -291,7 +297,8 @@ def serve(command: ServeCommand) -> int:
             serve_http(pipeline.address, sock=http_sock, api_key=http.api_key,
                        model_name=config.served_model_name, log_level=http.log_level,
                        max_request_bytes=http.max_request_bytes,
-                       engine_alive=lambda: pipeline.dead_reason is None, metrics=metrics)
+                       engine_alive=lambda: pipeline.dead_reason is None, metrics=metrics,
+                       degraded=lambda: pipeline.degraded)
         else:
             while not pipeline.wait(timeout=1.0):
                 pass

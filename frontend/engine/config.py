@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
-from frontend.engine.options import check_options, option
+from frontend.engine.options import ConfigError, check_options, option
 from frontend.router.config import ROUTING_POLICIES, RouterConfig
 from protocol import model_config as hf
 from protocol.limits import (
@@ -50,6 +50,26 @@ class EngineConfig:
     data_parallel_size: int = option(
         1, "data-parallel replicas (a scheduler and its workers each, on cuda each on its own "
         "GPUs) behind the one address", flags=("--dp", "--data-parallel-size"), minimum=1)
+    nnodes: int = option(
+        1, "hosts one tensor-parallel group spans, torchrun-style: run the same command on "
+        "each with its own --node-rank; node 0 runs the front and its share of the ranks "
+        "(ZeroMQ links are then tcp)", minimum=1)
+    node_rank: int = option(0, "which host this is, 0 .. nnodes-1 (with --nnodes)", minimum=0)
+    master_addr: str | None = option(
+        None, "node 0's address (with --nnodes): the rendezvous and every link other hosts "
+        "reach listen on this interface only")
+    master_port: int | None = option(
+        None, "first of node 0's ports on --master-addr (with --nnodes): P the torch."
+        "distributed rendezvous, P+1 start-up control, P+2 step results, P+3+r rank r's "
+        "steps", minimum=1, maximum=65535)
+    cluster_key: str | None = option(
+        None, "file with the secret that the hosts share (with --nnodes): the internal links' "
+        "CURVE keys are derived from it; node 0 creates it (mode 0600) if missing, copy it to "
+        "the other hosts", metavar="FILE")
+    ray_address: str | None = option(
+        None, "place the data-parallel replicas (a scheduler and its ranks, one node each) on "
+        "this Ray cluster (auto: the one this host belongs to; needs the ray extra)",
+        metavar="ADDRESS")
     routing: str = option(
         "affinity", "how requests are placed on data-parallel replicas: affinity (by load and "
         "shared prompt prefixes) or round_robin", choices=ROUTING_POLICIES)
@@ -109,6 +129,43 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_options(self)
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        """The multi-host flags agree with each other (a ConfigError names the field)."""
+        owner = type(self).__name__
+        if self.node_rank >= self.nnodes:
+            raise ConfigError(owner, "node_rank", f"must be < nnodes ({self.nnodes}), "
+                                                  f"got {self.node_rank}")
+        if self.ray_address is not None and self.nnodes > 1:
+            raise ConfigError(owner, "ray_address", "and nnodes > 1 exclude each other: Ray "
+                                                    "places the ranks itself")
+        multi = ("master_addr", "master_port", "cluster_key")
+        if self.nnodes == 1:
+            for name in multi:
+                if getattr(self, name) is not None:
+                    raise ConfigError(owner, name, "applies only with nnodes > 1")
+            return
+        for name in multi:
+            if getattr(self, name) is None:
+                raise ConfigError(owner, name, f"is required with nnodes {self.nnodes}")
+        if self.tensor_parallel_size % self.nnodes:
+            raise ConfigError(owner, "tensor_parallel_size",
+                              f"must be a multiple of nnodes ({self.nnodes}), got "
+                              f"{self.tensor_parallel_size}")
+        if self.data_parallel_size > 1:
+            raise ConfigError(owner, "data_parallel_size",
+                              "must be 1 with nnodes > 1 (one tensor-parallel group spans "
+                              "the hosts)")
+        if self.master_port + 2 + self.tensor_parallel_size > 65535:
+            raise ConfigError(owner, "master_port", f"leaves no room for "
+                              f"{3 + self.tensor_parallel_size} ports below 65536")
+
+    @property
+    def local_ranks(self) -> range:
+        """The tensor-parallel ranks this host runs (all of them on one host)."""
+        per_node = self.tensor_parallel_size // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
 
     # ------------------------------------------------------------ resolved values
 

@@ -5,7 +5,9 @@ How a child is started lives in startup.py, how it is watched in children.py.
 With data_parallel_size N there are N replicas (a scheduler and its workers each, with
 their own sockets, see Endpoints.replica) behind the one tokenizer, whose router places each
 request; the death of one replica's process fails only the requests placed there and leaves
-the pipeline `degraded`, serving on the others.
+the pipeline `degraded`, serving on the others. A tensor-parallel group may span hosts
+(nodes.py: node 0 runs this Pipeline, the others NodeRanks), and Ray may place the
+replicas (ray_launch.py).
 
 Start-up order: workers first (they measure how many KV blocks fit and say so in their
 READY), then the scheduler (sized from that), then the detokenizer and the tokenizer, then
@@ -22,7 +24,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -30,8 +31,10 @@ from typing import Any
 
 import zmq
 
-from frontend.engine.children import Child, wait_for_any_exit
+from frontend.engine.children import Child, stop_children, wait_for_any_exit
 from frontend.engine.config import EngineConfig
+from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
+from frontend.engine.ray_launch import RayPlacement
 from frontend.engine.startup import StartupError, await_ready, replica_env, spawn
 from frontend.engine.stats_log import StatsLogger
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
@@ -63,6 +66,7 @@ class Pipeline:
         self._stats_logger: StatsLogger | None = None
         self._on_progress = on_progress
         self._stop_lock = threading.Lock()
+        self._ray: RayPlacement | None = None
 
     @property
     def address(self) -> str:
@@ -87,6 +91,9 @@ class Pipeline:
         """Check the configuration, then start every process and wait for each READY."""
         from frontend.engine.preflight import check_config
 
+        if self.config.node_rank > 0:
+            raise StartupError(f"node {self.config.node_rank} runs only its worker ranks: "
+                               "start it with `nanopipe serve --node-rank ...` (NodeRanks)")
         try:
             check_config(self.config)
         except ValueError as exc:
@@ -106,12 +113,19 @@ class Pipeline:
     def _start(self) -> None:
         cfg = self.config
         tp, dp = cfg.tensor_parallel_size, cfg.data_parallel_size
-        if cfg.transport == "ipc":
-            self.endpoints = Endpoints.ipc(tp)
+        if cfg.ray_address is not None:
+            self._progress(f"placing {dp} replica{'s' if dp > 1 else ''} on Ray")
+            self._ray = RayPlacement(cfg)
+            self.endpoints, self.replicas = self._ray.endpoints, self._ray.replicas
         else:
-            self.endpoints = Endpoints.tcp(tp, host=cfg.host, port=cfg.port)
+            if cfg.nnodes > 1:
+                self.endpoints = cluster_endpoints(cfg, self._progress)
+            elif cfg.transport == "ipc":
+                self.endpoints = Endpoints.ipc(tp)
+            else:
+                self.endpoints = Endpoints.tcp(tp, host=cfg.host, port=cfg.port)
+            self.replicas = [self.endpoints.replica(i) for i in range(dp)]
         ep = self.endpoints
-        self.replicas = [ep.replica(i) for i in range(dp)]
         self._ctx = zmq.Context()
         self._control = MessageSocket(
             self._ctx, zmq.PULL, ep.control, bind=True,
@@ -128,13 +142,20 @@ class Pipeline:
                        f"{f', {dp} replicas of tp={tp}' if dp > 1 else ''})")
         for i, rep in enumerate(self.replicas):
             worker_cfg = to_plain(cfg.worker_config(rep.dist_init_method))
-            for rank in range(tp):
+            for rank in cfg.local_ranks:
                 self._spawn("worker", rank, "gpu_workers.worker_proc",
-                            {"worker": worker_cfg, "world_size": tp}, replica=i,
+                            {"worker": worker_cfg, "world_size": tp,
+                             "rendezvous_timeout_s": cfg.startup_timeout_s}, replica=i,
                             env=replica_env(cfg.resolved_device, tp, dp, i))
         kv_blocks = []
         for i in range(dp):
-            readies = self._await_ready({("worker", r) for r in range(tp)}, deadline, i)
+            # Ranks on other hosts report on node 0's control link like the local ones.
+            try:
+                readies = self._await_ready({("worker", r) for r in range(tp)}, deadline, i)
+            except StartupError as exc:
+                if not str(exc).startswith("timed out"):
+                    raise
+                raise StartupError(f"{exc}{missing_ranks_hint(cfg)}") from None
             kv_blocks.append(min(r.num_kv_blocks for r in readies))
         self.num_kv_blocks = min(kv_blocks)
         sched_cfg = cfg.scheduler_config(self.num_kv_blocks)
@@ -178,10 +199,15 @@ class Pipeline:
                argv: list[str] | None = None, replica: int | None = None,
                endpoints: Endpoints | None = None, env: dict[str, str] | None = None) -> None:
         assert self.endpoints is not None
+        replica_index = replica
         if replica is not None:
             endpoints = endpoints or self.replicas[replica]
             if len(self.replicas) == 1:
                 replica = None  # one replica: named as before, its death is the engine's
+        if replica_index is not None and self._ray is not None:
+            self._ray.spawn(self._children, role, rank, module, config, endpoints,
+                            replica_index, replica)
+            return
         spawn(self._children, role, rank, module, config, endpoints or self.endpoints, argv,
               replica, env)
 
@@ -246,16 +272,7 @@ class Pipeline:
         self.down_replicas[replica] = reason
         log.error("nanopipe: %s; the other replicas serve on", reason)
         self._push(self.endpoints.tokenizer_ctl, ReplicaDown(replica, reason))
-        for other in self._children:
-            if other.replica == replica and other.proc.poll() is None:
-                other.proc.terminate()
-        for other in self._children:
-            if other.replica == replica:
-                try:
-                    other.proc.wait(5.0)
-                except subprocess.TimeoutExpired:
-                    other.proc.kill()
-                    other.proc.wait()
+        stop_children([[c for c in self._children if c.replica == replica]], grace_s=5.0)
 
     def _push(self, address: str, msg: object) -> None:
         assert self.endpoints is not None and self._ctx is not None
@@ -305,23 +322,12 @@ class Pipeline:
             self._stats_logger = None
         # Everything that feeds the workers stops first; then the workers, which finish the
         # plans already sent, so no rank leaves a collective that another rank is inside.
-        deadline = time.monotonic() + grace_s
-        feeders = [c for c in self._children if c.role != "worker"]
-        workers = [c for c in self._children if c.role == "worker"]
-        for group in (feeders, workers):
-            for child in reversed(group):
-                if child.proc.poll() is None:
-                    try:
-                        child.proc.terminate()
-                    except ProcessLookupError:
-                        pass
-            for child in group:
-                try:
-                    child.proc.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    child.proc.kill()
-                    child.proc.wait()
+        stop_children([[c for c in self._children if c.role != "worker"],
+                       [c for c in self._children if c.role == "worker"]], grace_s)
         self._children.clear()
+        if self._ray is not None:
+            self._ray.close()
+            self._ray = None
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join()
             self._watcher = None

@@ -86,5 +86,10 @@ def check_config(config: EngineConfig) -> None:
     check_device(config)
     check_model_fits_tp(config)
     config.resolved_max_model_len  # noqa: B018 - raises if above the model's limit
-    if config.transport == "tcp" and config.port is not None:
+    if (config.transport == "tcp" or config.nnodes > 1) and config.port is not None:
         check_port_free(config.host, config.port, "the client")
+    if config.nnodes > 1 and config.node_rank == 0:
+        from protocol import Endpoints
+
+        for port in Endpoints.cluster_ports(config.tensor_parallel_size, config.master_port):
+            check_port_free(config.master_addr, port, "a --master-port")

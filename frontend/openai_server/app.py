@@ -4,6 +4,7 @@ turn every failure into OpenAI's error body."""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
@@ -33,14 +34,16 @@ def _error_response(exc: BaseException) -> JSONResponse:
 
 def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
                max_model_len: int | None = None, max_request_bytes: int | None = None,
-               metrics: EngineMetrics | None = None) -> FastAPI:
+               metrics: EngineMetrics | None = None,
+               degraded: Callable[[], str | None] | None = None) -> FastAPI:
     """The app serving `client`'s pipeline as `model_name`; `api_key` turns on Bearer auth.
     With `metrics`, `/metrics` serves them in the Prometheus text format (without auth, like
     /health: scrapers rarely hold API keys).
 
     `client` is started (its `welcome` holds the pipeline's max_model_len), or
     `max_model_len` is given. Bodies over `max_request_bytes` (default: derived from
-    max_model_len) are refused with 413 before they are parsed.
+    max_model_len) are refused with 413 before they are parsed. `degraded`, when given,
+    says why some data-parallel replicas are down (None while all serve): /health reports it.
     """
     if max_model_len is None:
         max_model_len = client.welcome.max_model_len
@@ -87,7 +90,7 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
 
     @app.get("/health")
     async def health() -> Response:
-        state = health_of(client)
+        state = health_of(client, degraded() if degraded is not None else None)
         return JSONResponse(state.body(), status_code=state.http_status)
 
     if metrics is not None:

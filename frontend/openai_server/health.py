@@ -1,7 +1,9 @@
-"""What /health says: one of three states, with the reason for anything but ready.
+"""What /health says: one of four states, with the reason for anything but ready.
 
     starting (503): the engine is not ready yet (reason: what start-up is doing)
     ready    (200): requests are served
+    degraded (200): requests are served, but some data-parallel replicas are down (reason:
+                    which, and why); a load balancer keeps sending, an operator is told
     dead     (503): the engine is gone (reason: what the engine said)
 
 Load balancers and orchestrators read the status code; people read the JSON body
@@ -20,6 +22,7 @@ from protocol import ClientWelcome
 class HealthStatus(enum.Enum):
     STARTING = "starting"
     READY = "ready"
+    DEGRADED = "degraded"
     DEAD = "dead"
 
 
@@ -30,7 +33,7 @@ class Health:
 
     @property
     def http_status(self) -> int:
-        return 200 if self.status is HealthStatus.READY else 503
+        return 200 if self.status in (HealthStatus.READY, HealthStatus.DEGRADED) else 503
 
     def body(self) -> dict[str, Any]:
         return {"status": self.status.value, "reason": self.reason}
@@ -46,9 +49,13 @@ class Connection(Protocol):
     def dead_reason(self) -> str | None: ...
 
 
-def health_of(client: Connection) -> Health:
+def health_of(client: Connection, degraded: str | None = None) -> Health:
+    """The state of the pipeline behind `client`; `degraded` is the launcher's word on lost
+    replicas (Pipeline.degraded), None when all serve or the server runs apart from it."""
     if client.dead_reason is not None:
         return Health(HealthStatus.DEAD, client.dead_reason)
     if client.welcome is None:
         return Health(HealthStatus.STARTING, "connecting to the engine")
+    if degraded is not None:
+        return Health(HealthStatus.DEGRADED, degraded)
     return Health(HealthStatus.READY)

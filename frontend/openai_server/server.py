@@ -23,7 +23,8 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
           max_request_bytes: int | None = None, *,
           sock: socket.socket | None = None,
           engine_alive: Callable[[], bool] | None = None,
-          metrics: EngineMetrics | None = None) -> None:
+          metrics: EngineMetrics | None = None,
+          degraded: Callable[[], str | None] | None = None) -> None:
     """Connect to the pipeline at `address` and serve it over HTTP until interrupted.
 
     `sock`, when given, is an already bound listening socket (host and port are then
@@ -31,6 +32,8 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
     once it returns False, so the HTTP front never outlives its engine. `metrics`, when
     given, are served on /metrics; otherwise this server follows the pipeline's stats itself
     where it can without credentials (an ipc pipeline).
+    `degraded`, when given, is /health's source for replicas that are down (see
+    health.health_of).
     """
     import uvicorn
 
@@ -50,7 +53,8 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
             if metrics is None and stats_at.startswith("ipc://"):
                 own_metrics, own = follow(stats_at, None)
             app = create_app(client, name, api_key, max_request_bytes=max_request_bytes,
-                             metrics=metrics if own is None else own_metrics)
+                             metrics=metrics if own is None else own_metrics,
+                             degraded=degraded)
             config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                     lifespan="off", timeout_graceful_shutdown=5)
             server = uvicorn.Server(config)

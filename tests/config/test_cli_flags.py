@@ -13,6 +13,10 @@ from frontend.engine.config import EngineConfig
 from frontend.engine.options import described_fields
 
 CONFIGS = {"engine": EngineConfig, "http": HttpConfig}
+MULTI_NODE = dict(nnodes=2, tensor_parallel_size=2, master_addr="10.0.0.8", master_port=29400,
+                  cluster_key="/etc/nanopipe.key")
+MULTI_NODE_FIELDS = ("nnodes", "node_rank", "master_addr", "master_port", "cluster_key")
+"""The multi-host flags apply only together."""
 
 
 def _flag_actions():
@@ -67,7 +71,11 @@ def test_each_field_round_trips_through_its_flag(prefix, name):
     # Flags that apply only together with another one get it too.
     if prefix == "engine":
         extra = {"transport": "tcp"} if name in ("host", "port") else {}
-        engine = EngineConfig(**{**extra, name: _other_value(f, opt, typ)})
+        value = _other_value(f, opt, typ)
+        if name in MULTI_NODE_FIELDS:
+            extra = MULTI_NODE
+            value = {"nnodes": 2, "node_rank": 1, "master_port": 29500}.get(name, value)
+        engine = EngineConfig(**{**extra, name: value})
     else:
         extra = {"port": 8000} if name in ("host", "api_key", "max_request_bytes") else {}
         extra = {"metrics_port": 9100} if name == "metrics_host" else extra

@@ -269,6 +269,7 @@ def test_the_launcher_drops_a_bad_control_frame_during_start_up(tmp_path):
     address = f"ipc://{tmp_path}/control"
     pipeline._control = MessageSocket(pipeline._ctx, zmq.PULL, address, bind=True,
                                       accepts=(Ready, StartupFailed))
+    pipeline._replica_controls = [pipeline._control]  # one replica: its control socket
     push = pipeline._ctx.socket(zmq.PUSH)
     push.connect(address)
     ready = Ready("worker", 0, 5, "")
