@@ -52,9 +52,14 @@ def greedy_requests(rng_seed: int, n: int = 6, **params) -> list[AddRequest]:
 
 def generate(model_dir: str, reqs: list[AddRequest], k: int = 0, ngram: int = 2,
              kv_bytes: int = 1 << 20, budget: int = 256, check=None, max_num_seqs: int = 8,
-             max_model_len: int = MAX_MODEL_LEN, **runner_kw):
-    """{request id: (tokens, finish reason)}, the scheduler and the worker."""
-    spec = {"speculative": "ngram", "num_speculative_tokens": k, "ngram_size": ngram} if k else {}
+             max_model_len: int = MAX_MODEL_LEN, draft: str | None = None, **runner_kw):
+    """{request id: (tokens, finish reason)}, the scheduler and the worker. With `draft` (a
+    model directory) the proposals come from that draft model instead of n-gram lookup."""
+    spec = {}
+    if k:
+        spec = ({"speculative": "draft", "num_speculative_tokens": k, "draft_model": draft}
+                if draft else {"speculative": "ngram", "num_speculative_tokens": k,
+                               "ngram_size": ngram})
     runner = make_runner(model_dir, **{"max_model_len": max_model_len, "kv_cache_bytes": kv_bytes,
                                        "max_num_seqs": max_num_seqs,
                                        "max_num_batched_tokens": budget, **spec, **runner_kw})
