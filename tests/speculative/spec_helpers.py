@@ -21,6 +21,17 @@ from scheduler_proc import Scheduler, SchedulerConfig  # noqa: E402
 MAX_MODEL_LEN = 128
 
 
+def truncate_model(src: str, out, layers: int):
+    """scripts/truncate_model.py's truncate_model, loaded by path (scripts/ is no package)."""
+    import importlib.util
+
+    path = TESTS.parent / "scripts" / "truncate_model.py"
+    spec = importlib.util.spec_from_file_location("truncate_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.truncate_model(src, out, layers)
+
+
 class RunnerWorker:
     def __init__(self, runner) -> None:
         self.runner = runner
