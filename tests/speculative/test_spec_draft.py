@@ -49,6 +49,16 @@ def test_a_different_draft_keeps_greedy_tokens(tiny_qwen3_dir, other_draft_dir):
     assert acceptance(sched) < 0.5
 
 
+def test_seeded_sampling_equals_without_speculation(tiny_qwen3_dir, truncated_draft_dir):
+    """A seeded request gets the draft's argmax as proposals and the target's seeded draw at
+    each verified position, so its output does not depend on speculation."""
+    reqs = greedy_requests(9, n=4, temperature=0.8, seed=1234, top_k=20)
+    base, _, _ = generate(tiny_qwen3_dir, reqs)
+    spec, sched, _ = generate(tiny_qwen3_dir, reqs, k=3, draft=truncated_draft_dir)
+    assert spec == base
+    assert sched.stats().spec_accepted_tokens > 0
+
+
 def test_sampled_tokens_follow_the_target_distribution(tiny_qwen3_dir, truncated_draft_dir):
     """temperature > 0, unseeded: proposals drawn from the draft's q, accepted with
     min(1, p/q), else replaced by a draw from norm(max(0, p - q)). The tokens at the first two
