@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
-from hf_reference import hf_greedy  # noqa: E402
+import torch  # noqa: E402
+from hf_reference import hf_greedy, hf_model  # noqa: E402
 from pipeline_config import tiny_engine  # noqa: E402
 from spec_helpers import repeating_prompt, truncate_model  # noqa: E402
 from tiny_models import make_tiny_model  # noqa: E402
@@ -35,20 +36,39 @@ def other_vocab_dir(tmp_path_factory) -> str:
                                num_hidden_layers=1))
 
 
-def test_greedy_tp2_equals_tp1(tiny_qwen3_dir, draft_dir):
+@pytest.fixture(scope="module")
+def draft_llm(tiny_qwen3_dir, draft_dir):
+    with LLM(**tiny_engine(tiny_qwen3_dir, tensor_parallel_size=2, speculative="draft",
+                           draft_model=draft_dir, num_speculative_tokens=3)) as llm:
+        yield llm
+
+
+def test_greedy_tp2_equals_tp1(draft_llm, tiny_qwen3_dir):
     """Greedy output with a draft on two ranks equals transformers' (the TP=1 reference the
-    non-speculative pipeline is tested against); the same seeded request twice gives the
-    same tokens."""
+    non-speculative pipeline is tested against)."""
     rng = random.Random(1)
     prompts = [repeating_prompt(rng, rng.randint(10, 40), rng.randint(3, 8)) for _ in range(3)]
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    seeded = SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=16, ignore_eos=True)
-    with LLM(**tiny_engine(tiny_qwen3_dir, tensor_parallel_size=2, speculative="draft",
-                           draft_model=draft_dir, num_speculative_tokens=3)) as llm:
-        out = llm.generate(prompts, greedy, use_tqdm=False)
-        twice = llm.generate([prompts[0], prompts[0]], seeded, use_tqdm=False)
+    out = draft_llm.generate(prompts, greedy, use_tqdm=False)
     for prompt, result in zip(prompts, out, strict=True):
         assert result["token_ids"] == hf_greedy(tiny_qwen3_dir, prompt, 24)
+
+
+def test_sampled_tokens_carry_the_target_logprobs(draft_llm, tiny_qwen3_dir):
+    """Unseeded temperature > 0: tokens settled by rejection sampling report the target's
+    logprob of the token actually kept (a seeded request twice gives the same tokens)."""
+    prompt = list(range(40, 60))
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, logprobs=True)
+    outs = draft_llm.generate([prompt, prompt], params, use_tqdm=False)
+    model = hf_model(tiny_qwen3_dir)
+    for out in outs:
+        full = torch.tensor([prompt + out["token_ids"]])
+        with torch.no_grad():
+            logits = model(full).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
+        expected = logits.gather(1, torch.tensor(out["token_ids"])[:, None]).squeeze(1)
+        assert out["logprobs"] == pytest.approx(expected.tolist(), abs=1e-4)
+    seeded = SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=16, ignore_eos=True)
+    twice = draft_llm.generate([prompt, prompt], seeded, use_tqdm=False)
     assert twice[0]["token_ids"] == twice[1]["token_ids"]
 
 
