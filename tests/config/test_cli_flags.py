@@ -66,6 +66,8 @@ def test_each_field_round_trips_through_its_flag(prefix, name):
     # Flags that apply only together with another one get it too.
     if prefix == "engine":
         extra = {"transport": "tcp"} if name in ("host", "port") else {}
+        if name in ("speculative", "draft_model"):  # a draft model goes with its choice
+            extra = {"speculative": "draft", "draft_model": "/some/draft"}
         engine = EngineConfig(**{**extra, name: _other_value(f, opt, typ)})
     else:
         extra = {"port": 8000} if name in ("host", "api_key", "max_request_bytes") else {}
