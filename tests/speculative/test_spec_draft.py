@@ -41,6 +41,25 @@ def test_target_as_its_own_draft_accepts_everything(tiny_qwen3_dir):
     assert any(r.num_tokens and max(r.num_tokens) == 5 for r in worker.results)
 
 
+def test_draft_kv_stays_consistent_through_prefix_hits_chunks_and_preemption(tiny_qwen3_dir):
+    """Shared prompt heads (prefix-cache hits: the draft reuses its own KV of those blocks), a
+    24-token budget (chunked prefill, which the draft catches up on) and a 14-block pool
+    (preemption, re-sent sequences) at once. With the target as its own draft, stale or
+    missing draft KV would show as rejected proposals: acceptance stays ~100%."""
+    reqs = greedy_requests(5, n=8)
+    head = reqs[0].prompt_token_ids[:32]
+    reqs = [r if i % 2 else type(r)(r.request_id, head + r.prompt_token_ids, r.params,
+                                    r.eos_token_ids) for i, r in enumerate(reqs)]
+    base, _, _ = generate(tiny_qwen3_dir, reqs)
+    spec, sched, _ = generate(tiny_qwen3_dir, reqs, k=3, kv_bytes=14 * 16 * 1024, budget=24,
+                              draft=tiny_qwen3_dir)
+    assert spec == base
+    stats = sched.stats()
+    assert stats.preemptions > 0 and stats.cached_prompt_tokens > 0
+    assert acceptance(sched) > 0.97
+    assert stats.kv_blocks_used == 0
+
+
 def test_a_different_draft_keeps_greedy_tokens(tiny_qwen3_dir, other_draft_dir):
     reqs = greedy_requests(1)
     base, _, _ = generate(tiny_qwen3_dir, reqs)
