@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from gpu_workers.penalties import PenaltyBatch, apply_penalties
+from kernels._common import HAS_TRITON
+from kernels.sampling import sample_from_logits
 
 _MASK64 = (1 << 63) - 1
 TOP_P_CANDIDATES = 1024
@@ -68,10 +70,18 @@ def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
 
 
 class Sampler:
-    def __init__(self, device: torch.device | str, seed: int) -> None:
+    """On CUDA, random rows are drawn by one Triton kernel that reads the logits once
+    (kernels.sampling: the exponential race with noise hashed from a per-row seed); elsewhere,
+    or with one_pass=False, by the torch ops below with noise from torch generators. Both draw
+    from the same distribution; their draws for one seed differ."""
+
+    def __init__(self, device: torch.device | str, seed: int,
+                 one_pass: bool | None = None) -> None:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.row_generator = torch.Generator(device=device)
+        self.one_pass = HAS_TRITON and torch.device(device).type == "cuda" \
+            if one_pass is None else one_pass
 
     def __call__(self, logits: torch.Tensor,
                  b: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -84,6 +94,8 @@ class Sampler:
             logits = apply_penalties(logits.float(), b.penalties)
         if b.all_greedy:
             tokens = logits.argmax(dim=-1)
+        elif self.one_pass:
+            tokens = self._sample_one_pass(logits, b)  # greedy rows included
         else:
             tokens = self._sample(logits, b)
             if b.any_greedy:
@@ -106,6 +118,27 @@ class Sampler:
             self.row_generator.manual_seed(seed)
             noise[row].exponential_(generator=self.row_generator)
         return scores.sub_(noise.log_()).argmax(dim=-1)
+
+
+    def _sample_one_pass(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+        inv = torch.where(b.temperature > 0, b.temperature.reciprocal(),
+                          torch.zeros_like(b.temperature))
+        # The kernel compares logit * inv with the threshold: scale the same way here.
+        tau = None
+        if b.max_top_k > 0 or b.use_top_p or b.use_min_p:
+            tau = _thresholds(logits.float() * inv[:, None], b)
+        return sample_from_logits(logits, inv, self.row_seeds(b, logits.device), tau)
+
+    def row_seeds(self, b: SamplingBatch, device: torch.device) -> torch.Tensor:
+        """[R] int64: a seeded row's own seed, fresh draws of the engine's generator for the
+        others (on the device: no host sync)."""
+        rows = b.temperature.shape[0]
+        seeds = torch.randint(0, 1 << 62, (rows,), generator=self.generator, device=device)
+        if b.seeded:
+            at = torch.tensor([r for r, _ in b.seeded], dtype=torch.int64)
+            values = torch.tensor([v for _, v in b.seeded], dtype=torch.int64)
+            seeds[at.to(device)] = values.to(device)
+        return seeds
 
 
 def _thresholds(scores: torch.Tensor, b: SamplingBatch) -> torch.Tensor | None:

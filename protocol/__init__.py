@@ -14,6 +14,7 @@ from protocol.codec import MAX_FRAME_BYTES, Decoder, ProtocolError, encode
 from protocol.control import Ready, Shutdown, StartupFailed
 from protocol.endpoints import Endpoints
 from protocol.engine_messages import AbortRequests, AddRequest, DetokRequestInfo
+from protocol.metrics import RequestMetrics
 from protocol.outcomes import ErrorKind, FieldError, FinishReason, RequestError
 from protocol.sampling_params import SamplingParams, SamplingParamsError
 from protocol.step_messages import (
@@ -47,6 +48,7 @@ __all__ = [
     "ProtocolError",
     "Ready",
     "RequestError",
+    "RequestMetrics",
     "ResultDelta",
     "ResultDeltaBatch",
     "SamplingParams",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.codec import message, struct
+from protocol.metrics import RequestMetrics
 from protocol.outcomes import FieldError, FinishReason, RequestError
 from protocol.sampling_params import SamplingParams, check_token_ids
 
@@ -100,6 +101,8 @@ class ResultDelta:
     top_token_ids: list[list[int]] | None = None
     """Per token: the most likely tokens at its step, best first (with top_logprobs)."""
     top_logprobs: list[list[float]] | None = None
+    metrics: RequestMetrics | None = None
+    """On the final delta of a request the scheduler ran: its timings and cache use."""
 
 
 @message(0x07)

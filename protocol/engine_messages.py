@@ -5,11 +5,12 @@ to anyone who follows the engine's counters there (EngineStats)."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 
 from protocol.codec import kind_of, message
+from protocol.metrics import RequestMetrics
 from protocol.outcomes import FinishReason
 from protocol.sampling_params import SamplingParams
 
@@ -25,6 +26,9 @@ class AddRequest:
     client_request_id: str = ""
     """The client's own id of the request, for attached detokenizers to show ("" when the
     request was made inside the engine, as benchmarks do)."""
+    arrival_time: float = 0.0
+    """Wall clock (time.time()) when the tokenizer received the request; 0 when it was made
+    inside the engine (the scheduler then counts from its own receipt)."""
 
 
 @message(0x11)
@@ -133,6 +137,12 @@ class EngineStats:
     gpu_busy_s: float = 0.0
     """Device time of the steps' forward and sample as the workers measured it (rank 0); over
     an interval, 1 - busy / elapsed is the share the GPU sat idle."""
+    finished_by_reason: list[int] = field(default_factory=list)
+    """Cumulative finished requests per FinishReason (index = its value)."""
+    finished: list[RequestMetrics] = field(default_factory=list)
+    """The metrics of each request finished since the previous EngineStats (each goes out
+    once, so a subscriber that misses a message misses those records; the counters above
+    stay exact)."""
 
 
 def _topic(cls: type) -> bytes:

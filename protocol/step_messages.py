@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol.codec import message, struct
+from protocol.metrics import RequestMetrics
 from protocol.outcomes import FinishReason, RequestError
 from protocol.sampling_params import SamplingParams
 
@@ -115,3 +116,8 @@ class TokenDeltas:
     top_token_ids: list[list[list[int]]] | None = None
     """Per request, per token: the most likely tokens (when any request asked for them)."""
     top_logprobs: list[list[list[float]]] | None = None
+    metrics_ids: list[int] = field(default_factory=list)
+    """The requests of this message that finished in the scheduler, a sparse column beside
+    the others: only a finish carries metrics."""
+    metrics: list[RequestMetrics] = field(default_factory=list)
+    """Their metrics, in the order of metrics_ids."""

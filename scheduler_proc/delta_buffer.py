@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol import FinishReason, RequestError, TokenDeltas
+from protocol import FinishReason, RequestError, RequestMetrics, TokenDeltas
 
 
 class DeltaBuffer:
@@ -12,7 +12,8 @@ class DeltaBuffer:
     the result loop appends to them directly (bound `append`s) once per decoding sequence.
     """
 
-    __slots__ = ("ids", "tokens", "reasons", "errors", "logprobs", "top_ids", "top_lps")
+    __slots__ = ("ids", "tokens", "reasons", "errors", "logprobs", "top_ids", "top_lps",
+                 "metrics_ids", "metrics")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
@@ -23,6 +24,8 @@ class DeltaBuffer:
         # Filled only once a step brings top alternatives; padded for the rows before it.
         self.top_ids: list[list[list[int]]] = []
         self.top_lps: list[list[list[float]]] = []
+        self.metrics_ids: list[int] = []
+        self.metrics: list[RequestMetrics] = []
 
     def pad_top(self) -> None:
         missing = len(self.ids) - len(self.top_ids)
@@ -43,6 +46,11 @@ class DeltaBuffer:
         self.errors.append(error)
         self.logprobs.append([] if logprob is None else [logprob])
 
+    def add_metrics(self, rid: int, metrics: RequestMetrics) -> None:
+        """A request finished; its row (added before or after) is in the same message."""
+        self.metrics_ids.append(rid)
+        self.metrics.append(metrics)
+
     def take(self, step_id: int, with_logprobs: bool | None) -> TokenDeltas | None:
         """Empty the buffer into a message. with_logprobs=None: only if non-empty."""
         if with_logprobs is None and not self.ids:
@@ -57,6 +65,8 @@ class DeltaBuffer:
             self.errors,
             self.logprobs if with_logprobs else None,
             *((self.top_ids, self.top_lps) if self.top_ids and with_logprobs else (None, None)),
+            self.metrics_ids,
+            self.metrics,
         )
         self.__init__()
         return msg

@@ -77,7 +77,8 @@ class Scheduler:
             state.deltas.add(req.request_id, [], ERROR, error)
             return
         req = with_resolved_max_tokens(req, state.config.max_model_len)
-        seq = Sequence(req.request_id, req.prompt_token_ids, req.params, req.eos_token_ids)
+        seq = Sequence(req.request_id, req.prompt_token_ids, req.params, req.eos_token_ids,
+                       req.arrival_time)
         state.seqs[seq.seq_id] = seq
         state.waiting.append(seq)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -47,6 +48,13 @@ class Sequence:
         "spec_tokens",
         "spec_proposed",
         "spec_accepted",
+        "arrival_time",
+        "arrival_s",
+        "first_scheduled_s",
+        "first_token_s",
+        "last_token_s",
+        "num_cached_prompt",
+        "num_preemptions",
     )
 
     def __init__(
@@ -55,6 +63,7 @@ class Sequence:
         prompt_token_ids: list[int],
         params: SamplingParams,
         eos_token_ids: list[int] | tuple[int, ...] = (),
+        arrival_time: float = 0.0,
     ) -> None:
         self.seq_id = seq_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -86,6 +95,16 @@ class Sequence:
         self.spec_tokens = 0
         self.spec_proposed = 0
         self.spec_accepted = 0
+        # Request metrics (scheduler_proc.stats.request_metrics): the arrival on the wall
+        # clock and, once, on this process's monotonic clock, which times everything after.
+        now, wall = time.monotonic(), time.time()
+        self.arrival_time = arrival_time or wall
+        self.arrival_s = now - max(0.0, wall - self.arrival_time)
+        self.first_scheduled_s: float | None = None
+        self.first_token_s: float | None = None
+        self.last_token_s = 0.0
+        self.num_cached_prompt = 0
+        self.num_preemptions = 0
 
     @property
     def num_tokens(self) -> int:

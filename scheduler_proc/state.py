@@ -8,6 +8,7 @@ hashed, drop announced to the workers) lives in one place.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from protocol import FinishReason
@@ -15,7 +16,7 @@ from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.delta_buffer import DeltaBuffer
 from scheduler_proc.sequence import Sequence, SequenceStatus
-from scheduler_proc.stats import SchedulerStats
+from scheduler_proc.stats import SchedulerStats, request_metrics
 
 RUNNING = SequenceStatus.RUNNING
 WAITING = SequenceStatus.WAITING
@@ -67,6 +68,7 @@ class SchedulerState:
         self.block_manager.hash_full_blocks(seq)
         self.block_manager.free(seq)
         self.stats.preemptions += 1
+        seq.num_preemptions += 1
         seq.num_computed = 0
         seq.status = WAITING
         if seq.on_worker:
@@ -82,7 +84,9 @@ class SchedulerState:
             self.block_manager.free(seq)
         seq.status = FINISHED
         seq.finish_reason = reason
-        self.stats.finished_requests += 1
+        metrics = request_metrics(seq, reason, time.monotonic())
+        self.deltas.add_metrics(seq.seq_id, metrics)
+        self.stats.record(metrics)
         if seq.on_worker:
             self.drops.append(seq.seq_id)
             seq.on_worker = False

@@ -4,17 +4,26 @@ The step loop only increments; the deltas publisher's thread reads them every
 STATS_INTERVAL_S into an EngineStats (snapshot), so the loop never builds, sends or locks
 anything for stats. The reads are not atomic as a whole (one counter may be a step ahead of
 another); every single read is, which is all a rate needs.
+
+A finished request's RequestMetrics also waits here, in a deque (appends and pops are atomic
+across threads), until the next snapshot takes it.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
+from protocol import FinishReason, RequestMetrics
 from protocol.engine_messages import EngineStats
 
 if TYPE_CHECKING:
+    from scheduler_proc.sequence import Sequence
     from scheduler_proc.state import SchedulerState
+
+MAX_UNPUBLISHED_RECORDS = 100_000
+"""Records kept for the next snapshot; past it the oldest go (nobody is taking them)."""
 
 
 class SchedulerStats:
@@ -22,7 +31,8 @@ class SchedulerStats:
 
     __slots__ = ("prompt_tokens", "cached_prompt_tokens", "generated_tokens", "preemptions",
                  "finished_requests", "schedule_time_s", "result_time_s",
-                 "spec_proposed_tokens", "spec_accepted_tokens", "gpu_busy_s")
+                 "spec_proposed_tokens", "spec_accepted_tokens", "gpu_busy_s",
+                 "finished_by_reason", "records")
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
@@ -35,6 +45,42 @@ class SchedulerStats:
         self.spec_proposed_tokens = 0
         self.spec_accepted_tokens = 0
         self.gpu_busy_s = 0.0
+        self.finished_by_reason = [0] * len(FinishReason)
+        self.records: deque[RequestMetrics] = deque(maxlen=MAX_UNPUBLISHED_RECORDS)
+
+    def record(self, metrics: RequestMetrics) -> None:
+        self.finished_requests += 1
+        self.finished_by_reason[metrics.finish_reason] += 1
+        self.records.append(metrics)
+
+    def take_records(self) -> list[RequestMetrics]:
+        """The records since the last call (any thread; each record is taken once)."""
+        out = []
+        pop = self.records.popleft
+        while True:
+            try:
+                out.append(pop())
+            except IndexError:
+                return out
+
+
+def request_metrics(seq: Sequence, reason: FinishReason, now: float) -> RequestMetrics:
+    """What `seq`, finishing now (monotonic), measured."""
+    arrival = seq.arrival_s
+    scheduled, first = seq.first_scheduled_s, seq.first_token_s
+    n = seq.num_generated
+    return RequestMetrics(
+        arrival_time=seq.arrival_time,
+        queue_time_s=None if scheduled is None else scheduled - arrival,
+        ttft_s=None if first is None else first - arrival,
+        tpot_s=(seq.last_token_s - first) / (n - 1) if first is not None and n > 1 else None,
+        e2e_s=now - arrival,
+        prompt_tokens=seq.num_prompt_tokens,
+        cached_prompt_tokens=seq.num_cached_prompt,
+        generated_tokens=n,
+        preemptions=seq.num_preemptions,
+        finish_reason=reason,
+    )
 
 
 def snapshot(state: SchedulerState) -> EngineStats:
@@ -58,4 +104,6 @@ def snapshot(state: SchedulerState) -> EngineStats:
         spec_proposed_tokens=s.spec_proposed_tokens,
         spec_accepted_tokens=s.spec_accepted_tokens,
         gpu_busy_s=s.gpu_busy_s,
+        finished_by_reason=list(s.finished_by_reason),
+        finished=s.take_records(),
     )

@@ -8,6 +8,7 @@ waiting ones are admitted with what budget is left.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from protocol import CachedSequences, NewSequence, StepPlan
@@ -150,6 +151,7 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
     waiting, running = state.waiting, state.running
     budget = batch.budget
     stats = state.stats
+    now = time.monotonic()
     while waiting and budget > 0 and len(running) < max_seqs:
         seq = waiting[0]
         # Overlap hazard: a sequence preempted while its last sampled token is in flight
@@ -184,6 +186,9 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
         seq.num_prefill = len(seq.token_ids)
         stats.prompt_tokens += n
         stats.cached_prompt_tokens += num_cached
+        if seq.first_scheduled_s is None:
+            seq.first_scheduled_s = now
+            seq.num_cached_prompt = min(num_cached, seq.num_prompt_tokens)
         budget -= n
         if seq.num_computed == len(seq.token_ids):
             seq.num_pending += 1

@@ -8,6 +8,8 @@ each such case is marked "Overlap hazard" where it is handled.
 
 from __future__ import annotations
 
+import time
+
 from protocol import ErrorKind, FinishReason, RequestError, StepResult, TokenDeltas
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import FINISHED, RUNNING, SchedulerState
@@ -45,6 +47,7 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
     max_model_len = state.config.max_model_len
     bm = state.block_manager
     finished_running = False
+    now = time.monotonic()  # every token of one result arrived together
     for k, seq in enumerate(seqs):
         seq.num_pending -= 1
         # Overlap hazard: this seq finished (or was aborted) after this plan was sent; the
@@ -56,6 +59,9 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
         token_ids = seq.token_ids
         token_ids.append(tok)
         length = len(token_ids)
+        seq.last_token_s = now
+        if seq.first_token_s is None:
+            seq.first_token_s = now
         reason = None
         if tok in seq.eos_ids or tok in seq.stop_ids:
             reason = STOP

@@ -4,10 +4,15 @@ It owns the decoding state of every running request. Requests are announced by t
 tokenizer (DetokRequestInfo) before the scheduler sees them, but the two arrive on
 different pipes of one PULL socket, so deltas that overtake their announcement are
 buffered until it arrives.
+
+The final delta of each request carries its RequestMetrics, which the scheduler sends with
+the request's finish. A request this actor ends itself (a stop string) is finished in the
+scheduler only after it hears so: its final delta waits here for that finish (one round trip).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +23,7 @@ import zmq
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
 from frontend.actors.model_tokenizer import load_tokenizer
 from frontend.actors.replies import error_delta, malformed
+from frontend.actors.top_alternatives import Top, joined
 from protocol import (
     AbortRequests,
     ClientHello,
@@ -29,6 +35,7 @@ from protocol import (
     FinishReason,
     ProtocolError,
     RequestError,
+    RequestMetrics,
     ResultDelta,
     ResultDeltaBatch,
     Shutdown,
@@ -84,29 +91,6 @@ class _Request:
     top: Top | None = None
 
 
-@dataclass(slots=True)
-class Top:
-    """Per token, its step's most likely tokens and their logprobs, best first."""
-
-    token_ids: list[list[int]]
-    logprobs: list[list[float]]
-
-    def cut(self, k: int) -> Top | None:
-        """The first k of each token's alternatives (the step may carry more)."""
-        if k <= 0:
-            return None
-        return Top([ids[:k] for ids in self.token_ids], [lps[:k] for lps in self.logprobs])
-
-
-def _joined(acc: Top | None, new: Top | None) -> Top | None:
-    """`acc` with `new`'s tokens appended (a fresh Top when there was none)."""
-    if new is None or acc is None:
-        return acc or (Top(list(new.token_ids), list(new.logprobs)) if new else None)
-    acc.token_ids.extend(new.token_ids)
-    acc.logprobs.extend(new.logprobs)
-    return acc
-
-
 class DetokenizerActor:
     def __init__(self, config: DetokenizerConfig, endpoints: Endpoints, rt: ProcessRuntime,
                  decode: DecodeFn) -> None:
@@ -131,6 +115,9 @@ class DetokenizerActor:
         self.max_announced = -1  # request ids are a counter: at or below this, a missing
         # request has finished (late deltas are dropped), above it it is still to come
         self.dead_reason: str | None = None
+        # Final deltas of requests ended by a stop string, until the scheduler's finish
+        # brings their metrics: request id -> (route, delta).
+        self.held: dict[int, tuple[DetokRequestInfo, ResultDelta]] = {}
         # While one TokenDeltas is handled, results are gathered per client and sent as one
         # frame each: peer -> [(request id, delta)].
         self._batch: dict[bytes, list[tuple[int, ResultDelta]]] | None = None
@@ -201,18 +188,21 @@ class DetokenizerActor:
         top_ids, top_lps = msg.top_token_ids, msg.top_logprobs
         n = len(msg.request_ids)
         if not (len(msg.token_ids) == len(msg.finish_reasons) == len(msg.errors) == n
+                and len(msg.metrics_ids) == len(msg.metrics)
                 and (logprobs is None or len(logprobs) == n)
                 and (top_ids is None or (top_lps is not None
                                          and len(top_ids) == len(top_lps) == n))):
             log.error("detokenizer: dropped TokenDeltas %d: its columns differ in length",
                       msg.step_id)
             return
+        metrics = dict(zip(msg.metrics_ids, msg.metrics)) if msg.metrics_ids else {}
         self._batch = {}
         try:
             for i, request_id in enumerate(msg.request_ids):
                 top = Top(top_ids[i], top_lps[i]) if top_ids is not None and top_ids[i] else None
                 self._on_delta(request_id, msg.token_ids[i], msg.finish_reasons[i],
-                               msg.errors[i], logprobs[i] if logprobs is not None else None, top)
+                               msg.errors[i], logprobs[i] if logprobs is not None else None, top,
+                               metrics.get(request_id))
         finally:
             batch, self._batch = self._batch, None
             self._flush(batch)
@@ -231,12 +221,15 @@ class DetokenizerActor:
 
     def _on_delta(self, request_id: int, token_ids: list[int], finish: FinishReason | None,
                   error: RequestError | None, logprobs: list[float] | None,
-                  top: Top | None = None) -> None:
+                  top: Top | None = None, metrics: RequestMetrics | None = None) -> None:
         req = self.requests.get(request_id)
         if req is None:
             if request_id > self.max_announced:
                 self.early.setdefault(request_id, []).append(
-                    (request_id, token_ids, finish, error, logprobs, top))
+                    (request_id, token_ids, finish, error, logprobs, top, metrics))
+            elif finish is not None and request_id in self.held:
+                info, delta = self.held.pop(request_id)
+                self._send(info, dataclasses.replace(delta, metrics=metrics))
             return
         info = req.info
         if error is not None:
@@ -246,12 +239,14 @@ class DetokenizerActor:
         req.completion_tokens += len(token_ids)
         top = top.cut(info.top_logprobs) if top is not None and info.logprobs else None
         if not info.stream and not info.stop:
-            self._accumulate(req, request_id, token_ids, finish, logprobs, top)
+            self._accumulate(req, request_id, token_ids, finish, logprobs, top, metrics)
             return
         text = req.detok.add(text_token_ids(token_ids, finish))
+        stopped_here = False
         if req.detok.finished:
             if finish is None:  # a stop string: the scheduler cannot know, tell it
                 self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason=STOP))
+                stopped_here = True
             finish = STOP
         if finish is not None:
             text += req.detok.flush()
@@ -262,7 +257,7 @@ class DetokenizerActor:
             req.token_ids.extend(token_ids)
             if logprobs is not None:
                 req.logprobs = (req.logprobs or []) + logprobs
-            req.top = _joined(req.top, top)
+            req.top = joined(req.top, top)
             if finish is None:
                 return
             text, token_ids, logprobs, top = (req.detok.text, req.token_ids, req.logprobs,
@@ -272,7 +267,10 @@ class DetokenizerActor:
             finish_reason=finish, prompt_tokens=info.num_prompt_tokens,
             completion_tokens=req.completion_tokens, logprobs=logprobs, error=None,
             top_token_ids=top.token_ids if top else None,
-            top_logprobs=top.logprobs if top else None)
+            top_logprobs=top.logprobs if top else None, metrics=metrics)
+        if stopped_here:
+            self.held[request_id] = (info, delta)
+            return
         if not self._send(info, delta) and finish is None:
             # The client is gone: free the request's KV blocks now, not at max_tokens.
             del self.requests[request_id]
@@ -280,13 +278,13 @@ class DetokenizerActor:
 
     def _accumulate(self, req: _Request, request_id: int, token_ids: list[int],
                     finish: FinishReason | None, logprobs: list[float] | None,
-                    top: Top | None) -> None:
+                    top: Top | None, metrics: RequestMetrics | None) -> None:
         """A non-streaming request with no stop strings needs no text until it ends: decode
         once then, instead of once per step."""
         req.token_ids.extend(token_ids)
         if req.info.logprobs and logprobs is not None:
             req.logprobs = (req.logprobs or []) + logprobs
-        req.top = _joined(req.top, top)
+        req.top = joined(req.top, top)
         if finish is None:
             return
         del self.requests[request_id]
@@ -297,7 +295,7 @@ class DetokenizerActor:
             finish_reason=finish, prompt_tokens=req.info.num_prompt_tokens,
             completion_tokens=req.completion_tokens, logprobs=req.logprobs, error=None,
             top_token_ids=req.top.token_ids if req.top else None,
-            top_logprobs=req.top.logprobs if req.top else None))
+            top_logprobs=req.top.logprobs if req.top else None, metrics=metrics))
 
     def _send(self, info: DetokRequestInfo, delta: Any) -> bool:
         peer = self.peers.get(info.client_id)
@@ -312,8 +310,11 @@ class DetokenizerActor:
         if self.dead_reason is not None:
             return
         self.dead_reason = reason
-        # EngineDead first: a client then fails its requests with EngineDeadError rather
-        # than taking the error deltas below for rejections.
+        # EngineDead before the error deltas: a client then fails its requests with
+        # EngineDeadError rather than taking the error deltas below for rejections.
+        for info, delta in self.held.values():  # complete: they only lack their metrics
+            self._send(info, delta)
+        self.held.clear()
         for peer in self.peers.values():
             self.router.send_to(peer, EngineDead(reason))
         for req in self.requests.values():

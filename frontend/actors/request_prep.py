@@ -69,8 +69,10 @@ def detok_request_info(request_id: int, client_id: str, req: GenerateRequest,
 
 
 def add_request(request_id: int, req: GenerateRequest, ids: list[int],
-                eos_ids: list[int]) -> AddRequest:
+                eos_ids: list[int], arrival_time: float) -> AddRequest:
     """The scheduler's view of a request. It judges the params' lengths itself (and resolves
-    max_tokens=None), so they go as the client sent them."""
+    max_tokens=None), so they go as the client sent them; `arrival_time` (wall clock) is
+    when its frame reached the tokenizer."""
     return AddRequest(request_id=request_id, prompt_token_ids=ids, params=req.params,
-                      eos_token_ids=eos_ids, client_request_id=req.client_request_id)
+                      eos_token_ids=eos_ids, client_request_id=req.client_request_id,
+                      arrival_time=arrival_time)

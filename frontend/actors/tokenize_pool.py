@@ -37,6 +37,8 @@ class TokenizeJob:
     frame: Any
     """The encoded GenerateRequest (bytes or a buffer kept alive by the job)."""
     size: int
+    arrival_time: float = 0.0
+    """Wall clock when the frame arrived: the request's arrival in its metrics."""
     cancelled: bool = False
     result: Any = None
     """Set by the handler: what the I/O loop needs to forward the request, or an error."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,7 @@ class TokenizerActor:
 
     def _on_generate_frame(self, peer: bytes, request_id: str, frame: memoryview) -> None:
         """Measure, then queue for the pool: nothing here grows with the prompt."""
+        arrival = time.time()
         if self.dead_reason is not None:
             self.router.send_to(peer, EngineDead(self.dead_reason))
             return
@@ -255,7 +257,8 @@ class TokenizerActor:
                 f"busy: this client already has {pending} bytes of requests waiting to be "
                 f"tokenized (at most {self.client_budget_bytes}); retry when some finish")))
             return
-        job = TokenizeJob(peer=peer, client_request_id=request_id, frame=frame, size=size)
+        job = TokenizeJob(peer=peer, client_request_id=request_id, frame=frame, size=size,
+                          arrival_time=arrival)
         self.book.preparing(job)
         self.pool.submit(job)
 
@@ -267,13 +270,14 @@ class TokenizerActor:
         elif self.dead_reason is not None:
             self.router.send_to(job.peer, EngineDead(self.dead_reason))
         elif isinstance(result, Prepared):
-            self._forward(job.peer, result.request, result.token_ids)
+            self._forward(job.peer, result.request, result.token_ids, job.arrival_time)
         else:
             error = result if isinstance(result, RequestError) else RequestError(
                 ErrorKind.REQUEST_FAILED, f"internal error: {result!r}")
             self.router.send_to(job.peer, error_delta(job.client_request_id, error))
 
-    def _forward(self, peer: bytes, req: GenerateRequest, ids: list[int]) -> None:
+    def _forward(self, peer: bytes, req: GenerateRequest, ids: list[int],
+                 arrival_time: float) -> None:
         if self.dispatch.all_down:  # the launcher's EngineDead is on its way
             self.router.send_to(peer, error_delta(req.client_request_id, RequestError(
                 ErrorKind.ENGINE_DEAD, "engine dead: no data-parallel replica is alive")))
@@ -281,7 +285,7 @@ class TokenizerActor:
         request_id = self.book.assign(peer, req.client_request_id)
         # The detokenizer must know the route before any token of this request can exist.
         self.to_detok.send(detok_request_info(request_id, self.clients[peer], req, ids))
-        self.dispatch.add(add_request(request_id, req, ids, self.eos_ids))
+        self.dispatch.add(add_request(request_id, req, ids, self.eos_ids, arrival_time))
 
     def _on_abort(self, peer: bytes, msg: AbortRequest) -> None:
         job = self.book.take_preparing(peer, msg.client_request_id)

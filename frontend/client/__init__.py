@@ -9,6 +9,7 @@ from frontend.client.outputs import (
     RequestRejected,
 )
 from frontend.client.sync_client import Client
+from protocol.metrics import RequestMetrics
 
 __all__ = [
     "AsyncClient",
@@ -17,5 +18,6 @@ __all__ = [
     "EngineDeadError",
     "RequestDelta",
     "RequestOutput",
+    "RequestMetrics",
     "RequestRejected",
 ]

@@ -94,7 +94,7 @@ def outcome(msg: ResultDelta) -> RequestDelta | Exception:
                         finish_reason=finish_reason_string(msg.finish_reason),
                         prompt_tokens=msg.prompt_tokens,
                         completion_tokens=msg.completion_tokens, logprobs=msg.logprobs,
-                        top_logprobs=top)
+                        top_logprobs=top, metrics=msg.metrics)
 
 
 def refused(address: str) -> str:

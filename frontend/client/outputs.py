@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.metrics import RequestMetrics
 from protocol.outcomes import ErrorKind
 
 
@@ -43,6 +44,8 @@ class RequestDelta:
     logprobs: list[float] | None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """Per token: (token id, logprob) of the most likely tokens at its step, best first."""
+    metrics: RequestMetrics | None = None
+    """On the final delta: the request's timings and prefix-cache use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,9 @@ class RequestOutput:
     completion_tokens: int
     logprobs: list[float] | None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    metrics: RequestMetrics | None = None
+    """Queue time, TTFT, TPOT, end-to-end time and cached prompt tokens, as the scheduler
+    measured them (None only if the engine died before the request finished there)."""
 
 
 class OutputCollector:
@@ -94,4 +100,5 @@ class OutputCollector:
             completion_tokens=last.completion_tokens if last else 0,
             logprobs=self._logprobs,
             top_logprobs=self._top,
+            metrics=last.metrics if last else None,
         )

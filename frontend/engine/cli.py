@@ -2,7 +2,8 @@
 
 It runs a whole pipeline in the foreground until Ctrl-C or SIGTERM, printing what start-up
 is doing. Clients reach it over ZeroMQ at the printed address, and over the
-OpenAI-compatible HTTP API when `--port` (or `--http`) is given. Every check that needs no
+OpenAI-compatible HTTP API when `--port` (or `--http`) is given; Prometheus scrapes its
+metrics at the HTTP server's /metrics, or at `--metrics-port`. Every check that needs no
 process (model path, device, tensor-parallel size, ports) is made before anything starts,
 and a wrong one is a one-line error.
 """
@@ -54,6 +55,10 @@ class HttpConfig:
         "of max-model-len, plus 1 MiB)", minimum=1, group="http")
     log_level: str = option("info", "what the launcher and the HTTP server log",
                             choices=LOG_LEVELS, group="")
+    metrics_port: int | None = option(
+        None, "serve Prometheus metrics at /metrics on this port (with --port they are also "
+        "on the HTTP server's /metrics)", minimum=1, maximum=65535, group="metrics")
+    metrics_host: str = option("127.0.0.1", "interface of the metrics port", group="metrics")
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -71,6 +76,7 @@ _GROUPS = {
     "engine": "engine",
     "zmq": "ZeroMQ client API",
     "http": "OpenAI-compatible HTTP API (served when --port is given)",
+    "metrics": "Prometheus metrics",
 }
 _CONFIGS = {"engine": EngineConfig, "http": HttpConfig}
 """Prefix of a flag's argparse dest -> the config class whose field it sets."""
@@ -168,6 +174,9 @@ def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
             if name in http:
                 raise UsageError(f"{flag_for('http', name)} applies to the HTTP API: "
                                  f"add {flag_for('http', 'port')} to serve it")
+    if "metrics_host" in http and "metrics_port" not in http:
+        raise UsageError(f"{flag_for('http', 'metrics_host')} applies to "
+                         f"{flag_for('http', 'metrics_port')}: add it")
     transport = engine.get("transport", _default(EngineConfig, "transport"))
     if transport == "ipc":
         for name in ("host", "port"):
@@ -223,11 +232,21 @@ def serve(command: ServeCommand) -> int:
     # Installed before anything starts, so a SIGTERM during start-up still stops everything.
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     http_sock = None
+    metrics = metrics_server = stats_sub = None
+    if http.port is not None or http.metrics_port is not None:
+        from frontend.metrics import EngineMetrics, MetricsServer, StatsSubscriber
+
+        metrics = EngineMetrics()
     try:
         if http.port is not None:
             http_sock = _bind_http(http.host, http.port)
+        if http.metrics_port is not None:
+            metrics_server = MetricsServer(metrics.registry, http.metrics_host,
+                                           http.metrics_port)
     except ValueError as exc:
         print(f"nanopipe: {exc}", file=sys.stderr, flush=True)
+        if http_sock is not None:
+            http_sock.close()
         return 2
     # While the engine starts, the HTTP port answers 503 "starting" (with the progress).
     starting = None
@@ -248,6 +267,9 @@ def serve(command: ServeCommand) -> int:
         finally:
             if starting is not None:
                 starting.close()
+        if metrics is not None:
+            stats_sub = StatsSubscriber(pipeline.endpoints.deltas_pub, pipeline.endpoints.keys,
+                                        metrics.update)
         print(f"nanopipe ready: {config.model_name} on {config.resolved_device}"
               f" (tp={config.tensor_parallel_size}"
               f"{f', dp={config.data_parallel_size}' if config.data_parallel_size > 1 else ''}"
@@ -259,6 +281,8 @@ def serve(command: ServeCommand) -> int:
             else pipeline.endpoints.run_dir
         print(f"attach a detokenizer: python -m frontend.actors.stdout_detokenizer "
               f"--model {config.model_dir} {attach_at}", flush=True)
+        if metrics_server is not None:
+            print(f"Prometheus metrics: {metrics_server.url}", flush=True)
         if http_sock is not None:
             from frontend.openai_server.server import serve as serve_http
 
@@ -267,7 +291,7 @@ def serve(command: ServeCommand) -> int:
             serve_http(pipeline.address, sock=http_sock, api_key=http.api_key,
                        model_name=config.served_model_name, log_level=http.log_level,
                        max_request_bytes=http.max_request_bytes,
-                       engine_alive=lambda: pipeline.dead_reason is None)
+                       engine_alive=lambda: pipeline.dead_reason is None, metrics=metrics)
         else:
             while not pipeline.wait(timeout=1.0):
                 pass
@@ -280,7 +304,11 @@ def serve(command: ServeCommand) -> int:
     except KeyboardInterrupt:
         print("nanopipe: stopping", file=sys.stderr, flush=True)
     finally:
+        if stats_sub is not None:
+            stats_sub.close()
         pipeline.stop()
+        if metrics_server is not None:
+            metrics_server.close()
         if http_sock is not None:
             http_sock.close()
     return 0

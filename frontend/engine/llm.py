@@ -60,8 +60,9 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[dict[str, Any]]:
-        """Results in input order: [{"text", "token_ids", "finish_reason"}, ...], with
-        "logprobs" (and "top_logprobs": per token [(id, logprob)] best first) when asked for."""
+        """Results in input order: [{"text", "token_ids", "finish_reason", "metrics"}, ...]
+        ("metrics": a RequestMetrics), with "logprobs" (and "top_logprobs": per token
+        [(id, logprob)] best first) when asked for."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         requests = [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)}
@@ -130,7 +131,7 @@ class LLM:
                 bar.set_postfix_str(meter.postfix(), refresh=False)
                 out = collector.output()
                 result = {"text": out.text, "token_ids": out.token_ids,
-                          "finish_reason": out.finish_reason}
+                          "finish_reason": out.finish_reason, "metrics": out.metrics}
                 if sp.logprobs:
                     result["logprobs"] = out.logprobs
                 if sp.top_logprobs:

@@ -1,7 +1,7 @@
 """The periodic stats line: rates from two EngineStats, and the launcher's thread that logs it.
 
     nanopipe: 1,234.5 gen tok/s, 456.7 prompt tok/s, running 12, waiting 3, KV 41.2% used,
-    prefix hits 37.5%, preemptions 0
+    prefix hits 37.5%, preemptions 0, GPU busy 94.0%[, spec accepted 61.0%]
 
 The scheduler publishes cumulative counters on `deltas_pub` (EngineStats); every rate here is
 the difference of two of them over the difference of their scheduler timestamps, so a line
@@ -45,6 +45,10 @@ class StatsRates:
     the interval had no prefill; None when there never was any."""
     preemptions: int
     """In the interval."""
+    gpu_busy: float = 0.0
+    """Share of the interval the workers' forward and sample kept the device busy (0..1)."""
+    spec_accepted: float | None = None
+    """Share of the interval's speculative proposals accepted; None without proposals."""
 
     @property
     def idle(self) -> bool:
@@ -69,6 +73,9 @@ def rates(prev: EngineStats, cur: EngineStats) -> StatsRates:
         kv_used=cur.kv_blocks_used / cur.kv_blocks_total if cur.kv_blocks_total else 0.0,
         prefix_hits=cached / (prompt + cached) if prompt + cached else None,
         preemptions=cur.preemptions - prev.preemptions,
+        gpu_busy=min(1.0, max(0.0, (cur.gpu_busy_s - prev.gpu_busy_s) / dt)),
+        spec_accepted=(cur.spec_accepted_tokens - prev.spec_accepted_tokens) / proposed
+        if (proposed := cur.spec_proposed_tokens - prev.spec_proposed_tokens) else None,
     )
 
 
@@ -76,7 +83,8 @@ def format_line(r: StatsRates) -> str:
     hits = "-" if r.prefix_hits is None else f"{r.prefix_hits:.1%}"
     return (f"{r.generated_tok_s:,.1f} gen tok/s, {r.prompt_tok_s:,.1f} prompt tok/s, "
             f"running {r.running}, waiting {r.waiting}, KV {r.kv_used:.1%} used, "
-            f"prefix hits {hits}, preemptions {r.preemptions}")
+            f"prefix hits {hits}, preemptions {r.preemptions}, GPU busy {r.gpu_busy:.1%}"
+            + ("" if r.spec_accepted is None else f", spec accepted {r.spec_accepted:.1%}"))
 
 
 def print_line(text: str) -> None:

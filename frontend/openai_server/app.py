@@ -22,6 +22,7 @@ from protocol import SamplingParams, SamplingParamsError
 
 if TYPE_CHECKING:
     from frontend.client.async_client import AsyncClient
+    from frontend.metrics import EngineMetrics
 
 
 def _error_response(exc: BaseException) -> JSONResponse:
@@ -31,9 +32,11 @@ def _error_response(exc: BaseException) -> JSONResponse:
 
 
 def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
-               max_model_len: int | None = None, max_request_bytes: int | None = None
-               ) -> FastAPI:
+               max_model_len: int | None = None, max_request_bytes: int | None = None,
+               metrics: EngineMetrics | None = None) -> FastAPI:
     """The app serving `client`'s pipeline as `model_name`; `api_key` turns on Bearer auth.
+    With `metrics`, `/metrics` serves them in the Prometheus text format (without auth, like
+    /health: scrapers rarely hold API keys).
 
     `client` is started (its `welcome` holds the pipeline's max_model_len), or
     `max_model_len` is given. Bodies over `max_request_bytes` (default: derived from
@@ -86,6 +89,13 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
     async def health() -> Response:
         state = health_of(client)
         return JSONResponse(state.body(), status_code=state.http_status)
+
+    if metrics is not None:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        @app.get("/metrics")
+        async def prometheus() -> Response:
+            return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models() -> dict[str, Any]:

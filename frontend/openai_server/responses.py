@@ -2,6 +2,9 @@
 
 Outputs and deltas are the client library's RequestOutput / RequestDelta. The server holds no
 tokenizer, so a logprob's token is named by its id ("token_id:42"), as vLLM does on request.
+
+Usage carries OpenAI's `prompt_tokens_details.cached_tokens` and a `nanopipe` object with the
+request's timings (usage_extension), from the metrics on each choice's final output.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
+
+from protocol.metrics import RequestMetrics
 
 
 def _token_name(token_id: int) -> str:
@@ -31,12 +36,16 @@ class _Format:
         self.prompt_tokens = 0
         self.completion_tokens: dict[int, int] = {}
         """Per choice index: the prompt is counted once, every choice's tokens are added."""
+        self.metrics: dict[int, RequestMetrics] = {}
+        """Per choice index, from its final output."""
 
-    def _usage(self, out: Any, index: int = 0) -> dict[str, int]:
+    def _usage(self, out: Any, index: int = 0) -> dict[str, Any]:
         # completion_tokens is cumulative in every delta, so the last one seen is the total.
         self.prompt_tokens = out.prompt_tokens or self.prompt_tokens
         previous = self.completion_tokens.get(index, 0)
         self.completion_tokens[index] = out.completion_tokens or previous
+        if out.metrics is not None:
+            self.metrics[index] = out.metrics
         return self._usage_totals()
 
     def _head(self, obj: str) -> dict[str, Any]:
@@ -72,10 +81,35 @@ class _Format:
         chunk["usage"] = self._usage_totals()
         return [chunk]
 
-    def _usage_totals(self) -> dict[str, int]:
+    def _usage_totals(self) -> dict[str, Any]:
         completion = sum(self.completion_tokens.values())
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+        usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens,
+                                 "completion_tokens": completion,
+                                 "total_tokens": self.prompt_tokens + completion}
+        if self.metrics:
+            usage.update(usage_extension([self.metrics[i] for i in sorted(self.metrics)]))
+        return usage
+
+
+def _timings(m: RequestMetrics) -> dict[str, Any]:
+    return {"arrival_time": m.arrival_time, "queue_time_s": m.queue_time_s,
+            "ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "e2e_s": m.e2e_s,
+            "cached_tokens": m.cached_prompt_tokens, "preemptions": m.preemptions}
+
+
+def usage_extension(metrics: list[RequestMetrics]) -> dict[str, Any]:
+    """The usage fields that come from the choices' metrics (in choice order).
+
+    The prompt is counted once in usage, so is its cache use: the most any choice found
+    cached (with n > 1 the choices share the prompt, and all but the first usually hit).
+    `nanopipe` holds the first choice's timings, and with n > 1 every choice's in
+    `choices`."""
+    extension = _timings(metrics[0])
+    if len(metrics) > 1:
+        extension["choices"] = [_timings(m) for m in metrics]
+    return {"prompt_tokens_details": {
+                "cached_tokens": max(m.cached_prompt_tokens for m in metrics)},
+            "nanopipe": extension}
 
 
 class CompletionFormat(_Format):

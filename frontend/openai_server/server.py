@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP server's entry: connect to a running pipeline, serve the app.
 
 `python -m frontend.openai_server.server --address PIPELINE_ADDRESS --port 8000` serves
-/v1/completions, /v1/chat/completions (streaming over SSE or not), /v1/models and /health
-on 127.0.0.1. The routes are in `app`, the answering of one request in `streaming`.
+/v1/completions, /v1/chat/completions (streaming over SSE or not), /v1/models, /health and
+/metrics (Prometheus; when the pipeline's stats can be followed: an ipc pipeline, or the
+launcher's own) on 127.0.0.1. The routes are in `app`, the answering of one request in `streaming`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import socket
 from collections.abc import Callable
 
+from frontend.metrics import EngineMetrics, follow
 from frontend.openai_server.app import create_app
 from frontend.openai_server.body_limit import JSON_ROOM_BYTES, MAX_BYTES_PER_TOKEN
 
@@ -20,12 +22,15 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
           model_name: str | None = None, log_level: str = "info",
           max_request_bytes: int | None = None, *,
           sock: socket.socket | None = None,
-          engine_alive: Callable[[], bool] | None = None) -> None:
+          engine_alive: Callable[[], bool] | None = None,
+          metrics: EngineMetrics | None = None) -> None:
     """Connect to the pipeline at `address` and serve it over HTTP until interrupted.
 
     `sock`, when given, is an already bound listening socket (host and port are then
     ignored). `engine_alive`, when given, is checked every half second: the server stops
-    once it returns False, so the HTTP front never outlives its engine.
+    once it returns False, so the HTTP front never outlives its engine. `metrics`, when
+    given, are served on /metrics; otherwise this server follows the pipeline's stats itself
+    where it can without credentials (an ipc pipeline).
     """
     import uvicorn
 
@@ -40,7 +45,12 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
     async def run() -> None:
         async with AsyncClient(address) as client:
             name = model_name or client.welcome.model
-            app = create_app(client, name, api_key, max_request_bytes=max_request_bytes)
+            own = None
+            stats_at = client.welcome.deltas_address
+            if metrics is None and stats_at.startswith("ipc://"):
+                own_metrics, own = follow(stats_at, None)
+            app = create_app(client, name, api_key, max_request_bytes=max_request_bytes,
+                             metrics=metrics if own is None else own_metrics)
             config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                     lifespan="off", timeout_graceful_shutdown=5)
             server = uvicorn.Server(config)
@@ -50,6 +60,8 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
             finally:
                 if watch is not None:
                     watch.cancel()
+                if own is not None:
+                    own.close()
 
     try:
         import uvloop

@@ -30,6 +30,8 @@ class StepSplit:
     """Planning the step."""
     result_ms: float
     """Applying its result."""
+    gpu_ms: float = 0.0
+    """The workers' device time (forward and sample) per step, as they measured it."""
 
     @property
     def other_ms(self) -> float:
@@ -174,4 +176,5 @@ def _step_split(prev: EngineStats, cur: EngineStats) -> StepSplit | None:
     dt = cur.time_s - prev.time_s
     return StepSplit(steps_per_s=n / dt, step_ms=dt / n * 1e3,
                      schedule_ms=(cur.schedule_time_s - prev.schedule_time_s) / n * 1e3,
-                     result_ms=(cur.result_time_s - prev.result_time_s) / n * 1e3)
+                     result_ms=(cur.result_time_s - prev.result_time_s) / n * 1e3,
+                     gpu_ms=(cur.gpu_busy_s - prev.gpu_busy_s) / n * 1e3)

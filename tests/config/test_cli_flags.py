@@ -40,7 +40,8 @@ def test_the_flags_users_know_are_still_there():
                  "--attention-backend", "--no-prefix-caching", "--no-overlap",
                  "--no-worker-lookahead", "--seed", "--zmq-transport", "--transport", "--zmq-host",
                  "--zmq-port", "--stdout", "--port", "--http", "--host", "--api-key",
-                 "--served-model-name", "--max-request-bytes", "--log-level"):
+                 "--served-model-name", "--max-request-bytes", "--log-level",
+                 "--metrics-port", "--metrics-host"):
         assert flag in flags
 
 
@@ -71,6 +72,7 @@ def test_each_field_round_trips_through_its_flag(prefix, name):
         engine = EngineConfig(**{**extra, name: _other_value(f, opt, typ)})
     else:
         extra = {"port": 8000} if name in ("host", "api_key", "max_request_bytes") else {}
+        extra = {"metrics_port": 9100} if name == "metrics_host" else extra
         http = HttpConfig(**{**extra, name: _other_value(f, opt, typ)})
     argv = to_argv(engine) + to_argv(http)
     assert argv, "a non-default value must show on the command line"
@@ -107,6 +109,8 @@ def test_help_shows_each_fields_own_default():
     (["/m", "--model", "/n"], "either as MODEL or as --model"),
     (["--zmq-host", "0.0.0.0"], "--zmq-host applies to --zmq-transport tcp"),
     (["--max-request-bytes", "10"], "--max-request-bytes applies to the HTTP API"),
+    (["--metrics-port", "70000"], "--metrics-port must be in 1..65535, got 70000"),
+    (["--metrics-host", "::1"], "--metrics-host applies to --metrics-port"),
 ])
 def test_a_bad_flag_is_a_usage_error_naming_it(argv, expected, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -60,6 +60,12 @@ def test_serve_http_reports_progress_and_exits_when_its_engine_dies(tiny_qwen3_d
         done = httpx.post(f"{base}/v1/completions", timeout=60, json={
             "model": "tiny-chat", "prompt": "Hello", "max_tokens": 3, "temperature": 0})
         assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 3
+        # The launcher's own stats follower feeds the HTTP server's /metrics.
+        while "nanopipe:e2e_request_latency_seconds_count 1.0" not in (
+                scraped := httpx.get(f"{base}/metrics", timeout=30).text):
+            assert time.monotonic() < deadline, scraped
+            time.sleep(0.2)
+        assert "nanopipe:generation_tokens_total 3.0" in scraped
 
         children = sorted(descendants(proc.pid))
         worker = next(pid for pid in children

@@ -9,18 +9,20 @@ from protocol.engine_messages import EngineStats
 
 
 def stats(t, prompt=0, cached=0, generated=0, preemptions=0, running=0, waiting=0,
-          used=0, total=100) -> EngineStats:
+          used=0, total=100, busy=0.0, proposed=0, accepted=0) -> EngineStats:
     return EngineStats(time_s=t, steps=0, prompt_tokens=prompt, cached_prompt_tokens=cached,
                        generated_tokens=generated, preemptions=preemptions,
                        finished_requests=0, schedule_time_s=0.0, result_time_s=0.0,
                        running=running, waiting=waiting, kv_blocks_used=used,
-                       kv_blocks_total=total)
+                       kv_blocks_total=total, gpu_busy_s=busy,
+                       spec_proposed_tokens=proposed, spec_accepted_tokens=accepted)
 
 
 def test_rates_are_differences_over_the_schedulers_interval():
-    prev = stats(100.0, prompt=1000, cached=200, generated=5000, preemptions=1)
+    prev = stats(100.0, prompt=1000, cached=200, generated=5000, preemptions=1, busy=10.0,
+                 proposed=100, accepted=50)
     cur = stats(102.0, prompt=1900, cached=800, generated=7469, preemptions=3, running=12,
-                waiting=3, used=412, total=1000)
+                waiting=3, used=412, total=1000, busy=11.88, proposed=300, accepted=172)
     r = rates(prev, cur)
     assert r.interval_s == 2.0
     assert r.generated_tok_s == pytest.approx(1234.5)
@@ -29,7 +31,8 @@ def test_rates_are_differences_over_the_schedulers_interval():
     assert r.kv_used == pytest.approx(0.412)
     assert r.preemptions == 2 and not r.idle
     assert format_line(r) == ("1,234.5 gen tok/s, 450.0 prompt tok/s, running 12, waiting 3, "
-                              "KV 41.2% used, prefix hits 40.0%, preemptions 2")
+                              "KV 41.2% used, prefix hits 40.0%, preemptions 2, GPU busy 94.0%, "
+                              "spec accepted 61.0%")
 
 
 def test_an_interval_without_prefill_shows_the_hit_rate_since_start():
@@ -44,7 +47,7 @@ def test_a_fresh_idle_engine():
     r = rates(stats(1.0), stats(1.5))
     assert r.idle and r.prefix_hits is None and r.kv_used == 0.0
     assert format_line(r) == ("0.0 gen tok/s, 0.0 prompt tok/s, running 0, waiting 0, "
-                              "KV 0.0% used, prefix hits -, preemptions 0")
+                              "KV 0.0% used, prefix hits -, preemptions 0, GPU busy 0.0%")
 
 
 def test_stats_out_of_order_are_refused():

@@ -80,3 +80,16 @@ def test_bad_shapes_are_refused():
         sample_from_logits(logits, inv, seeds.to(torch.int32))
     with pytest.raises(ValueError, match="inv_temperature"):
         sample_from_logits(logits, inv[:2], seeds)
+
+
+def test_a_threshold_keeps_only_the_tokens_that_reach_it():
+    logits, inv, seeds = _case(6, 3000, torch.float32, seed=5)
+    scaled = logits * inv[:, None]
+    tau = scaled.topk(5, dim=-1).values[:, -1]  # top-5 as a threshold
+    got = sample_from_logits_triton(logits, inv, seeds, tau)
+    assert got.tolist() == sample_from_logits_ref(logits, inv, seeds, tau).tolist()
+    for row, tok in enumerate(got.tolist()):
+        if inv[row] > 0:
+            assert scaled[row, tok] >= tau[row]
+        else:
+            assert tok == int(logits[row].argmax())

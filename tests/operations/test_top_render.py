@@ -12,11 +12,12 @@ from protocol.engine_messages import EngineStats, WatchRequest
 
 def stats(t: float, steps: int = 0, prompt: int = 0, cached: int = 0, generated: int = 0,
           finished: int = 0, schedule: float = 0.0, result: float = 0.0, running: int = 0,
-          waiting: int = 0, used: int = 0, total: int = 100) -> EngineStats:
+          waiting: int = 0, used: int = 0, total: int = 100, busy: float = 0.0) -> EngineStats:
     return EngineStats(time_s=t, steps=steps, prompt_tokens=prompt, cached_prompt_tokens=cached,
                        generated_tokens=generated, preemptions=1, finished_requests=finished,
                        schedule_time_s=schedule, result_time_s=result, running=running,
-                       waiting=waiting, kv_blocks_used=used, kv_blocks_total=total)
+                       waiting=waiting, kv_blocks_used=used, kv_blocks_total=total,
+                       gpu_busy_s=busy)
 
 
 def deltas(items: dict[int, list[int]], finish: dict[int, FinishReason] | None = None,
@@ -38,7 +39,7 @@ def test_a_frame_shows_rates_gauges_step_split_and_requests():
     state = TopState("ipc:///run/tokenizer")
     state.on_request(WatchRequest(3, "early"), now=0.0)  # greeted: began before we attached
     state.on_stats(stats(10.0, steps=100, prompt=1000, cached=0, generated=500, finished=4,
-                         schedule=0.1, result=0.1))
+                         schedule=0.1, result=0.1, busy=5.0))
     state.on_request(WatchRequest(4, "chat-4"), now=1.0)
     state.on_request(WatchRequest(5, "chat-5"), now=1.0)
     state.on_request(WatchRequest(6, "chat-6"), now=1.0)
@@ -51,7 +52,8 @@ def test_a_frame_shows_rates_gauges_step_split_and_requests():
     # Two seconds later: 20 steps of 50 ms, 400 tokens generated, 600 prompt tokens computed
     # and 200 served from the cache.
     state.on_stats(stats(12.0, steps=120, prompt=1600, cached=200, generated=900, finished=6,
-                         schedule=0.14, result=0.12, running=2, waiting=1, used=25, total=100))
+                         schedule=0.14, result=0.12, running=2, waiting=1, used=25, total=100,
+                         busy=6.6))
     frame = text(state, now=5.0)
     assert "200.0 gen tok/s   300.0 prompt tok/s" in frame
     assert "running 2   waiting 1   finished 6   preemptions 1" in frame
@@ -60,6 +62,7 @@ def test_a_frame_shows_rates_gauges_step_split_and_requests():
     assert "25.0% recently   11.1% since start" in frame
     assert ("100.00 ms/step (10.0 steps/s): schedule 2.00  results 1.00  workers+idle 97.00 ms"
             in frame)
+    assert "GPU busy 80.00 ms/step (80.0%)" in frame
     rows = [line.split() for line in frame.splitlines() if line.split()[:1] in
             (["3"], ["4"], ["5"], ["6"])]
     # Running first (oldest first), then finished, newest first.

@@ -27,6 +27,8 @@ PARAMS = p.SamplingParams(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed
                           max_tokens=33, ignore_eos=True, stop=["\n\n", "END"],
                           stop_token_ids=[2, 3], logprobs=True, skip_special_tokens=False)
 
+METRICS = p.RequestMetrics(1.7e9, 0.01, 0.05, 0.002, 0.2, 40, 32, 9, 1, LENGTH)
+
 EXAMPLES = [
     p.GenerateRequest("r1", "hello", None, None, PARAMS, True),
     p.GenerateRequest("r2", None, [1, 2, 3], None, p.SamplingParams(), False),
@@ -55,10 +57,15 @@ EXAMPLES = [
     p.TokenDeltas(9, [4, 5], [[100], []], [None, LENGTH], [None, None], None),
     p.TokenDeltas(p.OUT_OF_BAND_STEP, [4, 5, 6], [[], [], []], [None, ERROR, ERROR],
                   [None, DEAD, EMPTY], None),
+    p.TokenDeltas(10, [4], [[7]], [LENGTH], [None], None, None, None, [4], [METRICS]),
+    p.ResultDelta("r1", "done", [7], LENGTH, 3, 1, None, None, metrics=METRICS),
     WatchHeartbeat(1.0, None),
     WatchRequest(4, "r1"),
     WatchGoodbye("worker 0 exited with code -9", True),
     EngineStats(12.5, 40, 900, 300, 1200, 1, 7, 0.25, 0.5, 3, 2, 41, 100),
+    EngineStats(12.5, 40, 900, 300, 1200, 1, 7, 0.25, 0.5, 3, 2, 41, 100, 12, 9, 0.4,
+                [5, 1, 1, 0],
+                [METRICS, p.RequestMetrics(1.7e9, None, None, None, 0.5, 9, 0, 0, 0, ERROR)]),
     p.Ready("worker", 0, 1234, "cuda:0"),
     p.Shutdown("SIGTERM"),
     p.StartupFailed("worker", 1, "KV cache too small"),
@@ -186,9 +193,9 @@ def test_the_one_table_names_every_finish_reason_as_openai_does():
     ([0x11, [1], 4], "not a FinishReason"),
     ([0x11, [1], "stop"], "not a FinishReason"),
     ([0x11, [1], True], "not a FinishReason"),
-    ([0x22, 1, [1], [[]], [9], [None], None, None, None], "not a FinishReason"),
-    ([0x22, 1, [1], [[]], [3], [[7, "x", None]], None, None, None], "not a ErrorKind"),
-    ([0x22, 1, [1], [[]], [3], ["engine dead: x"], None, None, None], "RequestError"),
+    ([0x22, 1, [1], [[]], [9], [None], None, None, None, [], []], "not a FinishReason"),
+    ([0x22, 1, [1], [[]], [3], [[7, "x", None]], None, None, None, [], []], "not a ErrorKind"),
+    ([0x22, 1, [1], [[]], [3], ["engine dead: x"], None, None, None, [], []], "RequestError"),
 ])
 def test_unknown_enum_values_are_refused(payload, match):
     decoder = p.Decoder(p.AbortRequests, p.TokenDeltas)

@@ -64,7 +64,8 @@ def test_same_noise_gives_the_reference_tokens(seed, dtype):
     assert torch.allclose(fast_lp, ref_lp, atol=1e-5)
 
 
-def test_support_sets_equal_the_reference():
+@pytest.mark.parametrize("one_pass", [False, True], ids=["torch", "one-pass"])
+def test_support_sets_equal_the_reference(one_pass):
     """Many draws of one row per setting land exactly on the reference's nonzero set."""
     x = logits(1, 60, 7).expand(3000, -1).clone()
     ref = ReferenceSampler("cpu", 0)
@@ -72,16 +73,17 @@ def test_support_sets_equal_the_reference():
                           (1.0, 20, 0.8, 0.05), (2.0, 3, 0.99, 0.0)]:
         b = batch([temp] * 3000, [k] * 3000, [p] * 3000, [m] * 3000)
         support = set(torch.nonzero(ref.probs(x[:1], b)[0]).squeeze(1).tolist())
-        drawn = set(Sampler("cpu", 1)(x, b)[0].tolist())
+        drawn = set(Sampler("cpu", 1, one_pass=one_pass)(x, b)[0].tolist())
         assert drawn == support, (temp, k, p, m)
 
 
-def test_filtered_distribution_matches_the_reference():
+@pytest.mark.parametrize("one_pass", [False, True], ids=["torch", "one-pass"])
+def test_filtered_distribution_matches_the_reference(one_pass):
     x = logits(1, 40, 3, scale=1.0).expand(40000, -1).clone()
     b = batch([0.8] * 40000, [12] * 40000, [0.9] * 40000, [0.02] * 40000)
     probs = ReferenceSampler("cpu", 0).probs(x[:1], b)[0]
     probs = probs / probs.sum()
-    tokens = Sampler("cpu", 11)(x, b)[0]
+    tokens = Sampler("cpu", 11, one_pass=one_pass)(x, b)[0]
     freq = torch.bincount(tokens, minlength=40).float() / len(tokens)
     assert torch.allclose(freq, probs, atol=0.01)
 
@@ -121,12 +123,14 @@ def test_temperature_only_batch_needs_no_softmax_topk_or_sort():
     assert torch.equal(tokens, ReferenceSampler("cpu", 3)(x, b)[0])
 
 
-def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch():
+@pytest.mark.parametrize("one_pass", [False, True], ids=["torch", "one-pass"])
+def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch(one_pass):
     x = logits(6, 800, 2)
     seeded = [(4, row_seed(77, 9))]
-    a = Sampler("cpu", 0)(x, batch([1.0] * 6, [0, 0, 0, 0, 30, 0], [1.0] * 4 + [0.9, 1.0],
-                                   [0.0] * 6, seeded))[0]
-    b = Sampler("cpu", 5)(x, batch([0.0, 1.0, 0.4, 1.0, 1.0, 0.0], [3, 0, 0, 100, 30, 0],
-                                   [0.2, 1.0, 0.99, 1.0, 0.9, 1.0], [0.0, 0.3, 0.0, 0.0, 0.0, 0.0],
-                                   seeded))[0]
+    first, second = Sampler("cpu", 0, one_pass=one_pass), Sampler("cpu", 5, one_pass=one_pass)
+    a = first(x, batch([1.0] * 6, [0, 0, 0, 0, 30, 0], [1.0] * 4 + [0.9, 1.0], [0.0] * 6,
+                       seeded))[0]
+    b = second(x, batch([0.0, 1.0, 0.4, 1.0, 1.0, 0.0], [3, 0, 0, 100, 30, 0],
+                        [0.2, 1.0, 0.99, 1.0, 0.9, 1.0], [0.0, 0.3, 0.0, 0.0, 0.0, 0.0],
+                        seeded))[0]
     assert a[4] == b[4]

@@ -1,0 +1,108 @@
+"""One pipeline's Prometheus metrics, in a registry of its own (never the global one, so two
+pipelines in one process do not mix).
+
+Gauges and counters are read from the latest EngineStats at scrape time: its counters are
+cumulative already, so nothing is added up here and a missed message loses nothing.
+Histograms are observed from the finished-request records each EngineStats carries once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from protocol.engine_messages import EngineStats
+from protocol.outcomes import FINISH_REASON_STRINGS
+
+PREFIX = "nanopipe:"
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+                     0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+
+
+class _LatestStats(Collector):
+    """Gauges and counters from the latest EngineStats (zeros before the first)."""
+
+    def __init__(self, owner: EngineMetrics) -> None:
+        self._owner = owner
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._owner.latest
+        g = lambda name, doc, value: GaugeMetricFamily(PREFIX + name, doc, value=value)
+        c = lambda name, doc, value: CounterMetricFamily(PREFIX + name, doc, value=value)
+        running = s.running if s else 0
+        waiting = s.waiting if s else 0
+        used = s.kv_blocks_used / s.kv_blocks_total if s and s.kv_blocks_total else 0.0
+        computed = s.prompt_tokens if s else 0
+        cached = s.cached_prompt_tokens if s else 0
+        yield g("num_requests_running", "Requests in the running batch.", running)
+        yield g("num_requests_waiting", "Requests waiting to be scheduled.", waiting)
+        yield g("kv_cache_usage_perc", "Share of the KV cache blocks in use (0..1).", used)
+        yield g("prefix_cache_hit_rate", "Share of prefill tokens served from the prefix "
+                "cache since start (0..1).", cached / (computed + cached) if cached else 0.0)
+        yield c("prompt_tokens", "Prefill tokens computed (prompts, and recomputation after "
+                "preemption).", computed)
+        yield c("prompt_tokens_cached", "Prefill tokens served from the prefix cache.", cached)
+        yield c("generation_tokens", "Tokens generated.", s.generated_tokens if s else 0)
+        yield c("num_preemptions", "Sequences preempted (their KV freed, recomputed later).",
+                s.preemptions if s else 0)
+        yield c("engine_steps", "Steps the scheduler planned.", s.steps if s else 0)
+        yield c("gpu_busy_seconds", "Device time of the steps' forward and sample, as the "
+                "workers time it (rank 0); its rate is the share of time the GPU was busy.",
+                s.gpu_busy_s if s else 0.0)
+        yield c("spec_proposed_tokens", "Speculative tokens proposed and verified.",
+                s.spec_proposed_tokens if s else 0)
+        yield c("spec_accepted_tokens", "Speculative tokens the model accepted.",
+                s.spec_accepted_tokens if s else 0)
+        finished = CounterMetricFamily(PREFIX + "requests_finished", "Requests finished, by "
+                                       "finish reason.", labels=["finished_reason"])
+        counts = s.finished_by_reason if s else []
+        for reason, name in FINISH_REASON_STRINGS.items():
+            finished.add_metric([name], counts[reason] if reason < len(counts) else 0)
+        yield finished
+
+
+class EngineMetrics:
+    """Prometheus metrics of one pipeline; feed it every EngineStats (`update`)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latest: EngineStats | None = None
+        self._lock = threading.Lock()
+        self.registry.register(_LatestStats(self))
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
+
+        self.ttft = histogram("time_to_first_token_seconds",
+                              "Arrival to first generated token.", LATENCY_BUCKETS)
+        self.tpot = histogram("time_per_output_token_seconds", "Mean time between generated "
+                              "tokens after the first, per request.", TOKEN_GAP_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.",
+                             LATENCY_BUCKETS)
+        self.queue = histogram("request_queue_time_seconds",
+                               "Arrival to first scheduled (tokenizing included).",
+                               LATENCY_BUCKETS)
+
+    def update(self, stats: EngineStats) -> None:
+        """Take one EngineStats: its gauges and counters, and its finished requests."""
+        with self._lock:
+            if self.latest is None or stats.time_s >= self.latest.time_s:
+                self.latest = stats
+            for m in stats.finished:
+                self.e2e.observe(m.e2e_s)
+                if m.queue_time_s is not None:
+                    self.queue.observe(m.queue_time_s)
+                if m.ttft_s is not None:
+                    self.ttft.observe(m.ttft_s)
+                if m.tpot_s is not None:
+                    self.tpot.observe(m.tpot_s)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric now."""
+        return generate_latest(self.registry)
