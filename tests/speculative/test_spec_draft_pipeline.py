@@ -16,9 +16,10 @@ from pipeline_config import tiny_engine  # noqa: E402
 from spec_helpers import repeating_prompt, truncate_model  # noqa: E402
 from tiny_models import make_tiny_model  # noqa: E402
 
-from frontend import LLM  # noqa: E402
+from frontend import LLM, Client  # noqa: E402
 from frontend.engine.config import EngineConfig  # noqa: E402
 from frontend.engine.options import ConfigError  # noqa: E402
+from frontend.openai_server.responses import usage_extension  # noqa: E402
 from gpu_workers import WorkerConfig  # noqa: E402
 from gpu_workers.model_runner import ModelRunner  # noqa: E402
 from gpu_workers.speculative.draft import DraftVocabMismatch  # noqa: E402
@@ -52,6 +53,26 @@ def test_greedy_tp2_equals_tp1(draft_llm, tiny_qwen3_dir):
     out = draft_llm.generate(prompts, greedy, use_tqdm=False)
     for prompt, result in zip(prompts, out, strict=True):
         assert result["token_ids"] == hf_greedy(tiny_qwen3_dir, prompt, 24)
+
+
+def test_each_request_reports_its_acceptance(draft_llm):
+    """RequestMetrics of a speculating request count its proposed and accepted tokens; the
+    client library and the HTTP usage extension carry them."""
+    rng = random.Random(2)
+    prompts = [repeating_prompt(rng, 20, 4) for _ in range(2)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    for result in draft_llm.generate(prompts, params, use_tqdm=False):
+        m = result["metrics"]
+        # 20 tokens: the first from the prefill, then each verifying step adds its accepted
+        # proposals and one more token, so at most 18 can be accepted
+        assert m.generated_tokens == 20 and m.spec_proposed_tokens > 0
+        assert 0 <= m.spec_accepted_tokens <= min(m.spec_proposed_tokens, 18)
+    with Client(draft_llm.pipeline.address) as client:
+        m = client.generate(prompt_token_ids=prompts[0], params=params).metrics
+    assert m.spec_proposed_tokens > 0
+    usage = usage_extension([m])["nanopipe"]
+    assert (usage["spec_proposed_tokens"], usage["spec_accepted_tokens"]) == (
+        m.spec_proposed_tokens, m.spec_accepted_tokens)
 
 
 def test_sampled_tokens_carry_the_target_logprobs(draft_llm, tiny_qwen3_dir):
