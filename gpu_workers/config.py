@@ -20,6 +20,7 @@ from protocol.limits import (
 )
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SPECULATIVE_METHODS = (None, "ngram", "draft")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -63,11 +64,14 @@ class WorkerConfig:
     """Launch a plan that is already waiting before the previous step's tokens reached the
     host, so the device runs the two back to back (needs the scheduler's overlap)."""
     speculative: str | None = None
-    """"ngram": propose tokens by prompt lookup and verify them (gpu_workers.speculative)."""
+    """"ngram": propose tokens by prompt lookup; "draft": propose them with draft_model; either
+    way one target step verifies them (gpu_workers.speculative)."""
     num_speculative_tokens: int = 0
     """The most proposals one entry verifies per step; the plan caps each entry (num_spec)."""
     ngram_size: int = 3
     """Tokens matched by the n-gram proposer."""
+    draft_model: str | None = None
+    """The draft model directory (speculative "draft"): same vocabulary as the target."""
     max_plans_in_flight: int = plans_in_flight(overlap=True)
     """The scheduler's: how many plans it sends ahead of results. A sequence finished at
     step N may be computed by the plans already sent after N, so the worker's buffers reach
@@ -78,8 +82,11 @@ class WorkerConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.dtype is not None:
             parse_dtype(self.dtype)
-        if self.speculative not in (None, "ngram"):
-            raise ValueError(f"speculative must be None or 'ngram', got {self.speculative!r}")
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative must be one of {SPECULATIVE_METHODS}, "
+                             f"got {self.speculative!r}")
+        if (self.speculative == "draft") != (self.draft_model is not None):
+            raise ValueError("draft_model is needed with speculative='draft', and only then")
         if self.speculative and self.lookahead:
             raise ValueError("speculative decoding runs without lookahead")
         for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",

@@ -2,7 +2,9 @@
 
 Sizing: on CUDA, whatever memory the profiling forward left under gpu_memory_utilization; on
 CPU, the kv_cache_bytes budget. Either way one max_model_len sequence must fit, or start-up
-fails with a message that says what to change.
+fails with a message that says what to change. A draft model (speculative "draft") keeps its
+own pool over the same block ids, so `extra_per_block` (its bytes per block) is paid from the
+same budget.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ def bytes_per_block(model: ModelConfig, block_size: int, world_size: int) -> int
     return model.kv_bytes_per_token(world_size) * block_size
 
 
-def cpu_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int) -> int:
+def cpu_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int,
+                   extra_per_block: int = 0) -> int:
     budget = config.kv_cache_bytes or DEFAULT_CPU_KV_BYTES
-    return budget // bytes_per_block(model, config.block_size, world_size)
+    return budget // (bytes_per_block(model, config.block_size, world_size) + extra_per_block)
 
 
-def cuda_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int) -> int:
+def cuda_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int,
+                    extra_per_block: int = 0) -> int:
     """Blocks that fit in the memory left after the profiling forward (call right after it)."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -33,14 +37,16 @@ def cuda_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int) -
     stats = torch.cuda.memory_stats()
     transient = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
     budget = total * config.gpu_memory_utilization - (total - free) - transient
-    return max(0, int(budget) // bytes_per_block(model, config.block_size, world_size))
+    per_block = bytes_per_block(model, config.block_size, world_size) + extra_per_block
+    return max(0, int(budget) // per_block)
 
 
-def check_fits(num_blocks: int, config: WorkerConfig, model: ModelConfig, world_size: int) -> None:
+def check_fits(num_blocks: int, config: WorkerConfig, model: ModelConfig, world_size: int,
+               extra_per_block: int = 0) -> None:
     need = -(-config.max_model_len // config.block_size)
     if num_blocks >= need:
         return
-    per_seq = need * bytes_per_block(model, config.block_size, world_size)
+    per_seq = need * (bytes_per_block(model, config.block_size, world_size) + extra_per_block)
     budget = (
         f"gpu_memory_utilization={config.gpu_memory_utilization}"
         if config.device == "cuda"

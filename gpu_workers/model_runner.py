@@ -25,7 +25,8 @@ from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
 from gpu_workers.pending_step import PendingStep
 from gpu_workers.sampler import Sampler, top_logprobs
-from gpu_workers.speculative import prepare_proposals, settle_verified
+from gpu_workers.speculative import SpecStep, prepare_proposals, settle_verified
+from gpu_workers.speculative.draft import DraftProposer
 from gpu_workers.step_timer import BusyTimes
 from gpu_workers.transfer import to_device
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
@@ -60,6 +61,10 @@ class ModelRunner:
             self.model = CausalLM(mc, self.tp, self.backend, self.device,
                                   config.max_seq_tokens)
             load_weights(self.model, config.model)
+        self.drafter: DraftProposer | None = None
+        if config.speculative == "draft":  # before sizing: its pool shares the KV budget
+            progress(f"loading the draft model {config.draft_model}")
+            self.drafter = DraftProposer(config, mc, self.tp, self.device)
         self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.device)
         self.graphs: DecodeGraphs | None = None
         self.table: SequenceTable | None = None
@@ -71,6 +76,8 @@ class ModelRunner:
         self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size,
                                 self.device)
         self.kv_cache.bind(self.model.attention_layers())
+        if self.drafter is not None:
+            self.drafter.bind_cache(self.num_kv_blocks, world_size)
         self.table = self._new_table(self.num_kv_blocks)
         if self.device.type == "cuda":
             self._warm_up_kernels()
@@ -91,16 +98,17 @@ class ModelRunner:
 
     def _size_kv_cache(self) -> int:
         c, mc = self.config, self.model_config
+        extra = 0 if self.drafter is None else self.drafter.bytes_per_block(self.world_size)
         if self.device.type == "cuda":
             self._profile_run()
-            blocks = cuda_num_blocks(c, mc, self.world_size)
+            blocks = cuda_num_blocks(c, mc, self.world_size, extra)
         else:
-            blocks = cpu_num_blocks(c, mc, self.world_size)
+            blocks = cpu_num_blocks(c, mc, self.world_size, extra)
         if self.world_size > 1:  # every rank must agree on the pool the scheduler manages
             t = torch.tensor([blocks], dtype=torch.int64, device=self.device)
             dist.all_reduce(t, op=dist.ReduceOp.MIN)
             blocks = int(t.item())
-        check_fits(blocks, c, mc, self.world_size)
+        check_fits(blocks, c, mc, self.world_size, extra)
         return blocks
 
     @torch.inference_mode()
@@ -211,7 +219,11 @@ class ModelRunner:
                 table.uses_penalties(rows) & (table.pending_pos[rows] >= 0)):
             self._settle(in_flight)  # penalties read the token history on the host
         spec, run_new = None, num_new
-        if self.config.num_speculative_tokens and table.step_spec.any():
+        if self.drafter is not None and table is self.table:
+            spec = self.drafter.propose(table, rows, num_new, table.step_spec, self.sampler)
+            if spec is not None:
+                run_new = num_new + spec.num_verify
+        elif self.config.speculative == "ngram" and table.step_spec.any():
             # Speculation runs without lookahead: proposals read the settled history.
             spec = prepare_proposals(table, rows, num_new, table.step_spec,
                                      self.config.ngram_size)
@@ -240,7 +252,7 @@ class ModelRunner:
         if len(batch.sample_rows) == 0:
             self.busy.stop(timer)
             return PendingStep.empty(plan.step_id, table, failures)
-        tokens, logprobs, top = self._sample(hidden, batch)
+        tokens, logprobs, top = self._sample(hidden, batch, table, spec)
         self.busy.stop(timer)
         if spec is not None:
             return settle_verified(PendingStep(
@@ -285,15 +297,22 @@ class ModelRunner:
         if pending in self._unsettled:
             self._unsettled.remove(pending)
 
-    def _sample(self, hidden: torch.Tensor, batch: StepBatch
+    def _sample(self, hidden: torch.Tensor, batch: StepBatch, table: SequenceTable,
+                spec: SpecStep | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None]:
         """Sampled ids [R] int64, on rank 0 their logprobs and the requested top
-        alternatives ([R, k] ids and logprobs), all on the device."""
+        alternatives ([R, k] ids and logprobs), all on the device. Draft proposals drawn
+        from q are settled by rejection sampling (gpu_workers.speculative.rejection)."""
         logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         n = len(batch.logits_indices)
         lp = top = None
         if self.rank == 0:
             tokens, lp = self.sampler(logits, batch.sampling)
+            if spec is not None and self.drafter is not None and self.drafter.resample(
+                    logits, table, batch.sample_entries, batch.sample_rows,
+                    spec.num_verify[batch.sample_entries], tokens, self.sampler) and lp is not None:
+                raw = logits.float()
+                lp = raw.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(raw, dim=-1)
             if batch.sampling.top_logprobs:
                 top = top_logprobs(logits, batch.sampling.top_logprobs)
         else:

@@ -36,6 +36,10 @@ class RequestMetrics:
     generated_tokens: int
     preemptions: int
     finish_reason: FinishReason
+    spec_proposed_tokens: int = 0
+    """Speculative decoding: proposed tokens the model verified for this request (0 without)."""
+    spec_accepted_tokens: int = 0
+    """Of those, the ones it accepted (the request's acceptance rate: accepted / proposed)."""
 
     @property
     def first_scheduled_time(self) -> float | None:

@@ -80,6 +80,8 @@ def request_metrics(seq: Sequence, reason: FinishReason, now: float) -> RequestM
         generated_tokens=n,
         preemptions=seq.num_preemptions,
         finish_reason=reason,
+        spec_proposed_tokens=seq.spec_proposed,
+        spec_accepted_tokens=seq.spec_accepted,
     )
 
 

@@ -1,9 +1,12 @@
-"""N-gram speculative decoding on the CPU: the real SmolLM2-135M-Instruct (the embedded default
-model), float32 greedy, the whole pipeline, with and without `--speculative ngram` in the same
-run, on a copy-heavy workload (repeat a paragraph, edit a piece of code).
+"""Speculative decoding on the CPU: the real SmolLM2-135M-Instruct (the embedded default
+model), float32 greedy, the whole pipeline, without speculation, with `--speculative ngram` and
+(with --draft-layers N) with `--speculative draft` whose draft is the model's own first N
+layers (scripts/truncate_model.py), in the same run, on a copy-heavy workload (repeat a
+paragraph, edit a piece of code).
 
     python scripts/bench_spec.py                          # batch 1 and 8, K=4, n=3
     python scripts/bench_spec.py --batch-sizes 1 --k 6 --ngram 2 --new-tokens 96
+    python scripts/bench_spec.py --draft-layers 4 --new-tokens 48 --batch1-prompts 2
 
 Batch 1 sends the prompts one after another, batch B sends B at once (streaming clients).
 Prints per mode and batch size: TPOT (mean over requests of (last - first token) / (tokens -
@@ -18,9 +21,11 @@ import concurrent.futures as cf
 import datetime as dt
 import os
 import platform
+import tempfile
 import time
 
 import zmq
+from benchlib import truncate_model
 
 from frontend import LLM, Client, SamplingParams
 from protocol import Decoder
@@ -91,11 +96,20 @@ def main() -> None:
     ap.add_argument("--ngram", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch1-prompts", type=int, default=3)
+    ap.add_argument("--draft-layers", type=int, default=0,
+                    help="also run --speculative draft with the model's first N layers (0: no)")
     args = ap.parse_args()
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     modes = {"off": {}, "ngram": {"speculative": "ngram", "num_speculative_tokens": args.k,
                                   "ngram_size": args.ngram}}
+    tmp = tempfile.TemporaryDirectory(prefix="bench_spec_draft_")
+    if args.draft_layers:
+        from frontend.embedded_model import default_model_dir
+
+        draft = truncate_model(args.model or default_model_dir(), tmp.name, args.draft_layers)
+        modes["draft"] = {"speculative": "draft", "num_speculative_tokens": args.k,
+                          "draft_model": str(draft)}
     results: dict = {}
     for mode, extra in modes.items():
         with LLM(args.model, device="cpu", dtype="float32", **extra) as llm:
@@ -105,18 +119,22 @@ def main() -> None:
                     prompts = TASKS[:args.batch1_prompts] if b == 1 else (TASKS * b)[:b]
                     results[mode, b] = run(client, prompts, b, params)
             stats = latest_stats(llm.pipeline.endpoints.deltas_pub)
-            if mode == "ngram" and stats is not None and stats.spec_proposed_tokens:
+            if mode != "off" and stats is not None and stats.spec_proposed_tokens:
                 rate = stats.spec_accepted_tokens / stats.spec_proposed_tokens
-                print(f"ngram acceptance: {stats.spec_accepted_tokens} of "
+                print(f"{mode} acceptance: {stats.spec_accepted_tokens} of "
                       f"{stats.spec_proposed_tokens} proposed tokens ({rate:.1%})")
+    tmp.cleanup()
+    draft = f", draft = first {args.draft_layers} layers" if args.draft_layers else ""
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"{dt.date.today()}; K={args.k}, n={args.ngram}, {args.new_tokens} new tokens max")
-    for b in sizes:
-        (t0, tpot0, tps0), (t1, tpot1, tps1) = results["off", b], results["ngram", b]
-        assert t0 == t1, f"batch {b}: greedy tokens differ with speculation"
-        print(f"batch {b}: TPOT {tpot0 * 1e3:.1f} -> {tpot1 * 1e3:.1f} ms, output "
-              f"{tps0:.1f} -> {tps1:.1f} tok/s ({tps1 / tps0:.2f}x), identical tokens "
-              f"({sum(map(len, t0))} tokens)")
+          f"{dt.date.today()}; K={args.k}, n={args.ngram}{draft}, {args.new_tokens} new "
+          f"tokens max")
+    for mode in [m for m in modes if m != "off"]:
+        for b in sizes:
+            (t0, tpot0, tps0), (t1, tpot1, tps1) = results["off", b], results[mode, b]
+            assert t0 == t1, f"{mode}, batch {b}: greedy tokens differ with speculation"
+            print(f"{mode}, batch {b}: TPOT {tpot0 * 1e3:.1f} -> {tpot1 * 1e3:.1f} ms, output "
+                  f"{tps0:.1f} -> {tps1:.1f} tok/s ({tps1 / tps0:.2f}x), identical tokens "
+                  f"({sum(map(len, t0))} tokens)")
 
 
 if __name__ == "__main__":

@@ -102,13 +102,17 @@ class EngineConfig:
         flags=("--no-worker-lookahead",))
     speculative: str | None = option(
         None, "speculative decoding: ngram proposes the tokens that followed the last "
-        "--ngram-size tokens earlier in the sequence, and one step verifies them (turns "
-        "overlap off)", choices=("ngram",), auto="off")
+        "--ngram-size tokens earlier in the sequence, draft runs --draft-model K steps to "
+        "propose them; one step verifies them (turns overlap off)", choices=("ngram", "draft"),
+        auto="off")
     num_speculative_tokens: int = option(
         4, "most proposed tokens one step verifies per sequence (with --speculative)",
         minimum=1, maximum=32, metavar="K")
     ngram_size: int = option(3, "tokens the ngram proposer matches (with --speculative ngram)",
                              minimum=1, maximum=32, metavar="N")
+    draft_model: str | None = option(
+        None, "draft model directory for --speculative draft: a smaller model with the same "
+        "vocabulary, run in the same workers with its own KV cache", metavar="DIR")
     seed: int = option(0, "seed of unseeded sampling")
     served_model_name: str | None = option(
         None, "the model id clients see (default: the model directory's name)")
@@ -130,6 +134,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_options(self)
         self._check_nodes()
+        if self.speculative == "draft" and self.draft_model is None:
+            raise ConfigError("EngineConfig", "draft_model",
+                              "is required with speculative='draft' (--draft-model DIR)")
+        if self.draft_model is not None and self.speculative != "draft":
+            raise ConfigError("EngineConfig", "draft_model",
+                              "is only used with speculative='draft' (--speculative draft)")
 
     def _check_nodes(self) -> None:
         """The multi-host flags agree with each other (a ConfigError names the field)."""
@@ -225,6 +235,24 @@ class EngineConfig:
         """Speculation turns overlap off: a plan must know how far the previous step
         advanced each sequence (how many proposals it accepted)."""
         return self.overlap and self.speculative is None
+
+    @cached_property
+    def resolved_draft_model(self) -> str | None:
+        """The draft directory, checked: a model whose vocabulary is the target's (its
+        proposals are token ids the target verifies)."""
+        draft = self.draft_model
+        if draft is None:
+            return None
+        if not hf.has_model_config(draft):
+            raise ConfigError("EngineConfig", "draft_model",
+                              f"{draft!r} is not a model directory with a {hf.CONFIG_FILE}")
+        ours = hf.read_model_config(self.model_dir).get("vocab_size")
+        theirs = hf.read_model_config(draft).get("vocab_size")
+        if theirs != ours:
+            raise ConfigError("EngineConfig", "draft_model",
+                              f"{draft!r} has vocab_size {theirs}, the model {ours}: a draft "
+                              f"must share the target's vocabulary")
+        return draft
 
     @property
     def resolved_num_speculative_tokens(self) -> int:

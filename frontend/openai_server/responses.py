@@ -94,7 +94,9 @@ class _Format:
 def _timings(m: RequestMetrics) -> dict[str, Any]:
     return {"arrival_time": m.arrival_time, "queue_time_s": m.queue_time_s,
             "ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "e2e_s": m.e2e_s,
-            "cached_tokens": m.cached_prompt_tokens, "preemptions": m.preemptions}
+            "cached_tokens": m.cached_prompt_tokens, "preemptions": m.preemptions,
+            "spec_proposed_tokens": m.spec_proposed_tokens,
+            "spec_accepted_tokens": m.spec_accepted_tokens}
 
 
 def usage_extension(metrics: list[RequestMetrics]) -> dict[str, Any]:

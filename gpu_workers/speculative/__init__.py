@@ -1,4 +1,5 @@
-"""Speculative decoding in the workers: proposals (n-gram prompt lookup) and verification."""
+"""Speculative decoding in the workers: proposals (n-gram prompt lookup, or a draft model:
+speculative.draft) and their verification (speculative.rejection for drafts drawn from q)."""
 
 from gpu_workers.speculative.ngram import propose_ngram
 from gpu_workers.speculative.verify import (

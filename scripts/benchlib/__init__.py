@@ -17,6 +17,7 @@ from benchlib.random_model import (
     write_synthetic_tokenizer,
 )
 from benchlib.report import emit, leading_match, sig
+from benchlib.truncate import truncate_model
 from benchlib.workloads import (
     ID_CAP,
     W1_WARMUP_PROMPT,
@@ -51,6 +52,7 @@ __all__ = [
     "run",
     "sig",
     "timed_w1",
+    "truncate_model",
     "timed_w1_busy",
     "w1_params",
     "w1_workload",

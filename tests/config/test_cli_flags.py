@@ -75,6 +75,9 @@ def test_each_field_round_trips_through_its_flag(prefix, name):
         if name in MULTI_NODE_FIELDS:
             extra = MULTI_NODE
             value = {"nnodes": 2, "node_rank": 1, "master_port": 29500}.get(name, value)
+        if name in ("speculative", "draft_model"):  # a draft model goes with its choice
+            extra = {"speculative": "draft", "draft_model": "/some/draft"}
+            value = extra[name]
         engine = EngineConfig(**{**extra, name: value})
     else:
         extra = {"port": 8000} if name in ("host", "api_key", "max_request_bytes") else {}

@@ -21,6 +21,17 @@ from scheduler_proc import Scheduler, SchedulerConfig  # noqa: E402
 MAX_MODEL_LEN = 128
 
 
+def truncate_model(src: str, out, layers: int):
+    """scripts/benchlib/truncate.py's truncate_model, loaded by path (scripts/ is no package)."""
+    import importlib.util
+
+    path = TESTS.parent / "scripts" / "benchlib" / "truncate.py"
+    spec = importlib.util.spec_from_file_location("benchlib_truncate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.truncate_model(src, out, layers)
+
+
 class RunnerWorker:
     def __init__(self, runner) -> None:
         self.runner = runner
@@ -52,9 +63,14 @@ def greedy_requests(rng_seed: int, n: int = 6, **params) -> list[AddRequest]:
 
 def generate(model_dir: str, reqs: list[AddRequest], k: int = 0, ngram: int = 2,
              kv_bytes: int = 1 << 20, budget: int = 256, check=None, max_num_seqs: int = 8,
-             max_model_len: int = MAX_MODEL_LEN, **runner_kw):
-    """{request id: (tokens, finish reason)}, the scheduler and the worker."""
-    spec = {"speculative": "ngram", "num_speculative_tokens": k, "ngram_size": ngram} if k else {}
+             max_model_len: int = MAX_MODEL_LEN, draft: str | None = None, **runner_kw):
+    """{request id: (tokens, finish reason)}, the scheduler and the worker. With `draft` (a
+    model directory) the proposals come from that draft model instead of n-gram lookup."""
+    spec = {}
+    if k:
+        spec = ({"speculative": "draft", "num_speculative_tokens": k, "draft_model": draft}
+                if draft else {"speculative": "ngram", "num_speculative_tokens": k,
+                               "ngram_size": ngram})
     runner = make_runner(model_dir, **{"max_model_len": max_model_len, "kv_cache_bytes": kv_bytes,
                                        "max_num_seqs": max_num_seqs,
                                        "max_num_batched_tokens": budget, **spec, **runner_kw})
