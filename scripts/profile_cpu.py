@@ -96,7 +96,8 @@ def profile_ops(step, window: int, top: int) -> None:
             step()
     rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in rows) / window / 1e3
-    print(f"    aten self time {total:.2f} ms/step; costliest:")
+    calls = sum(e.count for e in rows) / window
+    print(f"    aten self time {total:.2f} ms/step, {calls:.0f} op calls/step; costliest:")
     for e in rows[:top]:
         print(f"    {e.self_cpu_time_total / window / 1e3:7.3f} ms  {e.count / window:5.1f}x  "
               f"{e.key}")
@@ -111,15 +112,18 @@ def profile_python(step, window: int, top: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
-def interleaved(steps: dict, n: int) -> dict[str, float]:
-    """Median ms per step of each engine, their steps alternating (shared noise hits both)."""
-    times: dict[str, list[float]] = {name: [] for name in steps}
+def interleaved(steps: dict, n: int) -> dict[str, tuple[float, float]]:
+    """Per engine, the median ms per step of wall time and of this process's CPU time, their
+    steps alternating (shared noise hits both). On a shared machine the CPU time at one
+    thread is the steadier figure: time spent preempted is not counted."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
     for _ in range(n):
         for name, step in steps.items():
-            t0 = time.perf_counter()
+            w0, c0 = time.perf_counter(), time.process_time()
             step()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+            times[name].append((time.perf_counter() - w0, time.process_time() - c0))
+    return {name: (statistics.median(w for w, _ in t) * 1e3,
+                   statistics.median(c for _, c in t) * 1e3) for name, t in times.items()}
 
 
 def main() -> None:
@@ -157,10 +161,11 @@ def main() -> None:
         if args.only != "nanopipe":
             engines["transformers"] = hf_engine(model, batch, pad_id, args.steps, args)
         ms = interleaved({name: step for name, (step, _) in engines.items()}, args.steps)
-        line = "  ".join(f"{name} {t:7.2f} ms" for name, t in ms.items())
+        line = "  ".join(f"{name} {w:7.2f} ms (cpu {c:7.2f})" for name, (w, c) in ms.items())
         ratio = ""
         if len(ms) == 2:
-            ratio = f"  transformers/nanopipe {ms['transformers'] / ms['nanopipe']:.2f}x"
+            (nw, nc), (hw, hc) = ms["nanopipe"], ms["transformers"]
+            ratio = f"  transformers/nanopipe wall {hw / nw:.2f}x cpu {hc / nc:.2f}x"
         print(f"batch {bs:>2}: per decode step (median of {args.steps}, interleaved)  "
               f"{line}{ratio}", flush=True)
         for name, (step, _) in engines.items():
