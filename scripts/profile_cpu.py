@@ -103,13 +103,13 @@ def profile_ops(step, window: int, top: int) -> None:
               f"{e.key}")
 
 
-def profile_python(step, window: int, top: int) -> None:
+def profile_python(step, window: int, top: int, sort: str = "tottime") -> None:
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(window):
         step()
     prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+    pstats.Stats(prof).sort_stats(sort).print_stats(top)
 
 
 def interleaved(steps: dict, n: int) -> dict[str, tuple[float, float]]:
@@ -135,6 +135,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=8, help="profiled steps")
     ap.add_argument("--ops", type=int, default=0, help="print this many costliest aten ops")
     ap.add_argument("--cprofile", type=int, default=0, help="print this many Python functions")
+    ap.add_argument("--sort", default="tottime", help="cProfile order (tottime, cumulative)")
     ap.add_argument("--only", choices=("nanopipe", "transformers"), default=None)
     args = ap.parse_args()
     if args.threads:
@@ -174,7 +175,7 @@ def main() -> None:
                 profile_ops(step, args.window, args.ops)
             if args.cprofile:
                 print(f"  {name}:")
-                profile_python(step, args.window, args.cprofile)
+                profile_python(step, args.window, args.cprofile, args.sort)
         if len(engines) == 2:
             n = min(len(t) for t in engines["transformers"][1])
             outs = {name: [t[:n] for t in tokens] for name, (_, tokens) in engines.items()}
