@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from gpu_workers.layers import cpu_attention
+from gpu_workers.layers.cpu_attention import CPUStep
 from gpu_workers.ops import (
     paged_attention,
     paged_attention_ref,
@@ -44,6 +46,8 @@ class AttentionBatch:
     max_seqlen_k: int
     decode: bool
     """Every entry computes exactly one token."""
+    cpu: CPUStep | None = None
+    """On the CPU path: what every layer of this step shares (the model builds it)."""
 
 
 def flash_attn_available() -> bool:
@@ -100,6 +104,8 @@ class PagedAttention(nn.Module):
     def attend(self, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         """q [T, H, D] -> [T, H, D] over the cache, which already holds this step's k/v."""
         kc, vc = self.k_cache, self.v_cache
+        if batch.cpu is not None:
+            return cpu_attention.attend(q, kc, vc, batch, batch.cpu, self.scale)
         if self.backend == "torch":
             if batch.decode:  # one batched call instead of one per sequence
                 return paged_decode_attention_ref(q, kc, vc, batch.block_tables,

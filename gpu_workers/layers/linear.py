@@ -10,6 +10,7 @@ which one, and `packed_shards` lists the parts of a checkpoint that stores them 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gpu_workers.layers.parallel import TPInfo
@@ -47,6 +48,8 @@ class ColumnParallelLinear(nn.Module):
         self._load_part(param, loaded, 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_cuda:  # the skinny kernel is CUDA's
+            return F.linear(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias)
 
 
@@ -116,5 +119,5 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.cols.start, self.in_local))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(linear(x, self.weight))
+        y = self.tp.all_reduce(linear(x, self.weight) if x.is_cuda else F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias

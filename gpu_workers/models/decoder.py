@@ -17,7 +17,9 @@ import torch
 from torch import nn
 
 from gpu_workers.config import ModelConfig
+from gpu_workers.layers import cpu_attention
 from gpu_workers.layers.attention import AttentionBatch, PagedAttention
+from gpu_workers.layers.cpu_attention import CPUStep
 from gpu_workers.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from gpu_workers.layers.linear import (
     MergedColumnParallelLinear,
@@ -59,8 +61,13 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 batch: AttentionBatch) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        prepare = self._prepare_fused if self.fused_qkv else self._prepare_unfused
-        q = prepare(qkv, positions, cos_sin, batch)
+        if batch.cpu is not None and self.fused_qkv:
+            q = cpu_attention.prepare_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                          batch.cpu, self.q_norm, self.k_norm,
+                                          self.attn.k_cache, self.attn.v_cache)
+        else:
+            prepare = self._prepare_fused if self.fused_qkv else self._prepare_unfused
+            q = prepare(qkv, positions, cos_sin, batch)
         out = self.attn.attend(q, batch)
         return self.o_proj(out.reshape(x.shape[0], self.num_heads * self.head_dim))
 
@@ -133,6 +140,9 @@ class DecoderStack(nn.Module):
             DecoderLayer(cfg, tp, backend, device, fused_qkv) for _ in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, device)
+        # The torch backend on the CPU runs the CPU path (gpu_workers.layers.cpu_attention).
+        self.cpu_path = backend == "torch" and torch.device(device).type == "cpu"
+        self.dtype = cfg.dtype
         cos_sin = build_rope_cache(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling,
                                    device)
         self.register_buffer("cos_sin", cos_sin, persistent=False)
@@ -140,6 +150,10 @@ class DecoderStack(nn.Module):
     def forward(self, ids: torch.Tensor, positions: torch.Tensor,
                 batch: AttentionBatch) -> torch.Tensor:
         x, residual = self.embed_tokens(ids), None
+        if self.cpu_path:
+            kc = self.layers[0].self_attn.attn.k_cache
+            batch.cpu = CPUStep.build(batch, positions, self.cos_sin, self.dtype, kc.shape[0],
+                                      kc.shape[1], kc.shape[2])
         for layer in self.layers:
             x, residual = layer(x, residual, positions, self.cos_sin, batch)
         x, _ = self.norm(x, residual)
