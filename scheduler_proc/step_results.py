@@ -107,6 +107,7 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
     if top_ids is not None:
         deltas.pad_top()
     proposed = result.num_proposed or [0] * len(seqs)
+    now = time.monotonic()  # every token of one result arrived together
     finished_running = False
     start = 0
     for seq, count, num_proposed in zip(seqs, result.num_tokens, proposed, strict=True):
@@ -131,6 +132,10 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
             elif length - seq.num_prompt_tokens >= seq.max_tokens or length >= max_model_len:
                 reason = LENGTH
         stats.generated_tokens += end - first
+        if end > first:
+            seq.last_token_s = now
+            if seq.first_token_s is None:
+                seq.first_token_s = now
         deltas.ids.append(seq.seq_id)
         deltas.tokens.append(tokens[first:end])
         deltas.reasons.append(reason)

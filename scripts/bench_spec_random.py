@@ -12,8 +12,10 @@ prompt itself holds the continuation n-gram lookup needs; greedy, ignore_eos, --
 tokens. Batch 1 runs --batch1-prompts prompts one after another; batch B runs B at once.
 Prints per mode and batch size: TPOT (mean of the requests' RequestMetrics.tpot_s), output
 tok/s (tokens / wall time), the acceptance rate (accepted / proposed over the requests).
-A model's tokens depend on its weights, so how far a real model's outputs follow the
-prompt decides its acceptance; the two draft rows bracket what any draft can give.
+On the CPU (float32) the outputs must be identical; in bf16 the share of tokens generated
+before the first difference is printed instead. A model's tokens depend on its weights, so
+how far a real model's outputs follow the prompt decides its acceptance; the two draft rows
+bracket what any draft can give.
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ def prompts(num: int, segment: int, repeats: int, vocab: int, seed: int) -> list
         chunk = [rng.randrange(100, min(vocab, 10_000)) for _ in range(segment)]
         out.append(chunk * repeats)
     return out
+
+
+def leading_share(got: list[list[int]], want: list[list[int]]) -> float:
+    """Share of the tokens generated before each request's first difference from `want`.
+    In bf16 a step that verifies K+1 positions rounds differently from K+1 decode steps, so
+    on nearly flat random logits greedy paths part; in float32 (the CPU) they must not."""
+    same = total = 0
+    for g, w in zip(got, want, strict=True):
+        total += len(w)
+        same += next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
+    return same / total if total else 1.0
 
 
 def run_mode(model: str, device: str, options: dict, batches: dict[int, list[list[int]]],
@@ -106,12 +119,12 @@ def main() -> None:
     for size in sizes:
         for name, figs in results.items():
             f = figs[size]
-            same = f["tokens"] == base[size]["tokens"]
+            agree = leading_share(f["tokens"], base[size]["tokens"])
             acc = "-" if f["acceptance"] is None else f"{f['acceptance']:.1%}"
             print(f"batch {size:2d}  {name:24s} TPOT {f['tpot_ms']:7.3f} ms  "
                   f"{f['tok_s']:9.1f} tok/s  x{f['tok_s'] / base[size]['tok_s']:.2f}  "
-                  f"acceptance {acc}  identical {same}")
-            if not same:
+                  f"acceptance {acc}  tokens as without speculation {agree:.1%}")
+            if agree < 1 and args.device == "cpu":
                 raise SystemExit(f"{name}: greedy tokens differ from the run without "
                                  "speculation")
 

@@ -67,6 +67,8 @@ def test_each_request_reports_its_acceptance(draft_llm):
         # proposals and one more token, so at most 18 can be accepted
         assert m.generated_tokens == 20 and m.spec_proposed_tokens > 0
         assert 0 <= m.spec_accepted_tokens <= min(m.spec_proposed_tokens, 18)
+        # Verifying steps time their tokens too: TPOT spans the first to the last token.
+        assert m.tpot_s is not None and m.tpot_s > 0 and m.ttft_s + 19 * m.tpot_s <= m.e2e_s
     with Client(draft_llm.pipeline.address) as client:
         m = client.generate(prompt_token_ids=prompts[0], params=params).metrics
     assert m.spec_proposed_tokens > 0
