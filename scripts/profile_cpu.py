@@ -22,8 +22,8 @@ import statistics
 import time
 
 import torch
-from bench_cpu import QUESTIONS, chat_prompts
 from benchlib import process
+from benchlib.chat_prompts import QUESTIONS, chat_prompts
 
 from gpu_workers import ModelRunner, WorkerConfig
 from protocol import AddRequest, SamplingParams
