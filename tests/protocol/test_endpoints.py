@@ -67,7 +67,7 @@ def _plain(value) -> object:
         return [_plain(getattr(value, f.name)) for f in dataclasses.fields(value)]
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
-    assert value is None or type(value) in (str, int, bytes), type(value)
+    assert value is None or type(value) in (str, int, bool, bytes), type(value)
     return value
 
 
@@ -75,8 +75,11 @@ def test_endpoints_are_plain_frozen_data_that_msgpack_carries():
     for ep in (Endpoints.ipc(2), Endpoints.tcp(2)):
         try:
             wire = msgpack.unpackb(msgpack.packb(_plain(ep), use_bin_type=True), raw=False)
-            keys = CurveKeys(*wire[-1]) if wire[-1] is not None else None
-            fields = [tuple(v) if isinstance(v, list) else v for v in wire[:-1]]
-            assert Endpoints(*fields, keys) == ep
+            names = [f.name for f in dataclasses.fields(Endpoints)]
+            values = dict(zip(names, wire, strict=True))
+            keys = values.pop("keys")
+            values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+            keys = CurveKeys(*keys) if keys is not None else None
+            assert Endpoints(**values, keys=keys) == ep
         finally:
             ep.cleanup()
