@@ -76,12 +76,7 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
             deltas.top_ids.append([top_ids[k]])
             deltas.top_lps.append([top_lps[k]])
         if reason is not None:
-            if seq.status is RUNNING:
-                finished_running = True
-            else:
-                # Preempted while this token was in flight; it finished waiting.
-                state.waiting.remove(seq)
-            state.finish(seq, reason)
+            finished_running |= _finish(state, seq, reason)
         elif (
             seq.status is RUNNING
             and min(seq.num_computed, length) // bs > seq.num_hashed_blocks
@@ -145,11 +140,7 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
             deltas.top_ids.append(top_ids[first:end])
             deltas.top_lps.append(top_lps[first:end])
         if reason is not None:
-            if seq.status is RUNNING:
-                finished_running = True
-            else:
-                state.waiting.remove(seq)
-            state.finish(seq, reason)
+            finished_running |= _finish(state, seq, reason)
         elif seq.status is RUNNING:
             seq.num_computed += count - 1
             if seq.spec_tokens:
@@ -158,6 +149,16 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
     if finished_running:
         state.running = [s for s in state.running if s.status is RUNNING]
     return deltas.take(result.step_id, logprobs is not None)
+
+
+def _finish(state: SchedulerState, seq: Sequence, reason: FinishReason) -> bool:
+    """Finish `seq` with `reason`; True if it was running (the caller then rebuilds the
+    running list once). A sequence preempted while its token was in flight finishes waiting."""
+    was_running = seq.status is RUNNING
+    if not was_running:
+        state.waiting.remove(seq)
+    state.finish(seq, reason)
+    return was_running
 
 
 def _fail_refused(state: SchedulerState, result: StepResult) -> None:
