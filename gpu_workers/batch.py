@@ -35,6 +35,8 @@ class StepBatch:
     sampling: SamplingBatch | None
     num_entries: int
     """Real entries; the batch may be padded beyond this to a CUDA-graph size."""
+    token_offsets: np.ndarray | None = None
+    """[entries] where each entry's tokens start in input_ids."""
     logit_counts: np.ndarray | None = None
     """Speculation: logits rows per sampling entry (1 + its proposals); None: one each."""
 
@@ -42,42 +44,59 @@ class StepBatch:
 def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, block_size: int,
                 device: torch.device, pad_to: int | None = None,
                 block_width: int | None = None,
-                num_verify: np.ndarray | None = None) -> StepBatch:
+                num_verify: np.ndarray | None = None, q_per_seq: int = 1) -> StepBatch:
     """num_verify: per entry, how many of its num_new tokens are proposals to verify (they
     sit in the mirror past its known tokens); such an entry needs logits at each of its last
-    1 + num_verify positions, each sampled with the entry's parameters."""
+    1 + num_verify positions, each sampled with the entry's parameters.
+
+    pad_to (CUDA graphs, every entry computing at most q_per_seq tokens): every entry is laid
+    out as q_per_seq tokens, its own then padding, and the batch is padded to pad_to entries.
+    Padding stores nothing (slot -1) and its outputs are never read."""
     n = len(rows)
     start = table.num_computed[rows]
     end = start + num_new
-    cu_q = np.zeros(n + 1, np.int64)
-    np.cumsum(num_new, out=cu_q[1:])
-    total = int(cu_q[-1])
-    positions = np.arange(total, dtype=np.int64) - np.repeat(cu_q[:-1] - start, num_new)
-    row_rep = np.repeat(rows, num_new)
+    width = block_width or max(1, int((end.max() + block_size - 1) // block_size))
+    tables = table.block_tables[rows, :width]
+    if pad_to is None:
+        cu_q = np.zeros(n + 1, np.int64)
+        np.cumsum(num_new, out=cu_q[1:])
+        positions = np.arange(int(cu_q[-1]), dtype=np.int64) - np.repeat(cu_q[:-1] - start,
+                                                                          num_new)
+        row_rep, real, seq_lens = np.repeat(rows, num_new), None, end
+    else:
+        cu_q = np.arange(n + 1, dtype=np.int64) * q_per_seq
+        step = np.tile(np.arange(q_per_seq), n)
+        real = step < np.repeat(num_new, q_per_seq)
+        # Padding repeats the entry's last real position (a valid one for every lookup).
+        positions = np.repeat(start, q_per_seq) + np.minimum(step, np.repeat(num_new - 1,
+                                                                             q_per_seq))
+        row_rep = np.repeat(rows, q_per_seq)
+        seq_lens = start + q_per_seq  # the queries are the last q_per_seq positions
     ids = table.tokens[row_rep, positions]
     slots = table.block_tables[row_rep, positions // block_size] * block_size + (
         positions % block_size)
-    width = block_width or max(1, int((end.max() + block_size - 1) // block_size))
-    tables = table.block_tables[rows, :width]
-    seq_lens = end
-    decode = bool(np.all(num_new == 1))
+    offsets = cu_q[:n].copy()
+    last = offsets + num_new - 1  # each entry's last real token
+    decode = pad_to is not None or bool(np.all(num_new == 1))
     max_q, max_k = int(num_new.max()), int(end.max())
-    if pad_to is not None and pad_to > n:
-        assert decode
-        extra = pad_to - n
+    if pad_to is not None:
+        assert int(num_new.max()) <= q_per_seq
+        slots = np.where(real, slots, -1)
+        extra = (pad_to - n) * q_per_seq
         ids = np.concatenate([ids, np.zeros(extra, ids.dtype)])
         positions = np.concatenate([positions, np.zeros(extra, np.int64)])
         slots = np.concatenate([slots, np.full(extra, -1, slots.dtype)])
-        cu_q = np.arange(pad_to + 1, dtype=np.int64)
-        seq_lens = np.concatenate([seq_lens, np.ones(extra, np.int64)])
-        tables = np.concatenate([tables, np.zeros((extra, width), np.int32)])
+        cu_q = np.arange(pad_to + 1, dtype=np.int64) * q_per_seq
+        seq_lens = np.concatenate([seq_lens, np.full(pad_to - n, q_per_seq, np.int64)])
+        tables = np.concatenate([tables, np.zeros((pad_to - n, width), np.int32)])
+        max_q = q_per_seq
     cu_k = np.zeros(len(seq_lens) + 1, np.int64)
     np.cumsum(seq_lens, out=cu_k[1:])
 
     known_end = end if num_verify is None else end - num_verify
     samples = known_end == table.num_tokens[rows]
     sample_entries = np.flatnonzero(samples)
-    logits_idx = cu_q[1:n + 1][samples] - 1
+    logits_idx = last[samples]
     sample_rows = rows[samples]
     counts = steps = None
     logit_rows = sample_rows
@@ -110,6 +129,7 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
         slot_mapping=d_slots, block_tables=d_tables.view(len(seq_lens), width),
         cu_seqlens_q=d_cu_q, seq_lens_k=d_lens, cu_seqlens_k=d_cu_k,
         max_seqlen_q=max_q, max_seqlen_k=max_k, decode=decode,
+        q_per_seq=q_per_seq if pad_to is not None else 1,
     )
     sampling = None
     if len(sample_rows):
@@ -135,4 +155,4 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
             top_logprobs=int(table.top_logprobs[sample_rows].max(initial=0)),
         )
     return StepBatch(d_ids, d_pos, attn, d_logits, sample_entries, sample_rows, sampling, n,
-                     counts)
+                     token_offsets=offsets, logit_counts=counts)

@@ -4,6 +4,10 @@ A decode step of a small model is dominated by kernel launches; replaying a capt
 turns ~10 launches per layer into one. Inputs are copied into static buffers, the batch is
 padded up to the bucket (padding rows store nothing: slot -1), and the captured output
 buffer is returned.
+
+With q_per_seq > 1 the graphs run steps that verify speculative proposals: every entry
+computes q_per_seq tokens (its last known token and up to q_per_seq - 1 proposals, padded;
+gpu_workers.batch lays them out), so a verify step replays one graph like a decode step.
 """
 
 from __future__ import annotations
@@ -24,20 +28,22 @@ def bucket_sizes(max_bs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, max_bs: int, block_width: int,
-                 max_model_len: int, device: torch.device) -> None:
+                 max_model_len: int, device: torch.device, q_per_seq: int = 1) -> None:
         self.model = model
         self.sizes = bucket_sizes(max_bs)
         self.block_width = block_width
         self.max_model_len = max_model_len
+        self.q_per_seq = q = q_per_seq
         i32 = dict(dtype=torch.int32, device=device)
-        self.ids = torch.zeros(max_bs, **i32)
-        self.positions = torch.zeros(max_bs, **i32)
-        self.slots = torch.full((max_bs,), -1, **i32)
-        self.seq_lens = torch.ones(max_bs, **i32)
-        self.cu_q = torch.arange(max_bs + 1, **i32)
+        self.ids = torch.zeros(max_bs * q, **i32)
+        self.positions = torch.zeros(max_bs * q, **i32)
+        self.slots = torch.full((max_bs * q,), -1, **i32)
+        self.seq_lens = torch.full((max_bs,), q, **i32)
+        self.cu_q = torch.arange(max_bs + 1, **i32) * q
         self.cu_k = torch.arange(max_bs + 1, **i32)
         self.tables = torch.zeros(max_bs, block_width, **i32)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
         self.outputs: dict[int, torch.Tensor] = {}
 
     @property
@@ -51,30 +57,31 @@ class DecodeGraphs:
         return AttentionBatch(
             slot_mapping=self.slots[:bs], block_tables=self.tables[:bs],
             cu_seqlens_q=self.cu_q[: bs + 1], seq_lens_k=self.seq_lens[:bs],
-            cu_seqlens_k=self.cu_k[: bs + 1], max_seqlen_q=1,
-            max_seqlen_k=self.max_model_len, decode=True,
+            cu_seqlens_k=self.cu_k[: bs + 1], max_seqlen_q=self.q_per_seq,
+            max_seqlen_k=self.max_model_len, decode=True, q_per_seq=self.q_per_seq,
         )
 
-    def capture(self) -> None:
-        pool = None
+    def capture(self, pool=None) -> None:
+        """Capture every size (into `pool`, another set's memory pool, when given)."""
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory
-            attn = self._attn(bs)
-            self.model(self.ids[:bs], self.positions[:bs], attn)  # warm-up (autotune, lazy init)
+            attn, t = self._attn(bs), bs * self.q_per_seq
+            self.model(self.ids[:t], self.positions[:t], attn)  # warm-up (autotune, lazy init)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = self.model(self.ids[:bs], self.positions[:bs], attn)
+                out = self.model(self.ids[:t], self.positions[:t], attn)
             pool = graph.pool() if pool is None else pool
+            self.pool = pool
             self.graphs[bs] = graph
             self.outputs[bs] = out
         torch.cuda.synchronize()
 
     def run(self, batch: StepBatch, bs: int) -> torch.Tensor:
         """Replay the graph of size bs on a batch already padded to bs entries."""
-        a = batch.attn
-        self.ids[:bs].copy_(batch.input_ids)
-        self.positions[:bs].copy_(batch.positions)
-        self.slots[:bs].copy_(a.slot_mapping)
+        a, t = batch.attn, bs * self.q_per_seq
+        self.ids[:t].copy_(batch.input_ids)
+        self.positions[:t].copy_(batch.positions)
+        self.slots[:t].copy_(a.slot_mapping)
         self.seq_lens[:bs].copy_(a.seq_lens_k)
         self.cu_k[: bs + 1].copy_(a.cu_seqlens_k)
         self.tables[:bs].copy_(a.block_tables)

@@ -67,6 +67,7 @@ class ModelRunner:
             self.drafter = DraftProposer(config, mc, self.tp, self.device)
         self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.device)
         self.graphs: DecodeGraphs | None = None
+        self.verify_graphs: DecodeGraphs | None = None
         self.table: SequenceTable | None = None
         self._unsettled: list[PendingStep] = []
         """Launched steps of self.table whose tokens are not in the mirror yet, oldest first."""
@@ -87,6 +88,14 @@ class ModelRunner:
                                        config.max_model_len, self.device)
             with torch.inference_mode():
                 self.graphs.capture()
+            if config.speculative and config.num_speculative_tokens:
+                progress("capturing CUDA graphs for verifying proposals")
+                self.verify_graphs = DecodeGraphs(
+                    self.model, config.max_num_seqs, config.max_blocks_per_seq,
+                    config.max_model_len, self.device,
+                    q_per_seq=config.num_speculative_tokens + 1)
+                with torch.inference_mode():
+                    self.verify_graphs.capture(pool=self.graphs.pool)
 
     def _new_table(self, num_blocks: int | None = None) -> SequenceTable:
         c = self.config
@@ -228,25 +237,25 @@ class ModelRunner:
             spec = prepare_proposals(table, rows, num_new, table.step_spec,
                                      self.config.ngram_size)
             run_new = num_new + spec.num_verify
-        bs, width = None, None
+        graphs, bs, width = None, None, None
         if self.device.type == "cuda":
             # A static block-table width: Triton specialises kernels on integer arguments such
             # as the table's row stride and derives the decode split count from it, so a width
             # following the longest context would recompile kernels in the middle of serving.
             width = self.config.max_blocks_per_seq
-            if (self.graphs is not None and len(rows) <= self.graphs.max_bs
-                    and table is self.table and bool(np.all(run_new == 1))):
-                bs = self.graphs.bucket(len(rows))
+            graphs = self._graphs_for(table, num_new, run_new)
+            bs = None if graphs is None else graphs.bucket(len(rows))
         start = table.num_computed[rows]
         batch = build_batch(table, rows, run_new, self.config.block_size, self.device,
                             pad_to=bs, block_width=width,
-                            num_verify=None if spec is None else spec.num_verify)
+                            num_verify=None if spec is None else spec.num_verify,
+                            q_per_seq=1 if graphs is None else graphs.q_per_seq)
         if in_flight is not None:
             self._take_pending_inputs(batch, table, rows, start, num_new, in_flight)
         table.num_computed[rows] += num_new
         timer = self.busy.start() if table is self.table and self.rank == 0 else None
-        if bs is not None:
-            hidden = self.graphs.run(batch, bs)
+        if graphs is not None:
+            hidden = graphs.run(batch, bs)
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch.attn)
         if len(batch.sample_rows) == 0:
@@ -271,6 +280,21 @@ class ModelRunner:
             self._unsettled.append(pending)
         return pending
 
+    def _graphs_for(self, table: SequenceTable, num_new: np.ndarray, run_new: np.ndarray
+                    ) -> DecodeGraphs | None:
+        """The captured graphs that can run this step: decode graphs when every entry
+        computes one token, verify graphs when every entry decodes and verifies proposals."""
+        n = len(num_new)
+        if table is not self.table or n == 0:
+            return None
+        if self.graphs is not None and n <= self.graphs.max_bs and bool(np.all(run_new == 1)):
+            return self.graphs
+        v = self.verify_graphs
+        if (v is not None and n <= v.max_bs and bool(np.all(num_new == 1))
+                and int(run_new.max()) <= v.q_per_seq):
+            return v
+        return None
+
     def _take_pending_inputs(self, batch: StepBatch, table: SequenceTable, rows: np.ndarray,
                              start: np.ndarray, num_new: np.ndarray,
                              in_flight: PendingStep) -> None:
@@ -279,8 +303,7 @@ class ModelRunner:
         k = np.flatnonzero((pend >= start) & (pend < start + num_new))
         if len(k) == 0:
             return
-        offsets = np.concatenate([[0], np.cumsum(num_new)[:-1]])
-        flat = offsets[k] + (pend[k] - start[k])
+        flat = batch.token_offsets[k] + (pend[k] - start[k])
         slots = table.pending_slot[rows[k]]
         dst = to_device(flat, self.device)
         src = to_device(slots, self.device)

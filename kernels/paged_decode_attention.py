@@ -1,8 +1,13 @@
-"""Attention for one query per sequence over a paged KV cache, split-K on long contexts.
+"""Attention for a few queries per sequence over a paged KV cache, split-K on long contexts.
 
 Decode reads the whole KV cache once per step and is memory bound. With few sequences
 there are too few (sequence, kv head) programs to fill the GPU, so the context is split
 into partitions computed in parallel (stage 1) and merged by their log-sum-exp (stage 2).
+
+A step that verifies speculative proposals has Q = 1 + K queries per sequence, the last Q
+positions of its context, each attending causally up to its own position. They share the
+sequence's keys, so they are rows of the same program (with the q heads of one kv head):
+the KV is still read once per sequence, and Q is fixed per launch (CUDA-graph friendly).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ def _decode_split_kernel(
     block_tables_ptr, seq_lens_k_ptr, qk_scale, partition, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-    GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, QLEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -40,40 +46,47 @@ def _decode_split_kernel(
     start = split * partition
     end = tl.minimum(start + partition, seq_len)
 
-    # Rows are the q heads sharing this kv head (padded to ROWS for the tensor cores).
-    g = tl.arange(0, ROWS)
-    row_ok = g < GROUP
-    head = kv_head * GROUP + g
+    # Rows are (query j, q head g) pairs of the q heads sharing this kv head, padded to ROWS
+    # for the tensor cores; query j sits at position seq_len - QLEN + j.
+    r = tl.arange(0, ROWS)
+    row_ok = r < GROUP * QLEN
+    j = r // GROUP
+    head = kv_head * GROUP + r % GROUP
+    token = b.to(tl.int64) * QLEN + j
+    pos = seq_len - QLEN + j
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + d[None, :],
+    q = tl.load(q_ptr + token[:, None] * stride_qb + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
     m_i = tl.full([ROWS], -1.0e30, tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    full_end = start + ((end - start) // BLOCK_N) * BLOCK_N
+    # Tiles every query sees in full need no mask; the rest (the partition's tail and, with
+    # QLEN > 1, the last keys that only some queries see) are masked causally.
+    open_end = tl.maximum(tl.minimum(end, seq_len - QLEN + 1), start)
+    full_end = start + ((open_end - start) // BLOCK_N) * BLOCK_N
     for n in range(start, full_end, BLOCK_N):
         acc, m_i, l_i = attn_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n, end, g, qk_scale,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n, end, pos, qk_scale,
             stride_kb, stride_ks, stride_vb, stride_vs,
             kv_head * stride_kh, kv_head * stride_vh,
             BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, False, DOT_PRECISION,
         )
     for n in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = attn_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n, end, g, qk_scale,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n, end, pos, qk_scale,
             stride_kb, stride_ks, stride_vb, stride_vs,
             kv_head * stride_kh, kv_head * stride_vh,
-            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, False, DOT_PRECISION,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, QLEN > 1, DOT_PRECISION,
         )
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     if not SPLIT:
-        o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + d[None, :]
+        o_ptrs = out_ptr + token[:, None] * stride_ob + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         # Partial results: normalised output and log2-sum-exp2 (-inf for an empty split).
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
-        idx = (b.to(tl.int64) * GROUP * tl.num_programs(1) + head) * num_splits + split
+        idx = (token * GROUP * tl.num_programs(1) + head) * num_splits + split
         tl.store(part_lse_ptr + idx, lse, mask=row_ok)
         tl.store(part_out_ptr + idx[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None])
 
@@ -131,10 +144,11 @@ def paged_decode_attention_triton(
     *,
     max_seqlen_k: int | None = None,
     num_splits: int | None = None,
+    q_per_seq: int = 1,
 ) -> torch.Tensor:
     """`max_seqlen_k` defaults to the block-table capacity (static, so CUDA-graph safe)."""
     require_triton()
-    num_seqs = q.shape[0]
+    num_seqs = _num_seqs(q, q_per_seq)
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens_k, num_seqs)
     check_triton_layout(q, k_cache, v_cache, block_tables, seq_lens_k)
     _, num_heads, head_dim = q.shape
@@ -149,13 +163,13 @@ def paged_decode_attention_triton(
     if num_splits is None:
         num_splits = _choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k)
     check(1 <= num_splits <= max_seqlen_k, f"num_splits must be in [1, {max_seqlen_k}]")
-    block_n, num_warps, num_stages, rows = _launch_config(q, group, num_splits > 1)
+    block_n, num_warps, num_stages, rows = _launch_config(q, group * q_per_seq, num_splits > 1)
     partition = cdiv(cdiv(max_seqlen_k, num_splits), block_n) * block_n
     num_splits = cdiv(max_seqlen_k, partition)
     if num_splits > 1:
-        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim,
+        part_out = torch.empty(q.shape[0], num_heads, num_splits, head_dim,
                                dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(num_seqs, num_heads, num_splits,
+        part_lse = torch.empty(q.shape[0], num_heads, num_splits,
                                dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused
@@ -165,12 +179,13 @@ def paged_decode_attention_triton(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        GROUP=group, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        GROUP=group, QLEN=q_per_seq, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
         SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
-        _decode_reduce_kernel[(num_seqs, num_heads)](
+        _decode_reduce_kernel[(q.shape[0], num_heads)](
             part_out, part_lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
             SPLITS_P=next_pow2(num_splits), HEAD_DIM=head_dim,
             num_warps=4,
@@ -185,7 +200,16 @@ def paged_decode_attention_ref(
     block_tables: torch.Tensor,
     seq_lens_k: torch.Tensor,
     scale: float,
+    q_per_seq: int = 1,
 ) -> torch.Tensor:
+    if q_per_seq > 1:  # query j of each sequence sees the context up to its own position
+        num_seqs = _num_seqs(q, q_per_seq)
+        qs = q.view(num_seqs, q_per_seq, *q.shape[1:])
+        outs = [paged_decode_attention_ref(qs[:, j], k_cache, v_cache, block_tables,
+                                           (seq_lens_k - (q_per_seq - 1 - j)).clamp(min=0),
+                                           scale)
+                for j in range(q_per_seq)]
+        return torch.stack(outs, 1).reshape(q.shape)
     num_seqs, num_heads, head_dim = q.shape
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens_k, num_seqs)
     num_blocks, block_size, num_kv_heads = k_cache.shape[:3]
@@ -217,8 +241,19 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens_k: torch.Tensor,
     scale: float,
+    q_per_seq: int = 1,
 ) -> torch.Tensor:
-    """One query per sequence: q [B, H, D] -> out [B, H, D] in q's dtype."""
+    """q_per_seq queries per sequence, the last positions of its context (seq_lens_k counts
+    them): q [B * q_per_seq, H, D] -> out of q's shape and dtype."""
     if use_triton(q, k_cache):
-        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens_k, scale)
-    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens_k, scale)
+        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens_k,
+                                             scale, q_per_seq=q_per_seq)
+    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens_k, scale,
+                                      q_per_seq)
+
+
+def _num_seqs(q: torch.Tensor, q_per_seq: int) -> int:
+    check(q_per_seq >= 1 and q.dim() == 3 and q.shape[0] % q_per_seq == 0,
+          f"q must be [B * q_per_seq, H, D] with q_per_seq={q_per_seq} >= 1, "
+          f"got shape {tuple(q.shape)}")
+    return q.shape[0] // q_per_seq

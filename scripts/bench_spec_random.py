@@ -93,6 +93,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--ngram", type=int, default=3)
     ap.add_argument("--draft-layers", type=int, default=2)
+    ap.add_argument("--modes", default="off,ngram,draft-target,draft-layers",
+                    help="comma-separated subset (off is always run: the reference)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="nanopipe-spec-"))
     model = args.model or str(make_random(args.make_random, work / "target", args.device,
@@ -104,13 +106,19 @@ def main() -> None:
     batches = {s: prompts(args.batch1_prompts if s == 1 else s, args.segment, args.repeats,
                           vocab, seed=s) for s in sizes}
     spec = dict(num_speculative_tokens=args.k)
-    modes = {
-        "off": {},
-        f"ngram (n={args.ngram})": dict(speculative="ngram", ngram_size=args.ngram, **spec),
-        "draft = target": dict(speculative="draft", draft_model=model, **spec),
-        f"draft = first {args.draft_layers} layers": dict(speculative="draft",
-                                                          draft_model=draft, **spec),
+    every = {
+        "off": ("off", {}),
+        "ngram": (f"ngram (n={args.ngram})",
+                  dict(speculative="ngram", ngram_size=args.ngram, **spec)),
+        "draft-target": ("draft = target", dict(speculative="draft", draft_model=model, **spec)),
+        "draft-layers": (f"draft = first {args.draft_layers} layers",
+                         dict(speculative="draft", draft_model=draft, **spec)),
     }
+    chosen = {"off", *args.modes.split(",")}
+    if chosen - every.keys():
+        raise SystemExit(f"--modes: unknown {sorted(chosen - every.keys())}; "
+                         f"choose from {sorted(every)}")
+    modes = dict(every[m] for m in every if m in chosen)
     results = {name: run_mode(model, args.device, opts, batches, args.new_tokens)
                for name, opts in modes.items()}
     base = results["off"]

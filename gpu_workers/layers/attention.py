@@ -45,9 +45,11 @@ class AttentionBatch:
     max_seqlen_q: int
     max_seqlen_k: int
     decode: bool
-    """Every entry computes exactly one token."""
+    """Every entry computes exactly q_per_seq tokens, the last of its context (one when
+    decoding; 1 + K when a CUDA graph verifies K proposals per entry, padded to K)."""
     cpu: CPUStep | None = None
     """On the CPU path: what every layer of this step shares (the model builds it)."""
+    q_per_seq: int = 1
 
 
 def flash_attn_available() -> bool:
@@ -109,26 +111,27 @@ class PagedAttention(nn.Module):
         if self.backend == "torch":
             if batch.decode:  # one batched call instead of one per sequence
                 return paged_decode_attention_ref(q, kc, vc, batch.block_tables,
-                                                  batch.seq_lens_k, self.scale)
+                                                  batch.seq_lens_k, self.scale, batch.q_per_seq)
             return paged_attention_ref(q, kc, vc, batch.block_tables, batch.cu_seqlens_q,
                                        batch.seq_lens_k, self.scale)
         if self.backend == "flash_attn":
             return self._flash(q, batch)
         if batch.decode:
             return paged_decode_attention(q, kc, vc, batch.block_tables, batch.seq_lens_k,
-                                          self.scale)
+                                          self.scale, batch.q_per_seq)
         return paged_attention(q, kc, vc, batch.block_tables, batch.cu_seqlens_q,
                                batch.seq_lens_k, self.scale)
 
     def _flash(self, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
-        if batch.decode:
+        if batch.decode:  # causal: the q_per_seq queries are the context's last positions
+            qs = q.view(-1, batch.q_per_seq, *q.shape[1:])
             out = flash_attn_with_kvcache(
-                q.unsqueeze(1), self.k_cache, self.v_cache, cache_seqlens=batch.seq_lens_k,
+                qs, self.k_cache, self.v_cache, cache_seqlens=batch.seq_lens_k,
                 block_table=batch.block_tables, softmax_scale=self.scale, causal=True,
             )
-            return out.squeeze(1)
+            return out.view(q.shape)
         return flash_attn_varlen_func(
             q, self.k_cache, self.v_cache,
             cu_seqlens_q=batch.cu_seqlens_q, cu_seqlens_k=batch.cu_seqlens_k,
