@@ -55,7 +55,7 @@ class DecodeGraphs:
 
     def _attn(self, bs: int) -> AttentionBatch:
         return AttentionBatch(
-            slot_mapping=self.slots[:bs], block_tables=self.tables[:bs],
+            slot_mapping=self.slots[:bs * self.q_per_seq], block_tables=self.tables[:bs],
             cu_seqlens_q=self.cu_q[: bs + 1], seq_lens_k=self.seq_lens[:bs],
             cu_seqlens_k=self.cu_k[: bs + 1], max_seqlen_q=self.q_per_seq,
             max_seqlen_k=self.max_model_len, decode=True, q_per_seq=self.q_per_seq,
