@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from gpu_workers.batch import StepBatch
 from gpu_workers.layers.attention import AttentionBatch
 
 
@@ -76,11 +75,12 @@ class DecodeGraphs:
             self.outputs[bs] = out
         torch.cuda.synchronize()
 
-    def run(self, batch: StepBatch, bs: int) -> torch.Tensor:
-        """Replay the graph of size bs on a batch already padded to bs entries."""
-        a, t = batch.attn, bs * self.q_per_seq
-        self.ids[:t].copy_(batch.input_ids)
-        self.positions[:t].copy_(batch.positions)
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, a: AttentionBatch,
+            bs: int) -> torch.Tensor:
+        """Replay the graph of size bs on inputs already padded to bs entries."""
+        t = bs * self.q_per_seq
+        self.ids[:t].copy_(input_ids)
+        self.positions[:t].copy_(positions)
         self.slots[:t].copy_(a.slot_mapping)
         self.seq_lens[:bs].copy_(a.seq_lens_k)
         self.cu_k[: bs + 1].copy_(a.cu_seqlens_k)

@@ -96,6 +96,10 @@ class ModelRunner:
                     q_per_seq=config.num_speculative_tokens + 1)
                 with torch.inference_mode():
                     self.verify_graphs.capture(pool=self.graphs.pool)
+            if self.drafter is not None:
+                progress("capturing CUDA graphs for the draft model")
+                with torch.inference_mode():
+                    self.drafter.capture_graphs(pool=self.graphs.pool)
 
     def _new_table(self, num_blocks: int | None = None) -> SequenceTable:
         c = self.config
@@ -255,7 +259,7 @@ class ModelRunner:
         table.num_computed[rows] += num_new
         timer = self.busy.start() if table is self.table and self.rank == 0 else None
         if graphs is not None:
-            hidden = graphs.run(batch, bs)
+            hidden = graphs.run(batch.input_ids, batch.positions, batch.attn, bs)
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch.attn)
         if len(batch.sample_rows) == 0:

@@ -24,7 +24,11 @@ temperature, top-k, top-p, min-p), which is kept for rejection sampling (rejecti
 
 Tensor parallelism: the draft is sharded like the target and runs on every rank (its layers
 all-reduce); rank 0, which holds the logits, samples the proposals and broadcasts them, so
-every rank's mirror holds the same ones. The draft always runs eagerly (no CUDA graphs).
+every rank's mirror holds the same ones.
+
+CUDA graphs: where the target has them, the draft's steps of at most two tokens per entry
+(the catch-up of decoding entries, then one token per further proposal) replay graphs of
+their own (capture_graphs); prefill chunks run eagerly.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ import torch
 import torch.distributed as dist
 
 from gpu_workers.config import ModelConfig, WorkerConfig
+from gpu_workers.cuda_graphs import DecodeGraphs
 from gpu_workers.kv_cache import KVCache, bytes_per_block
-from gpu_workers.layers.attention import AttentionBatch, resolve_backend
+from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
@@ -48,6 +53,7 @@ from gpu_workers.speculative.rejection import (
     row_sampling,
 )
 from gpu_workers.speculative.verify import SpecStep
+from gpu_workers.token_layout import lay_out, upload
 from gpu_workers.transfer import to_device
 
 
@@ -70,6 +76,7 @@ class DraftProposer:
             self.model = CausalLM(mc, tp, backend, device, config.max_seq_tokens)
             load_weights(self.model, config.draft_model)
         self.kv_cache: KVCache | None = None
+        self.graphs: list[DecodeGraphs] = []
         self.computed = np.zeros(0, np.int64)
         self.epoch = np.full(0, -1, np.int64)
         self.q: dict[int, list[torch.Tensor]] = {}
@@ -99,18 +106,17 @@ class DraftProposer:
         k = np.where(end == length, np.minimum(caps, table.max_tokens - length), 0)
         k = np.maximum(k, 0)
         picked = np.flatnonzero(k > 0)
-        hidden = self._forward(table, rows, start, end - start)
+        hidden, last = self._forward(table, rows, start, end - start)
         self.computed[rows] = end
         if len(picked):
-            last = np.cumsum(end - start)[picked] - 1
-            self._sample(hidden, last, table, rows, picked, length, sampler)
+            self._sample(hidden, last[picked], table, rows, picked, length, sampler)
         for j in range(1, int(k.max(initial=0))):
             picked = np.flatnonzero(k > j)
             pos = length[picked] + j - 1  # the proposal made at step j - 1 goes in
-            hidden = self._forward(table, rows[picked], pos, np.ones(len(picked), np.int64))
+            hidden, last = self._forward(table, rows[picked], pos,
+                                         np.ones(len(picked), np.int64))
             self.computed[rows[picked]] = pos + 1
-            self._sample(hidden, np.arange(len(picked)), table, rows, picked, length + j,
-                         sampler)
+            self._sample(hidden, last, table, rows, picked, length + j, sampler)
         return SpecStep(k, caps > 0) if caps.any() else None
 
     def _track(self, table: SequenceTable, rows: np.ndarray) -> None:
@@ -124,30 +130,33 @@ class DraftProposer:
         self.computed[moved] = table.num_computed[moved]
         self.epoch[moved] = table.epoch[moved]
 
+    def capture_graphs(self, pool=None) -> None:
+        """CUDA graphs for the draft's steps that compute at most two tokens per entry: its
+        one-token proposal steps, and the catch-up of a decoding entry (one token, or two
+        when every proposal of the previous step was accepted)."""
+        c = self.config
+        for q in (1, 2):
+            graphs = DecodeGraphs(self.model, c.max_num_seqs, c.max_blocks_per_seq,
+                                  c.max_model_len, self.device, q_per_seq=q)
+            graphs.capture(pool)
+            pool = graphs.pool
+            self.graphs.append(graphs)
+
     def _forward(self, table: SequenceTable, rows: np.ndarray, start: np.ndarray,
-                 n: np.ndarray) -> torch.Tensor:
-        """The draft's hidden states for tokens [start, start + n) of each row."""
-        bs = self.config.block_size
-        end = start + n
-        cu_q = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum(n, out=cu_q[1:])
-        positions = np.arange(int(cu_q[-1]), dtype=np.int64) - np.repeat(cu_q[:-1] - start, n)
-        row_rep = np.repeat(rows, n)
-        slots = table.block_tables[row_rep, positions // bs] * bs + positions % bs
-        width = (self.config.max_blocks_per_seq if self.device.type == "cuda"
-                 else max(1, int(-(-end.max() // bs))))
-        cu_k = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum(end, out=cu_k[1:])
-
-        def dev(a: np.ndarray) -> torch.Tensor:
-            return to_device(np.asarray(a, np.int32), self.device)
-
-        attn = AttentionBatch(
-            slot_mapping=dev(slots), block_tables=dev(table.block_tables[rows, :width]),
-            cu_seqlens_q=dev(cu_q), seq_lens_k=dev(end), cu_seqlens_k=dev(cu_k),
-            max_seqlen_q=int(n.max()), max_seqlen_k=int(end.max()), decode=bool(np.all(n == 1)))
-        ids = dev(table.tokens[row_rep, positions])
-        return self.model(ids, dev(positions), attn)
+                 n: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """The draft's hidden states for tokens [start, start + n) of each row, and the row
+        of each entry's last token in them."""
+        longest = int(n.max())
+        graphs = next((g for g in self.graphs
+                       if longest <= g.q_per_seq and len(rows) <= g.max_bs), None)
+        bs = None if graphs is None else graphs.bucket(len(rows))
+        width = self.config.max_blocks_per_seq if self.device.type == "cuda" else None
+        layout = lay_out(table, rows, start, n, self.config.block_size, width, pad_to=bs,
+                         q_per_seq=1 if graphs is None else graphs.q_per_seq)
+        ids, positions, attn = layout.attention(upload(layout.parts(), self.device))
+        if graphs is not None:
+            return graphs.run(ids, positions, attn, bs), layout.last
+        return self.model(ids, positions, attn), layout.last
 
     def _sample(self, hidden: torch.Tensor, index: np.ndarray, table: SequenceTable,
                 rows: np.ndarray, picked: np.ndarray, at: np.ndarray, sampler: Sampler) -> None:

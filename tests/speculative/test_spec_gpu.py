@@ -37,9 +37,9 @@ def test_verify_graphs_keep_greedy_tokens(tiny_qwen3_dir, k, monkeypatch):
     replays = {1: 0, k + 1: 0}
     run = DecodeGraphs.run
 
-    def counted(self, batch, bs):
-        replays[self.q_per_seq] += 1
-        return run(self, batch, bs)
+    def counted(self, *args):
+        replays[self.q_per_seq] = replays.get(self.q_per_seq, 0) + 1
+        return run(self, *args)
 
     monkeypatch.setattr(DecodeGraphs, "run", counted)
     reqs = greedy_requests(3, n=6)
@@ -49,3 +49,25 @@ def test_verify_graphs_keep_greedy_tokens(tiny_qwen3_dir, k, monkeypatch):
     assert spec == base
     assert sched.stats().spec_accepted_tokens > 0
     assert replays[k + 1] > 0  # verify steps ran as graphs
+
+
+def test_draft_graphs_keep_greedy_tokens(tiny_qwen3_dir, monkeypatch):
+    """The draft (here the target itself, so every proposal is accepted) replays its own
+    graphs: two-token catch-up steps after a fully accepted step, one-token proposal steps."""
+    from gpu_workers.cuda_graphs import DecodeGraphs
+
+    replays: dict[int, int] = {}
+    run = DecodeGraphs.run
+
+    def counted(self, *args):
+        replays[self.q_per_seq] = replays.get(self.q_per_seq, 0) + 1
+        return run(self, *args)
+
+    monkeypatch.setattr(DecodeGraphs, "run", counted)
+    reqs = greedy_requests(4, n=4)
+    base, _, _ = generate(tiny_qwen3_dir, reqs, **_cuda())
+    spec, sched, _ = generate(tiny_qwen3_dir, reqs, k=4, draft=tiny_qwen3_dir, **_cuda())
+    assert spec == base
+    stats = sched.stats()
+    assert stats.spec_accepted_tokens == stats.spec_proposed_tokens > 0
+    assert replays.get(2, 0) > 0 and replays.get(5, 0) > 0  # draft catch-up, target verify

@@ -1,0 +1,115 @@
+"""Where each token of a step goes: ids, positions, cache slots and attention metadata.
+
+Every entry computes tokens [start, start + num_new) of its mirror row, so prefill, chunked
+prefill, prefix-cache hits, decode and verification share one layout. CUDA graphs need a
+fixed one: with pad_to, every entry takes q_per_seq tokens (its own, then padding that stores
+nothing, slot -1, and whose outputs are never read) and the batch is padded to pad_to
+entries. The target's steps (gpu_workers.batch) and the draft model's
+(gpu_workers.speculative.draft) are both laid out here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gpu_workers.layers.attention import AttentionBatch
+from gpu_workers.mirror import SequenceTable
+from gpu_workers.transfer import to_device
+
+
+@dataclass(slots=True)
+class TokenLayout:
+    """Host arrays of one step's tokens (int64 unless said otherwise)."""
+
+    ids: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    cu_q: np.ndarray
+    seq_lens: np.ndarray
+    cu_k: np.ndarray
+    tables: np.ndarray
+    """[entries (padded), width] int32 block tables."""
+    offsets: np.ndarray
+    """[real entries] where each entry's tokens start."""
+    last: np.ndarray
+    """[real entries] each entry's last real token."""
+    max_q: int
+    max_k: int
+    decode: bool
+    q_per_seq: int
+
+    def parts(self) -> list[np.ndarray]:
+        return [self.ids, self.positions, self.slots, self.cu_q, self.seq_lens, self.cu_k,
+                self.tables.reshape(-1)]
+
+    def attention(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor,
+                                                            AttentionBatch]:
+        """(input ids, positions, AttentionBatch) from the device views of parts()."""
+        ids, pos, slots, cu_q, lens, cu_k, tables = views
+        return ids, pos, AttentionBatch(
+            slot_mapping=slots, block_tables=tables.view(len(self.seq_lens), -1),
+            cu_seqlens_q=cu_q, seq_lens_k=lens, cu_seqlens_k=cu_k, max_seqlen_q=self.max_q,
+            max_seqlen_k=self.max_k, decode=self.decode, q_per_seq=self.q_per_seq)
+
+
+def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: np.ndarray,
+            block_size: int, width: int | None = None, pad_to: int | None = None,
+            q_per_seq: int = 1) -> TokenLayout:
+    n = len(rows)
+    end = start + num_new
+    width = width or max(1, int((end.max() + block_size - 1) // block_size))
+    tables = table.block_tables[rows, :width]
+    if pad_to is None:
+        cu_q = np.zeros(n + 1, np.int64)
+        np.cumsum(num_new, out=cu_q[1:])
+        positions = np.arange(int(cu_q[-1]), dtype=np.int64) - np.repeat(cu_q[:-1] - start,
+                                                                          num_new)
+        row_rep, seq_lens = np.repeat(rows, num_new), end
+    else:
+        assert int(num_new.max()) <= q_per_seq and pad_to >= n
+        cu_q = np.arange(n + 1, dtype=np.int64) * q_per_seq
+        step = np.tile(np.arange(q_per_seq), n)
+        real = step < np.repeat(num_new, q_per_seq)
+        # Padding repeats the entry's last real position (a valid one for every lookup).
+        positions = np.repeat(start, q_per_seq) + np.minimum(step, np.repeat(num_new - 1,
+                                                                             q_per_seq))
+        row_rep = np.repeat(rows, q_per_seq)
+        seq_lens = start + q_per_seq  # the queries are the last q_per_seq positions
+    ids = table.tokens[row_rep, positions]
+    slots = table.block_tables[row_rep, positions // block_size] * block_size + (
+        positions % block_size)
+    offsets = cu_q[:n].copy()
+    decode, max_q = bool(np.all(num_new == 1)), int(num_new.max())
+    if pad_to is not None:
+        extra = (pad_to - n) * q_per_seq
+        ids = np.concatenate([ids, np.zeros(extra, ids.dtype)])
+        positions = np.concatenate([positions, np.zeros(extra, np.int64)])
+        slots = np.concatenate([np.where(real, slots, -1), np.full(extra, -1, slots.dtype)])
+        cu_q = np.arange(pad_to + 1, dtype=np.int64) * q_per_seq
+        seq_lens = np.concatenate([seq_lens, np.full(pad_to - n, q_per_seq, np.int64)])
+        tables = np.concatenate([tables, np.zeros((pad_to - n, width), np.int32)])
+        decode, max_q = True, q_per_seq
+    cu_k = np.zeros(len(seq_lens) + 1, np.int64)
+    np.cumsum(seq_lens, out=cu_k[1:])
+    return TokenLayout(ids, positions, slots, cu_q, seq_lens, cu_k, tables, offsets,
+                       offsets + num_new - 1, max_q, int(end.max()), decode,
+                       q_per_seq if pad_to is not None else 1)
+
+
+def upload(parts: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Int32 arrays to the device in one copy (gpu_workers.transfer), as views of one buffer.
+
+    Every segment starts 16-byte aligned: Triton specialises kernels on pointer alignment,
+    and a varying alignment would compile new kernel variants in the middle of serving."""
+    sizes = [len(p) for p in parts]
+    padded = [-(-n // 4) * 4 for n in sizes]
+    flat = np.zeros(sum(padded), np.int32)
+    offset = 0
+    for p, n, pn in zip(parts, sizes, padded, strict=True):
+        flat[offset:offset + n] = p
+        offset += pn
+    dev = to_device(flat, device)
+    return [v[:n] for v, n in zip(dev.split(padded), sizes, strict=True)]
