@@ -108,15 +108,25 @@ class DraftProposer:
         picked = np.flatnonzero(k > 0)
         hidden, last = self._forward(table, rows, start, end - start)
         self.computed[rows] = end
+        drawn: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
         if len(picked):
-            self._sample(hidden, last[picked], table, rows, picked, length, sampler)
+            tokens = self._sample(hidden, last[picked], table, rows, picked, sampler)
+            drawn.append((rows[picked], length[picked], tokens))
         for j in range(1, int(k.max(initial=0))):
-            picked = np.flatnonzero(k > j)
-            pos = length[picked] + j - 1  # the proposal made at step j - 1 goes in
+            # The proposal drawn at step j - 1 goes in, straight from the device.
+            prev_picked, picked = picked, np.flatnonzero(k > j)
+            prev = tokens.index_select(0, to_device(np.searchsorted(prev_picked, picked),
+                                                    self.device))
+            pos = length[picked] + j - 1
             hidden, last = self._forward(table, rows[picked], pos,
-                                         np.ones(len(picked), np.int64))
+                                         np.ones(len(picked), np.int64), ids=prev)
             self.computed[rows[picked]] = pos + 1
-            self._sample(hidden, last, table, rows, picked, length + j, sampler)
+            tokens = self._sample(hidden, last, table, rows, picked, sampler)
+            drawn.append((rows[picked], length[picked] + j, tokens))
+        if drawn:  # one wait for the host, after every draft step is queued
+            values = torch.cat([t for _, _, t in drawn]).cpu().numpy()
+            table.tokens[np.concatenate([r for r, _, _ in drawn]),
+                         np.concatenate([a for _, a, _ in drawn])] = values
         return SpecStep(k, caps > 0) if caps.any() else None
 
     def _track(self, table: SequenceTable, rows: np.ndarray) -> None:
@@ -143,9 +153,11 @@ class DraftProposer:
             self.graphs.append(graphs)
 
     def _forward(self, table: SequenceTable, rows: np.ndarray, start: np.ndarray,
-                 n: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+                 n: np.ndarray, ids: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, np.ndarray]:
         """The draft's hidden states for tokens [start, start + n) of each row, and the row
-        of each entry's last token in them."""
+        of each entry's last token in them. `ids`: with one token per row, its value on the
+        device (a proposal not yet copied to the mirror)."""
         longest = int(n.max())
         graphs = next((g for g in self.graphs
                        if longest <= g.q_per_seq and len(rows) <= g.max_bs), None)
@@ -153,14 +165,16 @@ class DraftProposer:
         width = self.config.max_blocks_per_seq if self.device.type == "cuda" else None
         layout = lay_out(table, rows, start, n, self.config.block_size, width, pad_to=bs,
                          q_per_seq=1 if graphs is None else graphs.q_per_seq)
-        ids, positions, attn = layout.attention(upload(layout.parts(), self.device))
+        input_ids, positions, attn = layout.attention(upload(layout.parts(), self.device))
+        if ids is not None:
+            input_ids[:len(rows)].copy_(ids)
         if graphs is not None:
-            return graphs.run(ids, positions, attn, bs), layout.last
-        return self.model(ids, positions, attn), layout.last
+            return graphs.run(input_ids, positions, attn, bs), layout.last
+        return self.model(input_ids, positions, attn), layout.last
 
     def _sample(self, hidden: torch.Tensor, index: np.ndarray, table: SequenceTable,
-                rows: np.ndarray, picked: np.ndarray, at: np.ndarray, sampler: Sampler) -> None:
-        """Draw one proposal per picked entry from hidden[index] and write it at `at`."""
+                rows: np.ndarray, picked: np.ndarray, sampler: Sampler) -> torch.Tensor:
+        """Draw one proposal per picked entry from hidden[index] (on the device, every rank)."""
         logits = self.model.compute_logits(hidden.index_select(0, to_device(index, self.device)))
         prow = rows[picked]
         if self.tp.rank == 0:
@@ -177,7 +191,7 @@ class DraftProposer:
             tokens = torch.empty(len(picked), dtype=torch.int64, device=self.device)
         if self.tp.size > 1:
             dist.broadcast(tokens, src=0)
-        table.tokens[prow, at[picked]] = tokens.cpu().numpy()
+        return tokens
 
     # ----------------------------------------------------------------- verifying
 
