@@ -94,17 +94,35 @@ def bench_pipeline(engine_cfg, reqs: list[list[int]], warm: list[int], max_token
     with Pipeline(engine_cfg) as pipeline, Client(pipeline.address) as client:
         startup = time.perf_counter() - t0
 
+        splits: list[dict[str, float]] = []
+
         def one(prompt: list[int]) -> tuple[float, float, int]:
             arrivals: list[tuple[float, int]] = []
-            start = time.perf_counter()
+            start, wall = time.perf_counter(), time.time()
+            first_wall, metrics = None, None
             for delta in client.stream(prompt_token_ids=prompt, params=params):
                 if delta.token_ids:
                     arrivals.append((time.perf_counter(), len(delta.token_ids)))
+                    first_wall = first_wall or time.time()
+                metrics = delta.metrics or metrics
+            if metrics is not None and metrics.ttft_s is not None and first_wall is not None:
+                splits.append(ttft_split(wall, first_wall, metrics))
             return ttft_tpot(start, arrivals)
 
         one(warm)
+        splits.clear()
         runs = [one(p) for p in reqs]
-    return startup, runs
+    return startup, runs, splits
+
+
+def ttft_split(sent: float, first_token: float, m) -> dict[str, float]:
+    """Where a pipeline TTFT goes, in ms, from the request's RequestMetrics (wall clocks of
+    one host): client to the tokenizer's stamp, waiting in the scheduler, scheduled to the
+    first token at the scheduler (the workers' prefill and the hops to and from them), and
+    the scheduler to the client (detokenizer and the hops)."""
+    return {"to_tokenizer": m.arrival_time - sent, "queue": m.queue_time_s or 0.0,
+            "prefill": m.ttft_s - (m.queue_time_s or 0.0),
+            "to_client": first_token - m.first_token_time}
 
 
 # ---------------------------------------------------------------- direct path
@@ -282,11 +300,16 @@ def main() -> None:
         warm_p, warm_d = prompts(2, args.prompt_len, mc.vocab_size, first_seed=1_000_000)
 
         # The pipeline first: its processes give the GPU back entirely when it stops.
-        p_start, p_runs = bench_pipeline(engine_cfg, reqs, warm_p, args.max_tokens)
+        p_start, p_runs, p_splits = bench_pipeline(engine_cfg, reqs, warm_p, args.max_tokens)
         pipe = summarize(p_runs)
         print(f"pipeline (overlap={'on' if args.overlap else 'off'}, start-up {p_start:.1f} s): "
               f"TTFT {pipe['ttft_ms']:.2f} ms, TPOT {pipe['tpot_ms']:.3f} ms "
               f"(median of {args.reps})", flush=True)
+        if p_splits:
+            split = {k: 1e3 * statistics.median(s[k] for s in p_splits) for k in p_splits[0]}
+            pipe["ttft_split_ms"] = {k: round(v, 3) for k, v in split.items()}
+            print("pipeline TTFT split (medians): " + ", ".join(
+                f"{k.replace('_', ' ')} {v:.2f} ms" for k, v in split.items()), flush=True)
         d_start, d_runs, num_params = bench_direct(engine_cfg, reqs, warm_d, args.max_tokens)
         direct = summarize(d_runs)
         print(f"direct runtime (in-process, overlap off, start-up {d_start:.1f} s): "
