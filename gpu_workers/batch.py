@@ -18,7 +18,7 @@ from gpu_workers.layers.attention import AttentionBatch
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.penalties import gather_penalties
 from gpu_workers.sampler import SamplingBatch, row_seed
-from gpu_workers.token_layout import lay_out, upload
+from gpu_workers.token_layout import lay_out, pad_ragged, upload
 
 
 @dataclass(slots=True)
@@ -44,18 +44,22 @@ class StepBatch:
 def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, block_size: int,
                 device: torch.device, pad_to: int | None = None,
                 block_width: int | None = None,
-                num_verify: np.ndarray | None = None, q_per_seq: int = 1) -> StepBatch:
+                num_verify: np.ndarray | None = None, q_per_seq: int = 1,
+                prefill_pad: tuple[int, int] | None = None) -> StepBatch:
     """num_verify: per entry, how many of its num_new tokens are proposals to verify (they
     sit in the mirror past its known tokens); such an entry needs logits at each of its last
     1 + num_verify positions, each sampled with the entry's parameters.
 
     pad_to (CUDA graphs, every entry computing at most q_per_seq tokens): every entry is laid
     out as q_per_seq tokens, its own then padding, and the batch is padded to pad_to entries.
-    Padding stores nothing (slot -1) and its outputs are never read."""
+    Padding stores nothing (slot -1) and its outputs are never read. prefill_pad (entries,
+    tokens): the ragged layout padded for a prefill graph (token_layout.pad_ragged)."""
     n = len(rows)
     start = table.num_computed[rows]
     end = start + num_new
     layout = lay_out(table, rows, start, num_new, block_size, block_width, pad_to, q_per_seq)
+    if prefill_pad is not None:
+        layout = pad_ragged(layout, *prefill_pad)
 
     known_end = end if num_verify is None else end - num_verify
     samples = known_end == table.num_tokens[rows]

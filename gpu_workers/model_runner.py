@@ -1,9 +1,10 @@
 """ModelRunner: one rank's model shard, KV pool, mirror and sampler; executes StepPlans.
 
 A step: apply the plan to the mirror, build one unified extend batch, run the model (a CUDA
-graph for pure-decode batches), compute logits only for entries that reach the end of their
-known tokens, sample on rank 0 and broadcast the ids so every rank's mirror appends them.
-The only host sync per step is the copy of the sampled ids.
+graph where one is captured for the step's shape: gpu_workers.step_graphs), compute logits
+only for entries that reach the end of their known tokens, sample on rank 0 and broadcast
+the ids so every rank's mirror appends them. The only host sync per step is the copy of the
+sampled ids.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch.distributed as dist
 
 from gpu_workers.batch import StepBatch, build_batch
 from gpu_workers.config import ModelConfig, WorkerConfig
-from gpu_workers.cuda_graphs import DecodeGraphs
 from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks, cuda_num_blocks
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.parallel import TPInfo
@@ -24,9 +24,11 @@ from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
 from gpu_workers.pending_step import PendingStep
+from gpu_workers.prefill_graphs import PrefillGraphs
 from gpu_workers.sampler import Sampler, top_logprobs
 from gpu_workers.speculative import SpecStep, prepare_proposals, settle_verified
 from gpu_workers.speculative.draft import DraftProposer
+from gpu_workers.step_graphs import StepGraphs
 from gpu_workers.step_timer import BusyTimes
 from gpu_workers.transfer import to_device
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
@@ -66,8 +68,7 @@ class ModelRunner:
             progress(f"loading the draft model {config.draft_model}")
             self.drafter = DraftProposer(config, mc, self.tp, self.device)
         self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.device)
-        self.graphs: DecodeGraphs | None = None
-        self.verify_graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         self.table: SequenceTable | None = None
         self._unsettled: list[PendingStep] = []
         """Launched steps of self.table whose tokens are not in the mirror yet, oldest first."""
@@ -83,22 +84,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._warm_up_kernels()
         if self.device.type == "cuda" and not config.enforce_eager:
-            progress("capturing CUDA graphs for decode")
-            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq,
-                                       config.max_model_len, self.device)
             with torch.inference_mode():
-                self.graphs.capture()
-            if config.speculative and config.num_speculative_tokens:
-                progress("capturing CUDA graphs for verifying proposals")
-                self.verify_graphs = DecodeGraphs(
-                    self.model, config.max_num_seqs, config.max_blocks_per_seq,
-                    config.max_model_len, self.device,
-                    q_per_seq=config.num_speculative_tokens + 1)
-                with torch.inference_mode():
-                    self.verify_graphs.capture(pool=self.graphs.pool)
-            if self.drafter is not None:
-                progress("capturing CUDA graphs for the draft model")
-                with torch.inference_mode():
+                self.graphs = StepGraphs(self.model, config, self.device, progress)
+                if self.drafter is not None:
+                    progress("capturing CUDA graphs for the draft model")
                     self.drafter.capture_graphs(pool=self.graphs.pool)
 
     def _new_table(self, num_blocks: int | None = None) -> SequenceTable:
@@ -241,25 +230,28 @@ class ModelRunner:
             spec = prepare_proposals(table, rows, num_new, table.step_spec,
                                      self.config.ngram_size)
             run_new = num_new + spec.num_verify
-        graphs, bs, width = None, None, None
+        graphs, key, width = None, None, None
         if self.device.type == "cuda":
             # A static block-table width: Triton specialises kernels on integer arguments such
             # as the table's row stride and derives the decode split count from it, so a width
             # following the longest context would recompile kernels in the middle of serving.
             width = self.config.max_blocks_per_seq
-            graphs = self._graphs_for(table, num_new, run_new)
-            bs = None if graphs is None else graphs.bucket(len(rows))
+            if self.graphs is not None and table is self.table:
+                graphs, key = self.graphs.select(num_new, run_new)
         start = table.num_computed[rows]
+        prefill = isinstance(graphs, PrefillGraphs)
         batch = build_batch(table, rows, run_new, self.config.block_size, self.device,
-                            pad_to=bs, block_width=width,
+                            pad_to=None if graphs is None or prefill else key,
+                            block_width=width,
                             num_verify=None if spec is None else spec.num_verify,
-                            q_per_seq=1 if graphs is None else graphs.q_per_seq)
+                            q_per_seq=getattr(graphs, "q_per_seq", 1),
+                            prefill_pad=key if prefill else None)
         if in_flight is not None:
             self._take_pending_inputs(batch, table, rows, start, num_new, in_flight)
         table.num_computed[rows] += num_new
         timer = self.busy.start() if table is self.table and self.rank == 0 else None
         if graphs is not None:
-            hidden = graphs.run(batch.input_ids, batch.positions, batch.attn, bs)
+            hidden = graphs.run(batch.input_ids, batch.positions, batch.attn, key)
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch.attn)
         if len(batch.sample_rows) == 0:
@@ -283,21 +275,6 @@ class ModelRunner:
         if table is self.table:
             self._unsettled.append(pending)
         return pending
-
-    def _graphs_for(self, table: SequenceTable, num_new: np.ndarray, run_new: np.ndarray
-                    ) -> DecodeGraphs | None:
-        """The captured graphs that can run this step: decode graphs when every entry
-        computes one token, verify graphs when every entry decodes and verifies proposals."""
-        n = len(num_new)
-        if table is not self.table or n == 0:
-            return None
-        if self.graphs is not None and n <= self.graphs.max_bs and bool(np.all(run_new == 1)):
-            return self.graphs
-        v = self.verify_graphs
-        if (v is not None and n <= v.max_bs and bool(np.all(num_new == 1))
-                and int(run_new.max()) <= v.q_per_seq):
-            return v
-        return None
 
     def _take_pending_inputs(self, batch: StepBatch, table: SequenceTable, rows: np.ndarray,
                              start: np.ndarray, num_new: np.ndarray,

@@ -4,7 +4,8 @@ Every entry computes tokens [start, start + num_new) of its mirror row, so prefi
 prefill, prefix-cache hits, decode and verification share one layout. CUDA graphs need a
 fixed one: with pad_to, every entry takes q_per_seq tokens (its own, then padding that stores
 nothing, slot -1, and whose outputs are never read) and the batch is padded to pad_to
-entries. The target's steps (gpu_workers.batch) and the draft model's
+entries; prefill graphs keep the ragged layout and add empty entries and one entry holding
+the padding tokens (pad_ragged). The target's steps (gpu_workers.batch) and the draft model's
 (gpu_workers.speculative.draft) are both laid out here.
 """
 
@@ -97,6 +98,28 @@ def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: 
     return TokenLayout(ids, positions, slots, cu_q, seq_lens, cu_k, tables, offsets,
                        offsets + num_new - 1, max_q, int(end.max()), decode,
                        q_per_seq if pad_to is not None else 1)
+
+
+def pad_ragged(layout: TokenLayout, entries: int, tokens: int) -> TokenLayout:
+    """The ragged layout grown to `entries` entries (empty ones added) plus one entry that
+    holds the padding up to `tokens` tokens: a prefill of its own from position 0 over block
+    0 of the cache, storing nothing. Real entries keep their tokens' places."""
+    n, real = len(layout.offsets), len(layout.ids)
+    pad, empty = tokens - real, entries - n
+    assert pad >= 0 and empty >= 0
+    seq_lens = np.concatenate([layout.seq_lens, np.zeros(empty, np.int64), [pad]])
+    cu_k = np.zeros(len(seq_lens) + 1, np.int64)
+    np.cumsum(seq_lens, out=cu_k[1:])
+    width = layout.tables.shape[1]
+    return TokenLayout(
+        ids=np.concatenate([layout.ids, np.zeros(pad, layout.ids.dtype)]),
+        positions=np.concatenate([layout.positions, np.zeros(pad, np.int64)]),
+        slots=np.concatenate([layout.slots, np.full(pad, -1, layout.slots.dtype)]),
+        cu_q=np.concatenate([layout.cu_q, np.full(empty, real, np.int64), [tokens]]),
+        seq_lens=seq_lens, cu_k=cu_k,
+        tables=np.concatenate([layout.tables, np.zeros((empty + 1, width), np.int32)]),
+        offsets=layout.offsets, last=layout.last, max_q=max(layout.max_q, pad),
+        max_k=max(layout.max_k, pad), decode=False, q_per_seq=1)
 
 
 def upload(parts: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:

@@ -1,0 +1,52 @@
+"""Prefill CUDA graphs: a step of a few prompts replays a captured graph (padded to its
+bucket) and gives the tokens eager execution gives."""
+
+from __future__ import annotations
+
+import pytest
+from random_prompts import random_prompts
+from rt_helpers import BLOCK_SIZE, make_runner
+from rt_planner import Planner
+
+pytestmark = pytest.mark.gpu
+
+
+def _runner(model_dir, **kw):
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return make_runner(model_dir, **{"device": "cuda", "dtype": "float32",
+                                     "kv_cache_bytes": None, "max_model_len": 512,
+                                     "gpu_memory_utilization": min(0.95, (total - free) / total
+                                                                   + 0.05), **kw})
+
+
+def _generate(runner, prompts, max_tokens):
+    """Prompts in groups of three (one prefill step each, then decode)."""
+    out = {}
+    for start in range(0, len(prompts), 3):
+        planner = Planner(BLOCK_SIZE, runner.num_kv_blocks)
+        for i, p in enumerate(prompts[start:start + 3]):
+            planner.add(start + i, p, max_tokens)
+        out.update(planner.run(runner))
+        runner.table = runner._new_table(runner.num_kv_blocks)
+    return out
+
+
+def test_prefill_graphs_match_eager(tiny_qwen3_dir, monkeypatch):
+    from gpu_workers.prefill_graphs import PrefillGraphs
+
+    keys = []
+    run = PrefillGraphs.run
+
+    def counted(self, ids, positions, attn, key):
+        keys.append(key)
+        return run(self, ids, positions, attn, key)
+
+    monkeypatch.setattr(PrefillGraphs, "run", counted)
+    prompts = random_prompts(5, [1, 7, 16, 17, 100, 129, 300, 64, 3])
+    eager = _generate(_runner(tiny_qwen3_dir, enforce_eager=True), prompts, 8)
+    assert not keys
+    graphed = _generate(_runner(tiny_qwen3_dir), prompts, 8)
+    assert graphed == eager
+    assert {(4, 128), (4, 512)} <= set(keys)
