@@ -68,6 +68,16 @@ class StepProfile:
                     gpu_busy_fraction=round(self.gpu_busy_fraction, 4),
                     top=[[n, round(ms, 4)] for n, ms in self.top])
 
+    @classmethod
+    def from_dict(cls, d: dict) -> StepProfile:
+        """The inverse of as_dict (extra keys ignored): a profile read back from JSON."""
+        return cls(steps=tuple(d["steps"]), wall_ms_per_step=d["wall_ms_per_step"],
+                   gpu_ms_per_step=dict(d["gpu_ms_per_step"]),
+                   launches_per_step=d["launches_per_step"],
+                   kernels_per_step=d["kernels_per_step"],
+                   gpu_busy_fraction=d["gpu_busy_fraction"],
+                   top=[(n, ms) for n, ms in d["top"]])
+
 
 def summarize(events, steps: tuple[int, int], wall_s: float, cuda: bool) -> StepProfile:
     """`events`: prof.events() of a torch.profiler run over the window's steps."""
@@ -97,9 +107,11 @@ def summarize(events, steps: tuple[int, int], wall_s: float, cuda: bool) -> Step
         busy_us = 0.0
         stack = _sampler_ids(events)
         for e in events:
-            if not (e.name.startswith("aten::") or COLLECTIVE.match(e.name)):
+            collective = COLLECTIVE.match(e.name)
+            if not (collective or e.name.startswith("aten::")):
                 continue
-            us = e.self_cpu_time_total
+            # gloo's ops run on its own threads: the profiler counts no self time for them.
+            us = e.time_range.elapsed_us() if collective else e.self_cpu_time_total
             cat = "sampler" if id(e) in stack else categorize(e.name)
             per_cat[cat] += us
             per_name[e.name] = per_name.get(e.name, 0.0) + us
