@@ -69,7 +69,9 @@ def rank_profile(events: Any, steps: tuple[int, int], wall_s: float, cuda: bool)
             if not cuda:
                 _count(s, kind, size, e.time_range.elapsed_us())
     if cuda:
-        launched_at = {e.id: e.time_range.start for e in cpu}
+        # A kernel's linked id is the id of the host op it was launched under; host ops have
+        # no linked id themselves (runtime calls do, and their ids are another sequence).
+        launched_at = {e.id: e.time_range.start for e in cpu if e.linked_correlation_id == 0}
         for e in events:
             if e.device_type.name != "CUDA" or not COLLECTIVE.match(e.name):
                 continue

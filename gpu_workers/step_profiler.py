@@ -146,9 +146,8 @@ class _OpenWindow:
                   (sys.modules[type(runner).__module__], "build_batch", BUILD_BATCH_RANGE)]
         for owner, attr, name in ranges:
             self._wrap(owner, attr, name)
+        # No sync here: the step in flight runs on while the window opens, as in serving.
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
-        if self._cuda:
-            torch.cuda.synchronize()
         self._prof = profile(activities=activities, record_shapes=True)
         self._prof.start()
         self._t0 = time.perf_counter()
