@@ -129,7 +129,7 @@ def main() -> None:
             results[tp] = profile_one(model_dir, tp, args, work, out / f"tp{tp}")
             for report in results[tp]:
                 print(format_rank(report), flush=True)
-            print(f"TP={tp} " + compare_ranks(results[tp]), flush=True)
+            print(f"TP={tp} " + compare_ranks(results[tp]) + "\n", flush=True)
         for tp in tps[1:]:
             print(format_scaling(tps[0], results[tps[0]][0], tp, results[tp][0]), flush=True)
         summary = {str(tp): reports for tp, reports in results.items()}
