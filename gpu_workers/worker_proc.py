@@ -58,6 +58,7 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
     with actor_process("worker", endpoints, rank) as rt:
         def start() -> Started:
             from gpu_workers.model_runner import ModelRunner
+            from gpu_workers.step_profiler import profiled
 
             steps = rt.socket(zmq.PULL, endpoints.worker_steps[rank],
                               bind=not endpoints.scheduler_binds_steps,
@@ -74,7 +75,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
             runner = ModelRunner(config, rank, world_size, progress=progress)
             info = (f"device={runner.device} backend={runner.backend} "
                     f"dtype={runner.model_config.dtype} kv_blocks={runner.num_kv_blocks}")
-            return Started(lambda: _serve(runner, steps, results, rt, config.lookahead),
+            served = profiled(runner)  # itself unless NANOPIPE_PROFILE_DIR is set
+            return Started(lambda: _serve(served, steps, results, rt, config.lookahead),
                            info, num_kv_blocks=runner.num_kv_blocks)
 
         try:

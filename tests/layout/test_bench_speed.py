@@ -86,7 +86,7 @@ def test_profile_step_breaks_a_window_of_steps_down(tiny_qwen3_dir, tmp_path):
     assert result["steps"] == [3, 5] and result["running_at_first"] == 2
     cats = result["gpu_ms_per_step"]
     assert set(cats) == {"attention", "GEMM", "norm", "rotary/kv-store", "elementwise/copies",
-                         "sampler", "other"}
+                         "sampler", "collectives", "other"}
     # A decode step of a transformer runs matmuls, attention and the sampler.
     assert cats["GEMM"] > 0 and cats["attention"] > 0 and cats["sampler"] > 0
     assert sum(cats.values()) <= result["wall_ms_per_step"]

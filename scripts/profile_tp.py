@@ -1,0 +1,147 @@
+"""Where a tensor-parallel step's time goes, on every rank: the full pipeline (frontend.LLM) runs
+W1 with the workers' profiling window on (gpu_workers.step_profiler), then each rank's file is
+read back and printed.
+
+    python scripts/profile_tp.py --make-random qwen3-8b --tp 1,2      # on a 2-GPU machine
+    python scripts/profile_tp.py --model DIR --device cpu --tp 1,2 --num-seqs 4 \\
+        --max-input-len 100 --max-output-len 100 --window 20,30       # CPU smoke run (gloo)
+
+Each TP size gets its own pipeline, started with NANOPIPE_PROFILE_DIR and
+NANOPIPE_PROFILE_STEPS=--window in its environment: every rank profiles plans [FIRST, LAST)
+(counted from its first plan, W1's warm-up request included; the default 300,340 is W1 at
+full load) and writes rank{R}.json. Printed per rank: the step's wall time, the device's busy
+share, device time by category, collectives and their bytes per step, host time of the
+runner's launch and finish (build_batch, forward, sample, settle) per step, the costliest
+kernels; then one line across the ranks. With two or more TP sizes, the ratio of each per-step
+figure (rank 0) to the first size's: what scales with the ranks and what does not.
+
+--make-random SHAPE   random bf16 weights of qwen3-0.6b, qwen3-8b or smollm2-135m
+--out DIR             keep the rank files in DIR/tp{N}/ (default: a temporary directory)
+--trace               also each rank's Chrome trace of the window (rank{R}.trace.json)
+--json FILE           every rank's figures as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from benchlib import SHAPES, default_device, emit, make_random, timed_w1, w1_workload
+from benchlib.tp_profile import compare_ranks, format_rank, format_scaling, read_ranks
+
+from frontend import LLM
+from gpu_workers import ModelConfig
+from gpu_workers.step_profiler import DIR_ENV, STEPS_ENV, TRACE_ENV
+
+
+def profile_one(model_dir: str, tp: int, args: argparse.Namespace, work,
+                out_dir: Path) -> list[dict]:
+    """One pipeline at this TP size, W1 through it with the window on; its ranks' reports."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    env = {DIR_ENV: str(out_dir), STEPS_ENV: args.window, TRACE_ENV: "1" if args.trace else ""}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the worker processes inherit the launcher's environment
+    try:
+        llm = LLM(model_dir, tensor_parallel_size=tp, device=args.device, dtype=args.dtype,
+                  max_model_len=args.max_input_len + args.max_output_len,
+                  max_num_seqs=args.max_num_seqs, kv_cache_bytes=args.kv_cache_bytes,
+                  enforce_eager=args.enforce_eager, overlap=not args.no_overlap,
+                  worker_lookahead=args.worker_lookahead)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        produced, elapsed = timed_w1(llm, work)
+    finally:
+        llm.close()
+    print(f"TP={tp}: W1 {produced} tokens in {elapsed:.2f} s "
+          f"({produced / elapsed:.1f} output tok/s, profiler on for plans {args.window})",
+          flush=True)
+    return read_ranks(out_dir, tp, args.steps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a Hugging Face model directory")
+    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when visible)")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--tp", default="1,2", help="TP sizes; each after the first is compared "
+                    "with the first")
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--max-input-len", type=int, default=1024)
+    ap.add_argument("--max-output-len", type=int, default=1024)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--kv-cache-bytes", type=int, default=None)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--no-overlap", action="store_true")
+    ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--window", default="300,340", help="FIRST,LAST: plans to profile")
+    ap.add_argument("--out", help="keep the rank files here (DIR/tp{N}/rank{R}.json)")
+    ap.add_argument("--trace", action="store_true", help="also each rank's Chrome trace")
+    ap.add_argument("--json", help="write every rank's figures here as JSON")
+    args = ap.parse_args()
+    try:
+        args.steps = tuple(int(x) for x in args.window.split(","))
+        first, last = args.steps
+    except ValueError:
+        ap.error(f"--window must be FIRST,LAST (two integers), got {args.window!r}")
+    if not 0 <= first < last:
+        ap.error(f"--window needs 0 <= FIRST < LAST, got {args.window}")
+    try:
+        tps = [int(t) for t in args.tp.split(",") if t.strip()]
+    except ValueError:
+        ap.error(f"--tp must be sizes separated by commas, got {args.tp!r}")
+    if not tps or min(tps) < 1:
+        ap.error("--tp needs one or more sizes >= 1")
+    if min(args.max_input_len, args.max_output_len) < 100:
+        ap.error("W1 draws lengths with randint(100, max): --max-*-len must be >= 100")
+    args.device = args.device or default_device()
+
+    scratch = Path(tempfile.mkdtemp(prefix="nanopipe-profile-tp-"))
+    out = Path(args.out) if args.out else scratch
+    try:
+        model_dir = args.model
+        if args.make_random:
+            t0 = time.perf_counter()
+            model_dir = str(make_random(args.make_random, scratch / "model", args.device,
+                                        tokenizer=True))
+            if args.device == "cuda":  # the workers size their KV cache from the free memory
+                import torch
+
+                torch.cuda.empty_cache()
+            print(f"random {args.make_random} weights built in {time.perf_counter() - t0:.1f} s",
+                  flush=True)
+        mc = ModelConfig.from_dir(model_dir)
+        work = w1_workload(args.num_seqs, args.max_input_len, args.max_output_len,
+                           mc.vocab_size)
+        results: dict[int, list[dict]] = {}
+        for tp in tps:
+            results[tp] = profile_one(model_dir, tp, args, work, out / f"tp{tp}")
+            for report in results[tp]:
+                print(format_rank(report), flush=True)
+            print(f"TP={tp} " + compare_ranks(results[tp]) + "\n", flush=True)
+        for tp in tps[1:]:
+            print(format_scaling(tps[0], results[tps[0]][0], tp, results[tp][0]), flush=True)
+        summary = {str(tp): reports for tp, reports in results.items()}
+        emit(result="profile_tp", device=args.device, window=list(args.steps),
+             tp={tp: dict(wall_ms_per_step=[r["wall_ms_per_step"] for r in reports],
+                          collectives_per_step=[r["collectives_per_step"] for r in reports])
+                 for tp, reports in results.items()})
+        if args.json:
+            Path(args.json).write_text(json.dumps(summary, indent=1))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
