@@ -71,11 +71,14 @@ def rank_profile(events: Any, steps: tuple[int, int], wall_s: float, cuda: bool)
     if cuda:
         # A kernel's linked id is the id of the host op it was launched under; host ops have
         # no linked id themselves (runtime calls do, and their ids are another sequence).
-        launched_at = {e.id: e.time_range.start for e in cpu if e.linked_correlation_id == 0}
+        # Some torch builds do not expose the link: a kernel then counts where it started.
+        launched_at = {e.id: e.time_range.start for e in cpu
+                       if getattr(e, "linked_correlation_id", None) == 0}
         for e in events:
             if e.device_type.name != "CUDA" or not COLLECTIVE.match(e.name):
                 continue
-            s = step_of(launched_at.get(e.linked_correlation_id, e.time_range.start))
+            link = getattr(e, "linked_correlation_id", None)
+            s = step_of(launched_at.get(link, e.time_range.start))
             if s is not None:
                 _count(s, _kind(e.name), None, e.time_range.elapsed_us())
     for s in per_step:

@@ -115,9 +115,13 @@ class StepProfiler:
         opened, self._open = self._open, None
         prof, wall_s = opened.close()
         w, r = self.window, self.runner
-        report = dict(rank=r.rank, world_size=r.world_size, device=r.device.type,
-                      **rank_profile(prof.events(), (w.first, w.last), wall_s,
-                                     r.device.type == "cuda"))
+        try:
+            report = dict(rank=r.rank, world_size=r.world_size, device=r.device.type,
+                          **rank_profile(prof.events(), (w.first, w.last), wall_s,
+                                         r.device.type == "cuda"))
+        except Exception:  # a profile that cannot be read must not stop serving either
+            log.exception("worker %d: could not summarise its profile", r.rank)
+            return
         try:
             w.out_dir.mkdir(parents=True, exist_ok=True)
             path = w.out_dir / f"rank{r.rank}.json"
