@@ -16,7 +16,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-SAMPLER_RANGE = "nanopipe.sampler"
+RANGE_PREFIX = "nanopipe."
+"""Every profiler range the engine opens is named RANGE_PREFIX + what it covers."""
+SAMPLER_RANGE = RANGE_PREFIX + "sampler"
 CATEGORIES = ("attention", "GEMM", "norm", "rotary/kv-store", "elementwise/copies", "sampler",
               "collectives", "other")
 COLLECTIVE = re.compile(r"^(nccl|gloo):|^nccl\w*kernel", re.IGNORECASE)
@@ -92,7 +94,9 @@ def summarize(events, steps: tuple[int, int], wall_s: float, cuda: bool) -> Step
                   if e.name == SAMPLER_RANGE]
         launches = sum(1 for e in events if e.name in LAUNCH_CALLS)
         for e in device:
-            if e.name == SAMPLER_RANGE or e.name.startswith("gpu_user_annotation"):
+            # Our ranges (nanopipe.*) show up on the device too, spanning their kernels:
+            # counting them would count those kernels twice and the gaps as busy.
+            if e.name.startswith(RANGE_PREFIX) or e.name.startswith("gpu_user_annotation"):
                 continue
             start, end = e.time_range.start, e.time_range.end
             in_sampler = any(a <= start < b for a, b in ranges)
