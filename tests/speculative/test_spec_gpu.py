@@ -30,40 +30,35 @@ def _release_gpu_memory():
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("k", [2, 4])
-def test_verify_graphs_keep_greedy_tokens(tiny_qwen3_dir, k, monkeypatch):
+@pytest.fixture
+def replays(monkeypatch) -> dict[int, int]:
+    """Graph replays counted by tokens per entry (1: decode, 1 + K: verify, 2: draft)."""
     from gpu_workers.cuda_graphs import DecodeGraphs
 
-    replays = {1: 0, k + 1: 0}
+    counts: dict[int, int] = {}
     run = DecodeGraphs.run
 
     def counted(self, *args):
-        replays[self.q_per_seq] = replays.get(self.q_per_seq, 0) + 1
+        counts[self.q_per_seq] = counts.get(self.q_per_seq, 0) + 1
         return run(self, *args)
 
     monkeypatch.setattr(DecodeGraphs, "run", counted)
+    return counts
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_verify_graphs_keep_greedy_tokens(tiny_qwen3_dir, k, replays):
     reqs = greedy_requests(3, n=6)
     base, _, _ = generate(tiny_qwen3_dir, reqs, **_cuda())
-    replays[1] = 0
     spec, sched, _ = generate(tiny_qwen3_dir, reqs, k=k, **_cuda())
     assert spec == base
     assert sched.stats().spec_accepted_tokens > 0
-    assert replays[k + 1] > 0  # verify steps ran as graphs
+    assert replays.get(k + 1, 0) > 0  # verify steps ran as graphs
 
 
-def test_draft_graphs_keep_greedy_tokens(tiny_qwen3_dir, monkeypatch):
+def test_draft_graphs_keep_greedy_tokens(tiny_qwen3_dir, replays):
     """The draft (here the target itself, so every proposal is accepted) replays its own
     graphs: two-token catch-up steps after a fully accepted step, one-token proposal steps."""
-    from gpu_workers.cuda_graphs import DecodeGraphs
-
-    replays: dict[int, int] = {}
-    run = DecodeGraphs.run
-
-    def counted(self, *args):
-        replays[self.q_per_seq] = replays.get(self.q_per_seq, 0) + 1
-        return run(self, *args)
-
-    monkeypatch.setattr(DecodeGraphs, "run", counted)
     reqs = greedy_requests(4, n=4)
     base, _, _ = generate(tiny_qwen3_dir, reqs, **_cuda())
     spec, sched, _ = generate(tiny_qwen3_dir, reqs, k=4, draft=tiny_qwen3_dir, **_cuda())
