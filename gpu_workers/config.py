@@ -87,8 +87,6 @@ class WorkerConfig:
                              f"got {self.speculative!r}")
         if (self.speculative == "draft") != (self.draft_model is not None):
             raise ValueError("draft_model is needed with speculative='draft', and only then")
-        if self.speculative and self.lookahead:
-            raise ValueError("speculative decoding runs without lookahead")
         for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
                      "max_plans_in_flight", "ngram_size"):
             if getattr(self, name) < 1:

@@ -101,8 +101,7 @@ def settle_verified(pending: PendingStep, batch: StepBatch, spec: SpecStep,
         value = getattr(pending, name)
         if value is not None:
             setattr(pending, name, value[keep])
-    table.append_verified(rows, counts, pending.host_tokens,
-                          spec.spec_planned[batch.sample_entries])
+    table.append_verified(rows, counts, pending.host_tokens)
     pending.counts, pending.num_proposed = counts, num_verify
     pending.settled = True
     return pending
