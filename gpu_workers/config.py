@@ -62,7 +62,8 @@ class WorkerConfig:
     seed: int = 0
     lookahead: bool = False
     """Launch a plan that is already waiting before the previous step's tokens reached the
-    host, so the device runs the two back to back (needs the scheduler's overlap)."""
+    host, so the device runs the two back to back (needs the scheduler's overlap). A plan
+    whose proposals read the host's token history settles the step in flight first."""
     speculative: str | None = None
     """"ngram": propose tokens by prompt lookup; "draft": propose them with draft_model; either
     way one target step verifies them (gpu_workers.speculative)."""

@@ -35,7 +35,7 @@ class SpecStep:
     num_verify: np.ndarray
     """[entries] proposed tokens each entry verifies (written in the mirror past its tokens)."""
     spec_planned: np.ndarray
-    """[entries] whether the plan let the entry speculate (its block table is trimmed after)."""
+    """[entries] whether the plan let the entry speculate (num_spec > 0)."""
 
 
 def prepare_proposals(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray,
