@@ -99,3 +99,20 @@ def test_abort_mid_flight_frees_everything(tiny_qwen3_dir, mode):
         else:
             assert (tokens, reason) == base[rid]
     assert sched.stats().kv_blocks_used == 0
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_lookahead_proposes_what_overlap_alone_proposes(tiny_qwen3_dir, proposer):
+    """The scheduler sends the same plans either way, so a worker that launches a plan while
+    the step before it is still unsettled must propose the same tokens as one that waited:
+    a proposer reading the history on the host (n-gram lookup, the draft's catch-up) needs
+    the token still on the device, so such a step settles the one in flight first."""
+    reqs = greedy_requests(2, n=5)
+    draft = tiny_qwen3_dir if proposer == "draft" else None
+    runs = [generate(tiny_qwen3_dir, reqs, k=4, draft=draft, **mode)
+            for mode in ({"overlap": True}, {"lookahead": True})]
+    (over, over_sched, _), (ahead, ahead_sched, _) = runs
+    assert over == ahead
+    counts = [(s.stats().spec_proposed_tokens, s.stats().spec_accepted_tokens)
+              for s in (over_sched, ahead_sched)]
+    assert counts[0] == counts[1] and counts[0][1] > 0
