@@ -62,7 +62,8 @@ class WorkerConfig:
     seed: int = 0
     lookahead: bool = False
     """Launch a plan that is already waiting before the previous step's tokens reached the
-    host, so the device runs the two back to back (needs the scheduler's overlap)."""
+    host, so the device runs the two back to back (needs the scheduler's overlap). A plan
+    whose proposals read the host's token history settles the step in flight first."""
     speculative: str | None = None
     """"ngram": propose tokens by prompt lookup; "draft": propose them with draft_model; either
     way one target step verifies them (gpu_workers.speculative)."""
@@ -87,8 +88,6 @@ class WorkerConfig:
                              f"got {self.speculative!r}")
         if (self.speculative == "draft") != (self.draft_model is not None):
             raise ValueError("draft_model is needed with speculative='draft', and only then")
-        if self.speculative and self.lookahead:
-            raise ValueError("speculative decoding runs without lookahead")
         for name in ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens",
                      "max_plans_in_flight", "ngram_size"):
             if getattr(self, name) < 1:

@@ -103,6 +103,8 @@ class SequenceTable:
         for sid in plan.drop_seq_ids:
             self.failed.pop(sid, None)
             self._release(sid)
+        if plan.trim_seq_ids:
+            self._trim(plan)
         ids, rows, new = [], [], []
         for seq in plan.new_seqs:
             self.failed.pop(seq.seq_id, None)  # re-sent in full: judged afresh
@@ -143,6 +145,25 @@ class SequenceTable:
                     end + self.step_spec > self.num_blocks[rows_a] * self.block_size):
                 raise MirrorError(f"plan {plan.step_id} computes past a block table")
         return ids, rows_a, new_a
+
+    def _trim(self, plan: StepPlan) -> None:
+        """Cut block tables as the scheduler did after speculative results: the blocks past
+        the new length held only rejected proposals, and no plan before this one writes them
+        again. Applied before this plan's new blocks, as the scheduler's tables were."""
+        for sid, keep in zip(plan.trim_seq_ids, plan.trim_num_blocks, strict=True):
+            row = self.rows.get(sid)
+            if row is None:
+                if sid in self.failed:
+                    continue
+                raise MirrorError(f"plan {plan.step_id} trims unknown sequence {sid}")
+            held = int(self.num_blocks[row])
+            covered = keep * self.block_size if self.block_size is not None else None
+            if not 0 <= keep <= held or (covered is not None
+                                         and covered < self.num_computed[row]):
+                raise MirrorError(f"plan {plan.step_id} trims sequence {sid} to {keep} of "
+                                  f"{held} blocks, below its {self.num_computed[row]} "
+                                  f"computed tokens or above its table")
+            self.num_blocks[row] = keep
 
     @staticmethod
     def _spec_caps(plan: StepPlan, ids: list[int]) -> np.ndarray:
@@ -246,12 +267,11 @@ class SequenceTable:
         return (self.presence[rows] != 0) | (self.frequency[rows] != 0) | (
             self.repetition[rows] != 1)
 
-    def append_verified(self, rows: np.ndarray, counts: np.ndarray, tokens: np.ndarray,
-                        spec_planned: np.ndarray) -> None:
-        """After a verification step: append each row's counts[i] tokens (flat in `tokens`),
-        count its accepted proposals as computed (their KV is written), and trim the block
-        table of each row the plan let speculate to what its tokens need, releasing blocks
-        reserved for rejected proposals. The scheduler applies the same rule to its tables."""
+    def append_verified(self, rows: np.ndarray, counts: np.ndarray, tokens: np.ndarray) -> None:
+        """After a verification step: append each row's counts[i] tokens (flat in `tokens`)
+        and count its accepted proposals as computed (their KV is written). Blocks reserved
+        for rejected proposals stay until a later plan trims them (StepPlan.trim_seq_ids): the
+        scheduler decides that, knowing which plans it has sent since."""
         offset = 0
         for i, row in enumerate(rows.tolist()):
             c = int(counts[i])
@@ -262,9 +282,6 @@ class SequenceTable:
             offset += c
             self.num_tokens[row] = length + c
             self.num_computed[row] += c - 1
-            if spec_planned[i] and self.block_size is not None:
-                need = -(-(length + c) // self.block_size)
-                self.num_blocks[row] = min(int(self.num_blocks[row]), need)
 
     def append_placeholders(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Reserve the next position of each row for the token being sampled; its value is

@@ -217,9 +217,11 @@ class ModelRunner:
         failures = table.new_failures
         if len(rows) == 0:
             return PendingStep.empty(plan.step_id, table, failures)
-        if in_flight is not None and np.any(
-                table.uses_penalties(rows) & (table.pending_pos[rows] >= 0)):
-            self._settle(in_flight)  # penalties read the token history on the host
+        if in_flight is not None and np.any((table.pending_pos[rows] >= 0) & (
+                table.uses_penalties(rows) | self._proposes_from_history(table))):
+            # Penalties and proposers read the token history on the host: such a step waits
+            # for the one in flight (lookahead then only helps the steps that do neither).
+            self._settle(in_flight)
         spec, run_new = None, num_new
         if self.drafter is not None and table is self.table:
             spec = self.drafter.propose(table, rows, num_new, table.step_spec, self.sampler)
@@ -275,6 +277,16 @@ class ModelRunner:
         if table is self.table:
             self._unsettled.append(pending)
         return pending
+
+    def _proposes_from_history(self, table: SequenceTable) -> np.ndarray | bool:
+        """Entries of this step whose proposals read their tokens on the host: every entry
+        with a draft (it catches up on each entry's tokens), those allowed to speculate with
+        n-gram lookup."""
+        if self.drafter is not None:
+            return True
+        if self.config.speculative == "ngram":
+            return table.step_spec > 0
+        return False
 
     def _take_pending_inputs(self, batch: StepBatch, table: SequenceTable, rows: np.ndarray,
                              start: np.ndarray, num_new: np.ndarray,

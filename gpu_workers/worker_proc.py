@@ -90,7 +90,9 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
            rt: ProcessRuntime, lookahead: bool = False) -> None:
     """Execute plans in order. With lookahead a step stays in flight while the next plan is
     awaited: if that plan arrives before the step's tokens reach the host, it is launched
-    first, so the device goes from one step to the next without waiting for the host.
+    first, so the device goes from one step to the next without waiting for the host. (A
+    speculating plan that reads the host's token history settles the step in flight first,
+    and a verification step comes back settled: ModelRunner._launch.)
 
     One request's contents never end this loop: the mirror refuses a sequence it cannot run
     and the StepResult reports it (see gpu_workers.mirror). What still raises here is not one

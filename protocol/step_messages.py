@@ -56,7 +56,8 @@ class CachedSequences:
 @message(0x20)
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """One step for every rank. Workers apply drop_seq_ids, then new_seqs, then cached.
+    """One step for every rank. Workers apply drop_seq_ids, then the trims, then new_seqs,
+    then cached.
 
     An entry samples a token iff it reaches the end of the sequence's known tokens.
     """
@@ -66,6 +67,12 @@ class StepPlan:
     """Finished, aborted or preempted sequences: workers forget their mirrors."""
     new_seqs: list[NewSequence]
     cached: CachedSequences
+    trim_seq_ids: list[int] = field(default_factory=list)
+    """Speculation: sequences whose block tables the scheduler cut since its last plan
+    (blocks reserved for proposals that were rejected). Sparse: empty on most steps."""
+    trim_num_blocks: list[int] = field(default_factory=list)
+    """The length each of those tables is cut to, before this plan's new blocks are appended.
+    The scheduler never cuts a block that a plan already sent may still write."""
 
 
 @message(0x21)

@@ -25,9 +25,9 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     overlap: bool = True
     num_speculative_tokens: int = 0
-    """Speculation: proposals a decoding entry may verify per step (0: off). The result of a
-    step says how far each sequence advanced, which the next plan must know, so speculation
-    plans one step at a time (overlap off)."""
+    """Speculation: proposals a decoding entry may verify per step (0: off). Works with
+    overlap: a plan sent before the previous result sizes blocks and length caps as if every
+    proposal in flight is accepted (step_planner)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -46,7 +46,7 @@ class SchedulerConfig:
 
     @property
     def max_plans_in_flight(self) -> int:
-        return plans_in_flight(self.overlap and not self.num_speculative_tokens)
+        return plans_in_flight(self.overlap)
 
     @property
     def kv_capacity_tokens(self) -> int:

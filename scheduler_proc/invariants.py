@@ -9,9 +9,12 @@ def check_integrity(state: SchedulerState) -> None:
     """Raise AssertionError if any scheduler or block-pool invariant is broken."""
     state.block_manager.check_integrity(s.block_table for s in state.running)
     pending: dict[int, int] = {}
-    for _, seqs in state.inflight:
-        for s in seqs:
+    proposals: dict[int, int] = {}
+    for plan in state.inflight:
+        for s in plan.seqs:
             pending[id(s)] = pending.get(id(s), 0) + 1
+        for s, k in zip(plan.seqs, plan.num_spec):  # num_spec is empty or aligned
+            proposals[id(s)] = proposals.get(id(s), 0) + k
     problems = []
     for s in state.waiting:
         if s.status is not WAITING or s.block_table or s.on_worker:
@@ -19,7 +22,7 @@ def check_integrity(state: SchedulerState) -> None:
     for s in state.running:
         if s.status is not RUNNING or not s.on_worker:
             problems.append(f"running {s!r} is not RUNNING or not mirrored")
-        if s.num_computed > len(s.block_table) * state.config.block_size:
+        if s.num_computed + s.spec_inflight > len(s.block_table) * state.config.block_size:
             problems.append(f"{s!r} computes past its block table")
     live = {s.seq_id for s in state.waiting} | {s.seq_id for s in state.running}
     if live != set(state.seqs) or len(state.waiting) + len(state.running) != len(state.seqs):
@@ -27,5 +30,7 @@ def check_integrity(state: SchedulerState) -> None:
     for s in state.seqs.values():
         if s.num_pending != pending.get(id(s), 0):
             problems.append(f"{s!r} pending != tokens in flight")
+        if s.spec_inflight != proposals.get(id(s), 0):
+            problems.append(f"{s!r} spec_inflight != proposals in flight")
     if problems:
         raise AssertionError("; ".join(problems))

@@ -23,9 +23,14 @@ class Sequence:
       token_ids      every token the scheduler knows (prompt + generated).
       num_pending    tokens the workers have sampled (or will sample in a plan already sent)
                      that the scheduler has not seen yet. Workers hold them in their mirror.
-      num_computed   tokens whose KV is written by plans already sent; advanced at schedule time.
-    The worker-side length of a sequence is `len(token_ids) + num_pending`; a step samples for a
-    sequence iff it brings num_computed up to that length.
+      num_computed   tokens whose KV is written by plans already sent, as far as known: +n at
+                     schedule time, + the accepted proposals when a speculative result arrives.
+      spec_inflight  proposals that plans in flight may verify; each accepted one adds a token
+                     to both the worker-side length and its computed count.
+    The worker-side length of a sequence is `len(token_ids) + num_pending` (+ up to
+    spec_inflight); a step samples for a sequence iff it brings num_computed up to that length.
+    Accepted proposals move both counts alike, so `length - computed` is exact even while their
+    number is unknown: a plan sent before a speculative result still says n = 1.
     """
 
     __slots__ = (
@@ -45,7 +50,7 @@ class Sequence:
         "on_worker",
         "num_hashed_blocks",
         "last_hash",
-        "spec_tokens",
+        "spec_inflight",
         "spec_proposed",
         "spec_accepted",
         "arrival_time",
@@ -90,9 +95,10 @@ class Sequence:
         # block table are hashed, and the chained hash of the last of them.
         self.num_hashed_blocks = 0
         self.last_hash = 0
-        # Speculation: proposals the last plan let it verify (its KV slots are reserved), and
-        # proposals verified and accepted over the request's life.
-        self.spec_tokens = 0
+        # Speculation: proposals that plans in flight let it verify (their KV slots are
+        # reserved; how many get accepted is unknown until the results arrive), and proposals
+        # verified and accepted over the request's life.
+        self.spec_inflight = 0
         self.spec_proposed = 0
         self.spec_accepted = 0
         # Request metrics (scheduler_proc.stats.request_metrics): the arrival on the wall

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 from protocol import FinishReason
 from scheduler_proc.block_manager import BlockManager
@@ -23,11 +24,22 @@ WAITING = SequenceStatus.WAITING
 FINISHED = SequenceStatus.FINISHED
 
 
+@dataclass(slots=True)
+class PlanInFlight:
+    """A plan sent and not answered yet."""
+
+    step_id: int
+    seqs: list[Sequence]
+    """The sequences it samples for, in the order of its result."""
+    num_spec: list[int] = field(default_factory=list)
+    """Proposals each of them may verify (aligned with seqs; empty when none speculates)."""
+
+
 class SchedulerState:
     """Queues, plans in flight and buffered deltas; see Sequence for per-sequence accounting."""
 
     __slots__ = ("config", "block_manager", "waiting", "running", "seqs", "next_step_id",
-                 "inflight", "drops", "to_hash", "deltas", "stats")
+                 "inflight", "drops", "trims", "to_hash", "deltas", "stats")
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
@@ -38,10 +50,13 @@ class SchedulerState:
         self.running: list[Sequence] = []  # in admission order: the tail is preempted first
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence
         self.next_step_id = 0
-        # Plans sent and not answered yet: (step id, sequences expected to sample, in plan order).
-        self.inflight: deque[tuple[int, list[Sequence]]] = deque()
+        # Plans sent and not answered yet, oldest first.
+        self.inflight: deque[PlanInFlight] = deque()
         # Ids the workers mirror but must forget; announced in the next plan.
         self.drops: list[int] = []
+        # Block tables cut since the last plan (seq id -> blocks kept); announced in the next
+        # plan, so every rank cuts its mirror at the same point of the plan stream.
+        self.trims: dict[int, int] = {}
         # Sequences whose prefill chunk went into the last plan: their completed blocks enter
         # the prefix cache when the next plan is built, so a hit is only ever on KV written by
         # an earlier plan, never by a neighbour in the same batch.
@@ -67,6 +82,7 @@ class SchedulerState:
         """
         self.block_manager.hash_full_blocks(seq)
         self.block_manager.free(seq)
+        self.trims.pop(seq.seq_id, None)  # the drop forgets the whole table
         self.stats.preemptions += 1
         seq.num_preemptions += 1
         seq.num_computed = 0
@@ -76,12 +92,28 @@ class SchedulerState:
             seq.on_worker = False
         self.waiting.appendleft(seq)
 
+    def trim(self, seq: Sequence) -> None:
+        """Free the blocks of a running sequence that were reserved for rejected proposals.
+
+        Overlap hazard: a plan still in flight may write up to position num_computed +
+        spec_inflight (its n is already counted, its proposals may all be accepted), so
+        blocks up to there stay; only what lies past them and past the known tokens goes.
+        The cut is announced in the next plan, which workers apply after every plan sent
+        before it, so no rank frees a block that a plan it has not run yet still writes."""
+        table = seq.block_table
+        before = len(table)
+        self.block_manager.free_tail(
+            seq, max(seq.num_computed + seq.spec_inflight, len(seq.token_ids)))
+        if len(table) < before:
+            self.trims[seq.seq_id] = len(table)
+
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Mark finished and free its blocks once; the caller unlinks it from its queue."""
         assert seq.status is not FINISHED, f"sequence {seq.seq_id} finished twice"
         if seq.block_table:
             self.block_manager.hash_full_blocks(seq)
             self.block_manager.free(seq)
+        self.trims.pop(seq.seq_id, None)
         seq.status = FINISHED
         seq.finish_reason = reason
         metrics = request_metrics(seq, reason, time.monotonic())

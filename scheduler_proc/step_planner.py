@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from protocol import CachedSequences, NewSequence, StepPlan
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.sequence import Sequence
-from scheduler_proc.state import RUNNING, SchedulerState
+from scheduler_proc.state import RUNNING, PlanInFlight, SchedulerState
 
 
 @dataclass(slots=True)
@@ -25,6 +25,7 @@ class _StepBatch:
     cached_ids: list[int] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
     num_spec: list[int] = field(default_factory=list)  # filled only when speculating
+    sampled_spec: list[int] = field(default_factory=list)  # num_spec of each of `sampled`
     new_blocks: list[list[int]] = field(default_factory=list)
     sampled: list[Sequence] = field(default_factory=list)  # running ones this step samples for
     new_seqs: list[NewSequence] = field(default_factory=list)
@@ -37,7 +38,10 @@ def plan_step(state: SchedulerState) -> StepPlan | None:
 
     Overlap: this advances num_computed as it plans, and plans every decoding sequence as if
     it survives the step still in flight (its input is the token that step samples, which the
-    workers already hold: Sequence.num_pending)."""
+    workers already hold: Sequence.num_pending). With speculation the step in flight may also
+    accept any number of its proposals up to Sequence.spec_inflight: the plan still says
+    n = 1 (the workers compute from their own counts, which include the accepted ones), and
+    blocks and length caps are sized for the case where every one is accepted."""
     bm = state.block_manager
     for seq in state.to_hash:
         if seq.status is RUNNING:
@@ -52,15 +56,20 @@ def plan_step(state: SchedulerState) -> StepPlan | None:
     if not batch.cached_ids and not batch.new_seqs:
         return None
     step_id = state.next_step_id
+    trims = state.trims
     plan = StepPlan(
         step_id,
         state.drops,
         batch.new_seqs,
         CachedSequences(batch.cached_ids, batch.num_new, batch.new_blocks, batch.num_spec),
+        list(trims),
+        list(trims.values()),
     )
     state.drops = []
+    state.trims = {}
     # Workers apply new_seqs before cached entries; results come back in that order.
-    state.inflight.append((step_id, batch.new_sampled + batch.sampled))
+    spec = [0] * len(batch.new_sampled) + batch.sampled_spec if any(batch.sampled_spec) else []
+    state.inflight.append(PlanInFlight(step_id, batch.new_sampled + batch.sampled, spec))
     state.next_step_id = step_id + 1
     return plan
 
@@ -82,12 +91,14 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
     while i < len(running) and budget > 0:
         seq = running[i]
         target = len(seq.token_ids) + seq.num_pending
-        # Overlap hazard: a token still in flight that is certain to end the sequence
-        # (max_tokens or max_model_len reached) is not fed back; that would only compute
-        # a token to discard, past the length the sequence was admitted for.
-        if seq.num_pending and (
-            target - seq.num_prompt_tokens >= seq.max_tokens or target >= max_model_len
-        ):
+        ahead = seq.spec_inflight  # proposals in flight: accepted or not, unknown yet
+        # Overlap hazard: a token still in flight that may end the sequence (max_tokens or
+        # max_model_len reached, were every proposal in flight accepted) is not fed back; that
+        # could only compute a token to discard, past the length the sequence was admitted
+        # for. Without speculation (ahead == 0) such a token is certain to end it; with it,
+        # the sequence waits one step for the result that tells.
+        if seq.num_pending and (target + ahead - seq.num_prompt_tokens >= seq.max_tokens
+                                or target + ahead >= max_model_len):
             i += 1
             continue
         computed = seq.num_computed
@@ -95,16 +106,18 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
         if n > budget:
             n = budget
         k = _spec_tokens(seq, spec_k, n, target, budget, max_model_len, bm) if spec_k else 0
+        # The workers compute from their own count, which is up to `ahead` further on.
+        reach = computed + ahead + n + k
         blocks: list[int] = []
-        if computed + n + k > len(seq.block_table) * bs:
-            alloc = bm.allocate(seq, computed + n + k)
+        if reach > len(seq.block_table) * bs:
+            alloc = bm.allocate(seq, reach)
             while alloc is None:
                 victim = running.pop()  # most recently admitted
                 state.preempt(victim)
                 batch.preempted = True
                 if victim is seq:
                     break
-                alloc = bm.allocate(seq, computed + n + k)
+                alloc = bm.allocate(seq, reach)
             if alloc is None:
                 break
             blocks = alloc.new_block_ids
@@ -113,7 +126,7 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
         new_blocks.append(blocks)
         if spec_k:
             batch.num_spec.append(k)
-            seq.spec_tokens = k
+            seq.spec_inflight = ahead + k
         budget -= n + k
         if computed < seq.num_prefill:  # a later chunk of a prefill (never past its end)
             prefill += n
@@ -121,6 +134,8 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
         if computed + n == target:
             seq.num_pending += 1
             sampled.append(seq)
+            if spec_k:
+                batch.sampled_spec.append(k)
         if n > 1:
             to_hash.append(seq)
         i += 1
@@ -132,13 +147,16 @@ def _spec_tokens(seq: Sequence, spec_k: int, n: int, target: int, budget: int,
                  max_model_len: int, bm: BlockManager) -> int:
     """Proposals a decoding entry may verify this step: within the token budget, the blocks
     free now (speculation never preempts), and so that even if all are accepted the sequence
-    cannot pass max_tokens or max_model_len (the bonus token counts: hence the - 1)."""
+    cannot pass max_tokens or max_model_len (the bonus token counts: hence the - 1). The
+    proposals of plans in flight count as accepted (the worst case)."""
     computed = seq.num_computed
     if n != 1 or computed + 1 != target:  # prefill chunks do not speculate
         return 0
-    room = (len(seq.block_table) + bm.num_free) * bm.block_size - computed - 1
-    k = min(spec_k, budget - 1, room, max_model_len - target - 1,
-            seq.max_tokens - (target - seq.num_prompt_tokens) - 1)
+    ahead = seq.spec_inflight
+    longest = target + ahead
+    room = (len(seq.block_table) + bm.num_free) * bm.block_size - computed - ahead - 1
+    k = min(spec_k, budget - 1, room, max_model_len - longest - 1,
+            seq.max_tokens - (longest - seq.num_prompt_tokens) - 1)
     return k if k > 0 else 0
 
 
@@ -181,7 +199,6 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
             )
         )
         seq.on_worker = True
-        seq.spec_tokens = 0
         seq.num_computed = num_cached + n
         seq.num_prefill = len(seq.token_ids)
         stats.prompt_tokens += n

@@ -23,10 +23,15 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
     """Apply the result of the oldest plan in flight; return its deltas, together with any
     queued out-of-band ones."""
     inflight = state.inflight
-    if not inflight or inflight[0][0] != result.step_id:
-        expected = inflight[0][0] if inflight else None
+    if not inflight or inflight[0].step_id != result.step_id:
+        expected = inflight[0].step_id if inflight else None
         raise ValueError(f"result for step {result.step_id}, expected step {expected}")
-    _, seqs = inflight.popleft()
+    plan = inflight.popleft()
+    seqs = plan.seqs
+    # Whatever the result says, these proposals are no longer in flight; the accepted ones
+    # are counted below as computed tokens.
+    for seq, k in zip(seqs, plan.num_spec):
+        seq.spec_inflight -= k
     if result.failed_seq_ids:
         _fail_refused(state, result)
     seqs = _match(seqs, result)
@@ -94,7 +99,8 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
     (flat in token_ids). They are appended one by one through the stop conditions; tokens past
     a stop, max_tokens or max_model_len are dropped, never streamed. The accepted proposals'
     KV is written, so they count as computed; blocks reserved for rejected ones are freed
-    (the workers trim their tables by the same rule, gpu_workers.mirror.append_verified)."""
+    where no plan in flight can still write them, and the next plan tells the workers to cut
+    their tables the same way (SchedulerState.trim)."""
     deltas, stats, bm = state.deltas, state.stats, state.block_manager
     max_model_len = state.config.max_model_len
     tokens, logprobs = result.token_ids, result.logprobs
@@ -143,8 +149,7 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
             finished_running |= _finish(state, seq, reason)
         elif seq.status is RUNNING:
             seq.num_computed += count - 1
-            if seq.spec_tokens:
-                bm.free_tail(seq, len(token_ids))
+            state.trim(seq)
             bm.hash_full_blocks(seq)
     if finished_running:
         state.running = [s for s in state.running if s.status is RUNNING]

@@ -103,7 +103,7 @@ class EngineConfig:
     speculative: str | None = option(
         None, "speculative decoding: ngram proposes the tokens that followed the last "
         "--ngram-size tokens earlier in the sequence, draft runs --draft-model K steps to "
-        "propose them; one step verifies them (turns overlap off)", choices=("ngram", "draft"),
+        "propose them; one step verifies them", choices=("ngram", "draft"),
         auto="off")
     num_speculative_tokens: int = option(
         4, "most proposed tokens one step verifies per sequence (with --speculative)",
@@ -230,12 +230,6 @@ class EngineConfig:
             return self.max_num_batched_tokens
         return MAX_NUM_BATCHED_TOKENS[self.resolved_device]
 
-    @property
-    def resolved_overlap(self) -> bool:
-        """Speculation turns overlap off: a plan must know how far the previous step
-        advanced each sequence (how many proposals it accepted)."""
-        return self.overlap and self.speculative is None
-
     @cached_property
     def resolved_draft_model(self) -> str | None:
         """The draft directory, checked: a model whose vocabulary is the target's (its
@@ -260,7 +254,7 @@ class EngineConfig:
 
     @property
     def max_plans_in_flight(self) -> int:
-        return plans_in_flight(self.resolved_overlap)
+        return plans_in_flight(self.overlap)
 
     def resolved(self, name: str) -> Any:
         """Field `name` as the processes get it: `resolved_<name>` where there is one."""
@@ -279,7 +273,7 @@ class EngineConfig:
         from gpu_workers.config import WorkerConfig
 
         return self._derive(WorkerConfig, dist_init_method=dist_init_method,
-                            lookahead=self.worker_lookahead and self.resolved_overlap,
+                            lookahead=self.worker_lookahead and self.overlap,
                             max_plans_in_flight=self.max_plans_in_flight)
 
     def tokenizer_config(self, router: RouterConfig | None = None):

@@ -35,7 +35,7 @@ class SpecStep:
     num_verify: np.ndarray
     """[entries] proposed tokens each entry verifies (written in the mirror past its tokens)."""
     spec_planned: np.ndarray
-    """[entries] whether the plan let the entry speculate (its block table is trimmed after)."""
+    """[entries] whether the plan let the entry speculate (num_spec > 0)."""
 
 
 def prepare_proposals(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray,
@@ -101,8 +101,7 @@ def settle_verified(pending: PendingStep, batch: StepBatch, spec: SpecStep,
         value = getattr(pending, name)
         if value is not None:
             setattr(pending, name, value[keep])
-    table.append_verified(rows, counts, pending.host_tokens,
-                          spec.spec_planned[batch.sample_entries])
+    table.append_verified(rows, counts, pending.host_tokens)
     pending.counts, pending.num_proposed = counts, num_verify
     pending.settled = True
     return pending

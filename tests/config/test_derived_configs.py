@@ -98,11 +98,16 @@ def test_detokenizer_config_needs_max_model_len():
         DetokenizerConfig(model="m")
 
 
-def test_speculation_plans_step_by_step_whatever_the_lookahead_default(model_dir):
-    """Speculation needs each step's result before the next plan: it turns overlap and the
-    (default) worker lookahead off instead of refusing the defaults."""
+def test_speculation_keeps_overlap_and_lookahead(model_dir):
+    """Plans stay ahead of unknown acceptance (the scheduler sizes them for the worst case),
+    so speculation changes neither overlap nor worker lookahead; --no-overlap still turns
+    both off."""
     engine = EngineConfig(model=model_dir, max_model_len=100, block_size=16, max_num_seqs=8,
                           speculative="ngram")
-    assert engine.worker_lookahead  # the default, left as it is
     worker, sched = engine.worker_config("x"), engine.scheduler_config(64)
+    assert worker.lookahead and sched.max_plans_in_flight == 2
+    assert worker.max_plans_in_flight == 2 and sched.num_speculative_tokens == 4
+    off = EngineConfig(model=model_dir, max_model_len=100, block_size=16, max_num_seqs=8,
+                       speculative="ngram", overlap=False)
+    worker, sched = off.worker_config("x"), off.scheduler_config(64)
     assert not worker.lookahead and sched.max_plans_in_flight == 1

@@ -1,5 +1,5 @@
-"""The real Scheduler driving a real ModelRunner in one process, with or without speculation
-(step by step: speculation plans one step at a time)."""
+"""The real Scheduler driving a real ModelRunner in one process, with or without speculation,
+step by step or overlapped (with or without the worker's lookahead: lookahead_driver)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ for sub in ("runtime", "scheduler"):
         sys.path.insert(0, str(TESTS / sub))
 
 from fake_worker import Collector, drive  # noqa: E402
+from lookahead_driver import drive_lookahead  # noqa: E402
 from rt_helpers import make_runner  # noqa: E402
 
 from protocol import AddRequest, SamplingParams  # noqa: E402
@@ -63,9 +64,12 @@ def greedy_requests(rng_seed: int, n: int = 6, **params) -> list[AddRequest]:
 
 def generate(model_dir: str, reqs: list[AddRequest], k: int = 0, ngram: int = 2,
              kv_bytes: int = 1 << 20, budget: int = 256, check=None, max_num_seqs: int = 8,
-             max_model_len: int = MAX_MODEL_LEN, draft: str | None = None, **runner_kw):
+             max_model_len: int = MAX_MODEL_LEN, draft: str | None = None,
+             overlap: bool = False, lookahead: bool = False, hook=None, **runner_kw):
     """{request id: (tokens, finish reason)}, the scheduler and the worker. With `draft` (a
-    model directory) the proposals come from that draft model instead of n-gram lookup."""
+    model directory) the proposals come from that draft model instead of n-gram lookup.
+    `overlap`: plan N+1 before result N; `lookahead` (implies overlap): the worker also
+    launches N+1 before it finishes N. `hook(sched, step)` runs after each result."""
     spec = {}
     if k:
         spec = ({"speculative": "draft", "num_speculative_tokens": k, "draft_model": draft}
@@ -76,10 +80,13 @@ def generate(model_dir: str, reqs: list[AddRequest], k: int = 0, ngram: int = 2,
                                        "max_num_batched_tokens": budget, **spec, **runner_kw})
     sched = Scheduler(SchedulerConfig(runner.num_kv_blocks, runner.config.block_size,
                                       max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                                      max_model_len=max_model_len, overlap=not k,
-                                      num_speculative_tokens=k))
+                                      max_model_len=max_model_len,
+                                      overlap=overlap or lookahead, num_speculative_tokens=k))
     for r in reqs:
         sched.add_request(r)
     worker = RunnerWorker(runner)
-    out = drive(sched, worker, Collector(), hook=check).outputs
+    if lookahead:
+        out = drive_lookahead(sched, runner, Collector(), hook=hook or check).outputs
+    else:
+        out = drive(sched, worker, Collector(), hook=hook or check).outputs
     return {rid: (o.token_ids, o.finish_reason) for rid, o in out.items()}, sched, worker

@@ -26,6 +26,9 @@ def spec_llm(tiny_qwen3_dir):
 
 
 def test_greedy_tp2_equals_transformers(spec_llm, tiny_qwen3_dir):
+    # Speculation runs with the defaults: overlap and worker lookahead on.
+    config = spec_llm.config
+    assert config.max_plans_in_flight == 2 and config.worker_config("x").lookahead
     rng = random.Random(1)
     prompts = [repeating_prompt(rng, rng.randint(10, 40), rng.randint(3, 8)) for _ in range(4)]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
