@@ -228,7 +228,7 @@ class ModelRunner:
             if spec is not None:
                 run_new = num_new + spec.num_verify
         elif self.config.speculative == "ngram" and table.step_spec.any():
-            # Speculation runs without lookahead: proposals read the settled history.
+            # Proposals read the settled history (the step in flight was settled above).
             spec = prepare_proposals(table, rows, num_new, table.step_spec,
                                      self.config.ngram_size)
             run_new = num_new + spec.num_verify
