@@ -79,6 +79,8 @@ def run(client: Client, prompts: list[str], batch: int, params: SamplingParams):
 def mode_options(args) -> dict[str, dict]:
     """The engine options of every mode: off, one n-gram mode per (K, n), and the draft."""
     modes: dict[str, dict] = {"off": {}}
+    if args.off_no_overlap:  # what losing overlap alone costs (speculation turns it off)
+        modes["off, no overlap"] = {"overlap": False}
     for k in (int(v) for v in args.k.split(",")):
         for n in (int(v) for v in args.ngram.split(",")):
             modes[f"ngram K={k} n={n}"] = {"speculative": "ngram", "num_speculative_tokens": k,
@@ -96,6 +98,8 @@ def main() -> None:
     ap.add_argument("--batch1-prompts", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat every mode this many times, interleaved (all engines stay up)")
+    ap.add_argument("--off-no-overlap", action="store_true",
+                    help="also run without speculation and without overlap")
     ap.add_argument("--draft-layers", type=int, default=0,
                     help="also run --speculative draft with the model's first N layers (0: no)")
     args = ap.parse_args()
