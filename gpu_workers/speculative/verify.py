@@ -67,15 +67,17 @@ def accept_lengths(draws: np.ndarray, proposals: np.ndarray, num_verify: np.ndar
 
     draws: the flat draws, 1 + num_verify[i] per entry; proposals: the flat proposals,
     num_verify[i] per entry. Entry i accepts its first a proposals where a is the length of
-    the longest prefix on which they equal the draws at the positions before them."""
-    accepted = np.zeros(len(num_verify), np.int64)
-    d = p = 0
-    for i, v in enumerate(num_verify.tolist()):
-        if v:
-            same = draws[d:d + v] == proposals[p:p + v]
-            accepted[i] = v if same.all() else int(np.argmin(same))
-        d += v + 1
-        p += v
+    the longest prefix on which they equal the draws at the positions before them. One
+    numpy pass, no loop over entries."""
+    num_verify = np.asarray(num_verify, np.int64)
+    entries = len(num_verify)
+    entry = np.repeat(np.arange(entries), num_verify)
+    # Entry i's draws start i places after its proposals (each entry has one extra draw).
+    mismatch = draws[np.arange(len(proposals)) + entry] != proposals
+    offset = np.arange(len(proposals)) - np.repeat(np.cumsum(num_verify) - num_verify,
+                                                   num_verify)
+    accepted = num_verify.copy()
+    np.minimum.at(accepted, entry[mismatch], offset[mismatch])
     return accepted
 
 

@@ -1,5 +1,6 @@
-"""The batched n-gram proposer against the per-sequence reference (propose_ngram), and
-prepare_proposals writing the same proposals into the mirror as a loop over sequences would."""
+"""The batched n-gram proposer against the per-sequence reference (propose_ngram),
+prepare_proposals writing the same proposals into the mirror as a loop over sequences would,
+and accept_lengths against the per-entry loop it replaced."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_workers.mirror import SequenceTable
-from gpu_workers.speculative import prepare_proposals, propose_ngram, propose_ngram_batch
+from gpu_workers.speculative import (
+    accept_lengths,
+    prepare_proposals,
+    propose_ngram,
+    propose_ngram_batch,
+)
 
 MAX_TOKENS = 64
 
@@ -99,3 +105,23 @@ def test_prepare_proposals_writes_what_the_per_sequence_loop_would(case, seed):
     assert spec.num_verify.tolist() == want_verify
     assert spec.spec_planned.tolist() == (k > 0).tolist()
     assert (table.tokens == expect).all()
+
+
+def accept_lengths_loop(draws, proposals, num_verify) -> list[int]:
+    """The per-entry loop accept_lengths replaced, as the reference."""
+    accepted, d, p = [], 0, 0
+    for v in num_verify:
+        same = draws[d:d + v] == proposals[p:p + v]
+        accepted.append(v if same.all() else int(np.argmin(same)))
+        d, p = d + v + 1, p + v
+    return accepted
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 5), max_size=12), st.integers(0, 2**31))
+def test_accept_lengths_equals_the_per_entry_loop(num_verify, seed):
+    rng = np.random.default_rng(seed)
+    proposals = rng.integers(0, 3, sum(num_verify))
+    draws = rng.integers(0, 3, sum(num_verify) + len(num_verify))
+    got = accept_lengths(draws, proposals, np.array(num_verify, np.int64))
+    assert got.tolist() == accept_lengths_loop(draws, proposals, num_verify)
