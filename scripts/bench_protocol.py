@@ -123,16 +123,16 @@ def speculation_bytes(args) -> None:
              (f"K={k}, acceptance {args.acceptance:.0%}", k, args.acceptance, 1.0),
              (f"K={k}, acceptance {args.acceptance:.0%}, half the n-grams not found", k,
               args.acceptance, 0.5),
-             (f"K={k}, nothing found (a list of zeros?)", k, 0.0, 0.0)]
+             (f"K={k}, no n-gram found (num_proposed None)", k, 0.0, 0.0)]
     for name, kk, acc, found in cases:
         plan = per_seq_bytes(lambda m, kk=kk: decode_plan(m, k=kk), n)
         result = per_seq_bytes(lambda m, kk=kk, acc=acc, found=found:
                                decode_result(m, vocab, kk, acc, found), n)
         sample = decode_result(n, vocab, kk, acc, found)
         produced = len(sample.token_ids) / n
-        print(f"  {name:>48}: plan {plan:5.2f} + result {result:5.2f} bytes = "
-              f"{(plan + result) / produced:5.2f} bytes per token produced "
-              f"({produced:.2f} tokens per step)")
+        print(f"  {name:>48}: plan {plan:5.2f} + result {result:5.2f} = "
+              f"{plan + result:5.2f} bytes per step, {(plan + result) / produced:5.2f} per "
+              f"token produced ({produced:.2f} tokens per step)")
     enc, dec = time_round_trip(decode_result(n, vocab, k, args.acceptance), args.repeats // 4)
     print(f"{n}-sequence speculative result: encode {enc * 1e6:.1f} us, "
           f"decode {dec * 1e6:.1f} us")
