@@ -4,7 +4,7 @@ model), float32 greedy, the whole pipeline, without speculation, with `--specula
 layers (scripts/truncate_model.py), in the same run, on a copy-heavy workload (repeat a
 paragraph, edit a piece of code).
 
-    python scripts/bench_spec.py                          # batch 1 and 8, K=4, n=3
+    python scripts/bench_spec.py                          # batch 1 and 8, K=6, n=3
     python scripts/bench_spec.py --batch-sizes 1 --k 4,8 --ngram 3,2 --rounds 3
     python scripts/bench_spec.py --draft-layers 4 --new-tokens 48 --batch1-prompts 2
 
@@ -92,7 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None)
     ap.add_argument("--batch-sizes", default="1,8")
-    ap.add_argument("--k", default="4", help="proposal lengths, comma-separated (one mode each)")
+    ap.add_argument("--k", default="6", help="proposal lengths, comma-separated (one mode each)")
     ap.add_argument("--ngram", default="3", help="n-gram sizes, comma-separated (one mode each)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch1-prompts", type=int, default=3)
