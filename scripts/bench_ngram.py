@@ -2,7 +2,7 @@
 pass over the batch) against the per-sequence loop it replaced (propose_ngram once per row).
 
     python scripts/bench_ngram.py                     # 256 rows x 2048 tokens, K=4, n=3
-    python scripts/bench_ngram.py --rows 64 --tokens 4096 --k 8 --min-n 1
+    python scripts/bench_ngram.py --rows 64 --tokens 4096 --k 8
 
 Rows are copy-like: a random phrase from a 32k vocabulary repeated with random edits, so most
 rows find their n-gram (the costly case for the loop, which then slices a continuation). Both
@@ -65,7 +65,6 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--n", type=int, default=3)
-    ap.add_argument("--min-n", type=int, default=None, help="fallback down to this n (batched)")
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
     table = copy_like_table(args.rows, args.tokens, args.k, seed=0)
@@ -75,15 +74,12 @@ def main() -> None:
     loop_verify = loop_proposals(table, rows, num_spec, args.n)
     loop_tokens = table.tokens.copy()
     spec = prepare_proposals(table, rows, num_new, num_spec, args.n)
-    if args.min_n is None:
-        assert (spec.num_verify == loop_verify).all() and (table.tokens == loop_tokens).all()
+    assert (spec.num_verify == loop_verify).all() and (table.tokens == loop_tokens).all()
     loop_s = timed(lambda: loop_proposals(table, rows, num_spec, args.n), args.repeats)
-    batch_s = timed(lambda: prepare_proposals(table, rows, num_new, num_spec, args.n,
-                                              **({} if args.min_n is None else
-                                                 {"min_n": args.min_n})), args.repeats)
+    batch_s = timed(lambda: prepare_proposals(table, rows, num_new, num_spec, args.n),
+                    args.repeats)
     found = int((spec.num_verify > 0).sum())
-    print(f"{args.rows} rows x {args.tokens} tokens, K={args.k}, n={args.n}"
-          f"{'' if args.min_n is None else f' down to {args.min_n}'}: {found} rows propose, "
+    print(f"{args.rows} rows x {args.tokens} tokens, K={args.k}, n={args.n}: {found} rows propose, "
           f"{int(spec.num_verify.sum())} tokens")
     for name, s in (("per-sequence loop", loop_s), ("batched", batch_s)):
         print(f"{name:>17}: {s * 1e3:7.2f} ms per step, {args.rows / s:10,.0f} rows/s, "
