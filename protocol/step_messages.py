@@ -100,11 +100,16 @@ class StepResult:
     num_tokens: list[int] | None = None
     """Speculation: tokens each entry produced (1 + accepted proposals)."""
     num_proposed: list[int] | None = None
-    """Speculation: tokens each entry verified (proposals made, accepted or not)."""
+    """Speculation: tokens each entry verified (proposals made, accepted or not); None when
+    no entry verified any (a list of zeros is stored as None: 1 byte per entry saved)."""
     gpu_busy_s: float = 0.0
     """Device time of the forward and sample of this and earlier steps whose time was not
     reported yet (read without a sync, so it may lag a step); the sum over results is the
     engine's GPU busy time."""
+
+    def __post_init__(self) -> None:
+        if self.num_proposed is not None and not any(self.num_proposed):
+            object.__setattr__(self, "num_proposed", None)
 
 
 @message(0x22)

@@ -4,49 +4,37 @@ model), float32 greedy, the whole pipeline, without speculation, with `--specula
 layers (scripts/truncate_model.py), in the same run, on a copy-heavy workload (repeat a
 paragraph, edit a piece of code).
 
-    python scripts/bench_spec.py                          # batch 1 and 8, K=4, n=3
-    python scripts/bench_spec.py --batch-sizes 1 --k 6 --ngram 2 --new-tokens 96
+    python scripts/bench_spec.py                          # batch 1 and 8, K=6, n=3
+    python scripts/bench_spec.py --batch-sizes 1 --k 4,8 --ngram 3,2 --rounds 3
     python scripts/bench_spec.py --draft-layers 4 --new-tokens 48 --batch1-prompts 2
 
 Batch 1 sends the prompts one after another, batch B sends B at once (streaming clients).
 Prints per mode and batch size: TPOT (mean over requests of (last - first token) / (tokens -
 1)), output tok/s (tokens / wall time), the engine's acceptance rate (accepted / proposed, from
-its published EngineStats), and asserts that the greedy tokens are identical in both modes.
+its published EngineStats), and asserts that the greedy tokens are identical in every mode.
+--k and --ngram take lists (one n-gram mode per pair); every engine stays up and --rounds
+alternates between them, so a shared machine's load falls on all alike; compare the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import datetime as dt
 import os
 import platform
+import statistics
 import tempfile
 import time
 
 import zmq
 from benchlib import truncate_model
+from benchlib.copy_tasks import COPY_TASKS
 
 from frontend import LLM, Client, SamplingParams
 from protocol import Decoder
 from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
-
-PARAGRAPH = ("The river rose slowly through the night, and by morning the low fields along "
-             "the valley were under water. Farmers moved their animals to the hills, and the "
-             "old stone bridge, which had stood for three hundred years, held firm again.")
-CODE = ("def total_price(items, tax_rate):\n    total = 0\n    for item in items:\n"
-        "        total += item.price * item.quantity\n    return total * (1 + tax_rate)\n")
-TASKS = [
-    f"Repeat this paragraph exactly, word for word:\n\n{PARAGRAPH}",
-    f"Rename the function total_price to compute_total in this code and show the whole "
-    f"code:\n\n{CODE}",
-    f"Copy this text and then copy it once more:\n\n{PARAGRAPH}",
-    f"Add a docstring to this function and return the full code:\n\n{CODE}",
-    f"Rewrite this paragraph with every sentence on its own line:\n\n{PARAGRAPH}",
-    f"Change the loop variable item to entry in this code and show the result:\n\n{CODE}",
-    f"Repeat the following text twice:\n\n{PARAGRAPH}",
-    f"Rename tax_rate to vat in this code and print the whole function:\n\n{CODE}",
-]
 
 
 def latest_stats(address: str) -> EngineStats:
@@ -88,36 +76,61 @@ def run(client: Client, prompts: list[str], batch: int, params: SamplingParams):
     return tokens, tpot, sum(map(len, tokens)) / wall
 
 
+def mode_options(args) -> dict[str, dict]:
+    """The engine options of every mode: off, one n-gram mode per (K, n), and the draft."""
+    modes: dict[str, dict] = {"off": {}}
+    if args.off_no_overlap:  # what losing overlap alone costs (speculation turns it off)
+        modes["off, no overlap"] = {"overlap": False}
+    for k in (int(v) for v in args.k.split(",")):
+        for n in (int(v) for v in args.ngram.split(",")):
+            modes[f"ngram K={k} n={n}"] = {"speculative": "ngram", "num_speculative_tokens": k,
+                                           "ngram_size": n}
+    return modes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None)
     ap.add_argument("--batch-sizes", default="1,8")
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--ngram", type=int, default=3)
+    ap.add_argument("--k", default="6", help="proposal lengths, comma-separated (one mode each)")
+    ap.add_argument("--ngram", default="3", help="n-gram sizes, comma-separated (one mode each)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch1-prompts", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat every mode this many times, interleaved (all engines stay up)")
+    ap.add_argument("--off-no-overlap", action="store_true",
+                    help="also run without speculation and without overlap")
     ap.add_argument("--draft-layers", type=int, default=0,
                     help="also run --speculative draft with the model's first N layers (0: no)")
     args = ap.parse_args()
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    modes = {"off": {}, "ngram": {"speculative": "ngram", "num_speculative_tokens": args.k,
-                                  "ngram_size": args.ngram}}
+    modes = mode_options(args)
     tmp = tempfile.TemporaryDirectory(prefix="bench_spec_draft_")
     if args.draft_layers:
         from frontend.embedded_model import default_model_dir
 
         draft = truncate_model(args.model or default_model_dir(), tmp.name, args.draft_layers)
-        modes["draft"] = {"speculative": "draft", "num_speculative_tokens": args.k,
+        modes["draft"] = {"speculative": "draft",
+                          "num_speculative_tokens": int(args.k.split(",")[0]),
                           "draft_model": str(draft)}
+    # Every engine stays up and the rounds alternate between them, so the load of a shared
+    # machine falls on every mode alike; the ratios are taken within a round.
     results: dict = {}
-    for mode, extra in modes.items():
-        with LLM(args.model, device="cpu", dtype="float32", **extra) as llm:
-            with Client(llm.pipeline.address) as client:
-                run(client, ["Say hello."], 1, SamplingParams(temperature=0, max_tokens=8))
-                for b in sizes:
-                    prompts = TASKS[:args.batch1_prompts] if b == 1 else (TASKS * b)[:b]
-                    results[mode, b] = run(client, prompts, b, params)
+    with contextlib.ExitStack() as stack:
+        engines = {}
+        for mode, extra in modes.items():
+            llm = stack.enter_context(LLM(args.model, device="cpu", dtype="float32", **extra))
+            client = stack.enter_context(Client(llm.pipeline.address))
+            run(client, ["Say hello."], 1, SamplingParams(temperature=0, max_tokens=8))
+            engines[mode] = llm, client
+        for r in range(args.rounds):
+            for b in sizes:
+                prompts = (COPY_TASKS[:args.batch1_prompts] if b == 1
+                           else (COPY_TASKS * b)[:b])
+                for mode, (_, client) in engines.items():
+                    results[mode, b, r] = run(client, prompts, b, params)
+        for mode, (llm, _) in engines.items():
             stats = latest_stats(llm.pipeline.endpoints.deltas_pub)
             if mode != "off" and stats is not None and stats.spec_proposed_tokens:
                 rate = stats.spec_accepted_tokens / stats.spec_proposed_tokens
@@ -126,15 +139,21 @@ def main() -> None:
     tmp.cleanup()
     draft = f", draft = first {args.draft_layers} layers" if args.draft_layers else ""
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"{dt.date.today()}; K={args.k}, n={args.ngram}{draft}, {args.new_tokens} new "
-          f"tokens max")
+          f"load {os.getloadavg()[0]:.1f}, {dt.date.today()}{draft}, {args.new_tokens} new "
+          f"tokens max, {args.rounds} round(s)")
     for mode in [m for m in modes if m != "off"]:
         for b in sizes:
-            (t0, tpot0, tps0), (t1, tpot1, tps1) = results["off", b], results[mode, b]
-            assert t0 == t1, f"{mode}, batch {b}: greedy tokens differ with speculation"
-            print(f"{mode}, batch {b}: TPOT {tpot0 * 1e3:.1f} -> {tpot1 * 1e3:.1f} ms, output "
-                  f"{tps0:.1f} -> {tps1:.1f} tok/s ({tps1 / tps0:.2f}x), identical tokens "
-                  f"({sum(map(len, t0))} tokens)")
+            ratios = []
+            for r in range(args.rounds):
+                (t0, tpot0, tps0), (t1, tpot1, tps1) = results["off", b, r], results[mode, b, r]
+                assert t0 == t1, f"{mode}, batch {b}: greedy tokens differ with speculation"
+                ratios.append(tps1 / tps0)
+                print(f"{mode}, batch {b}, round {r}: TPOT {tpot0 * 1e3:.1f} -> "
+                      f"{tpot1 * 1e3:.1f} ms, output {tps0:.1f} -> {tps1:.1f} tok/s "
+                      f"({tps1 / tps0:.2f}x), identical tokens ({sum(map(len, t0))} tokens)")
+            if args.rounds > 1:
+                print(f"{mode}, batch {b}: median {statistics.median(ratios):.2f}x over "
+                      f"{args.rounds} rounds ({', '.join(f'{x:.2f}' for x in ratios)})")
 
 
 if __name__ == "__main__":

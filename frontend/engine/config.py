@@ -106,7 +106,7 @@ class EngineConfig:
         "propose them; one step verifies them", choices=("ngram", "draft"),
         auto="off")
     num_speculative_tokens: int = option(
-        4, "most proposed tokens one step verifies per sequence (with --speculative)",
+        6, "most proposed tokens one step verifies per sequence (with --speculative)",
         minimum=1, maximum=32, metavar="K")
     ngram_size: int = option(3, "tokens the ngram proposer matches (with --speculative ngram)",
                              minimum=1, maximum=32, metavar="N")

@@ -1,7 +1,7 @@
 """Speculative decoding in the workers: proposals (n-gram prompt lookup, or a draft model:
 speculative.draft) and their verification (speculative.rejection for drafts drawn from q)."""
 
-from gpu_workers.speculative.ngram import propose_ngram
+from gpu_workers.speculative.ngram import propose_ngram, propose_ngram_batch
 from gpu_workers.speculative.verify import (
     SpecStep,
     accept_lengths,
@@ -10,4 +10,4 @@ from gpu_workers.speculative.verify import (
 )
 
 __all__ = ["SpecStep", "accept_lengths", "prepare_proposals", "propose_ngram",
-           "settle_verified"]
+           "propose_ngram_batch", "settle_verified"]
