@@ -106,7 +106,8 @@ def test_speculation_keeps_overlap_and_lookahead(model_dir):
                           speculative="ngram")
     worker, sched = engine.worker_config("x"), engine.scheduler_config(64)
     assert worker.lookahead and sched.max_plans_in_flight == 2
-    assert worker.max_plans_in_flight == 2 and sched.num_speculative_tokens == 4
+    assert worker.max_plans_in_flight == 2
+    assert sched.num_speculative_tokens == worker.num_speculative_tokens == 6  # the default
     off = EngineConfig(model=model_dir, max_model_len=100, block_size=16, max_num_seqs=8,
                        speculative="ngram", overlap=False)
     worker, sched = off.worker_config("x"), off.scheduler_config(64)
