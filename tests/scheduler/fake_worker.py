@@ -82,13 +82,17 @@ class FakeWorker:
     def _slot(self, m: Mirror, pos: int) -> int:
         return m.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def execute(self, plan: StepPlan) -> StepResult:
+    def _begin(self, plan: StepPlan) -> None:
+        """What every step does first: check the order, keep the plan, apply its drops."""
         assert plan.step_id == self.next_step, "plans must arrive in order"
         self.next_step += 1
         self.plans.append(plan)
         for sid in plan.drop_seq_ids:
             assert sid in self.mirrors, f"drop of unknown sequence {sid}"
             del self.mirrors[sid]
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self._begin(plan)
         entries: list[tuple[int, Mirror, int]] = []
         for ns in plan.new_seqs:
             assert ns.seq_id not in self.mirrors, f"sequence {ns.seq_id} sent in full twice"

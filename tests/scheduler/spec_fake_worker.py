@@ -34,12 +34,7 @@ class SpecFakeWorker(FakeWorker):
         """Per step id: (seq id, block) for every block the step wrote."""
 
     def execute(self, plan: StepPlan) -> StepResult:
-        assert plan.step_id == self.next_step, "plans must arrive in order"
-        self.next_step += 1
-        self.plans.append(plan)
-        for sid in plan.drop_seq_ids:
-            assert sid in self.mirrors, f"drop of unknown sequence {sid}"
-            del self.mirrors[sid]
+        self._begin(plan)
         for sid, keep in zip(plan.trim_seq_ids, plan.trim_num_blocks, strict=True):
             m = self.mirrors[sid]
             assert keep <= len(m.block_table), f"seq {sid}: trim grows the table"
