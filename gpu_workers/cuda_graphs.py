@@ -52,6 +52,10 @@ class DecodeGraphs:
     def bucket(self, n: int) -> int | None:
         return next((s for s in self.sizes if s >= n), None)
 
+    def layout(self, bs: int) -> dict:
+        """How gpu_workers.batch lays a step out for the graph of size bs."""
+        return dict(pad_to=bs, q_per_seq=self.q_per_seq)
+
     def _attn(self, bs: int) -> AttentionBatch:
         return AttentionBatch(
             slot_mapping=self.slots[:bs * self.q_per_seq], block_tables=self.tables[:bs],

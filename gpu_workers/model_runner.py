@@ -24,7 +24,6 @@ from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
 from gpu_workers.pending_step import PendingStep
-from gpu_workers.prefill_graphs import PrefillGraphs
 from gpu_workers.sampler import Sampler, top_logprobs
 from gpu_workers.speculative import SpecStep, prepare_proposals, settle_verified
 from gpu_workers.speculative.draft import DraftProposer
@@ -241,13 +240,10 @@ class ModelRunner:
             if self.graphs is not None and table is self.table:
                 graphs, key = self.graphs.select(num_new, run_new)
         start = table.num_computed[rows]
-        prefill = isinstance(graphs, PrefillGraphs)
         batch = build_batch(table, rows, run_new, self.config.block_size, self.device,
-                            pad_to=None if graphs is None or prefill else key,
                             block_width=width,
                             num_verify=None if spec is None else spec.num_verify,
-                            q_per_seq=getattr(graphs, "q_per_seq", 1),
-                            prefill_pad=key if prefill else None)
+                            **({} if graphs is None else graphs.layout(key)))
         if in_flight is not None:
             self._take_pending_inputs(batch, table, rows, start, num_new, in_flight)
         table.num_computed[rows] += num_new

@@ -46,6 +46,10 @@ class PrefillGraphs:
         t = next((x for x in self.token_sizes if x >= tokens), None)
         return None if s is None or t is None else (s, t)
 
+    def layout(self, key: tuple[int, int]) -> dict:
+        """How gpu_workers.batch lays a step out for the graph of `key`."""
+        return dict(prefill_pad=key)
+
     def _attn(self, key: tuple[int, int]) -> AttentionBatch:
         s, t = key[0] + 1, key[1]  # + the padding entry
         return AttentionBatch(
