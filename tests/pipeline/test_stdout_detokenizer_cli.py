@@ -55,12 +55,15 @@ class Printer:
             seen.append(line)
             if text in line:
                 return line
-        raise AssertionError(f"{text!r} never printed; stdout={self.stdout} stderr={seen}")
+        raise AssertionError(f"{text!r} never printed in {timeout:g} s (exit status "
+                             f"{self.proc.poll()}); stdout={self.stdout} stderr={seen}")
 
     def stdout_until(self, text: str, timeout: float = 90) -> str:
         return self._until(self.out, self.stdout, text, timeout)
 
-    def stderr_until(self, text: str, timeout: float = 30) -> str:
+    def stderr_until(self, text: str, timeout: float = 120) -> str:
+        # Generous: two printers load the tokenizer at once beside a live pipeline, and a
+        # busy 2-core machine has taken over 30 s for it.
         return self._until(self.err, self.stderr, text, timeout)
 
     def wait(self, timeout: float = 60) -> int:
