@@ -20,6 +20,7 @@ from gpu_workers.config import ModelConfig, WorkerConfig
 from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks, cuda_num_blocks
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.parallel import TPInfo
+from gpu_workers.layers.cpu_linear import use_onednn_weights
 from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
@@ -62,6 +63,7 @@ class ModelRunner:
             self.model = CausalLM(mc, self.tp, self.backend, self.device,
                                   config.max_seq_tokens)
             load_weights(self.model, config.model)
+            use_onednn_weights(self.model)
         self.drafter: DraftProposer | None = None
         if config.speculative == "draft":  # before sizing: its pool shares the KV budget
             progress(f"loading the draft model {config.draft_model}")

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_workers.layers.cpu_linear import onednn_linear
 from gpu_workers.layers.parallel import TPInfo
 
 
@@ -39,7 +40,13 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits for the rows being sampled; the full vocabulary is assembled on rank 0."""
 
+    def __init__(self, vocab_size: int, hidden: int, tp: TPInfo, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        super().__init__(vocab_size, hidden, tp, dtype, device)
+        self.onednn_weight: torch.Tensor | None = None  # on the CPU, once loaded: cpu_linear
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        local = F.linear(hidden, self.weight)
+        local = (F.linear(hidden, self.weight) if self.onednn_weight is None
+                 else onednn_linear(hidden, self.onednn_weight))
         full = self.tp.gather_last_dim(local)
         return None if full is None else full[:, : self.vocab_size]

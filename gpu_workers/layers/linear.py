@@ -10,9 +10,9 @@ which one, and `packed_shards` lists the parts of a checkpoint that stores them 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from gpu_workers.layers.cpu_linear import cpu_linear
 from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.partition import even_split, partition_heads
 from kernels.skinny_linear import linear
@@ -38,6 +38,7 @@ class ColumnParallelLinear(nn.Module):
         self.out_local = sum(self.local_sizes)
         self.weight = _param((self.out_local, in_features), dtype, device)
         self.bias = _param((self.out_local,), dtype, device) if bias else None
+        self.onednn_weight: torch.Tensor | None = None  # on the CPU, once loaded: cpu_linear
 
     def _load_part(self, param: nn.Parameter, loaded: torch.Tensor, index: int) -> None:
         offset = sum(self.local_sizes[:index])
@@ -49,7 +50,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cuda:  # the skinny kernel is CUDA's
-            return F.linear(x, self.weight, self.bias)
+            return cpu_linear(x, self.weight, self.onednn_weight, self.bias)
         return linear(x, self.weight, self.bias)
 
 
@@ -105,6 +106,7 @@ class RowParallelLinear(nn.Module):
         self.in_local = len(cols)
         self.weight = _param((out_features, self.in_local), dtype, device)
         self.bias = _param((out_features,), dtype, device) if bias else None
+        self.onednn_weight: torch.Tensor | None = None  # on the CPU, once loaded: cpu_linear
 
     @classmethod
     def even(cls, in_features: int, out_features: int, bias: bool, tp: TPInfo,
@@ -119,5 +121,6 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.cols.start, self.in_local))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(linear(x, self.weight) if x.is_cuda else F.linear(x, self.weight))
+        y = self.tp.all_reduce(linear(x, self.weight) if x.is_cuda
+                               else cpu_linear(x, self.weight, self.onednn_weight))
         return y if self.bias is None else y + self.bias

@@ -42,6 +42,7 @@ from gpu_workers.cuda_graphs import DecodeGraphs
 from gpu_workers.kv_cache import KVCache, bytes_per_block
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.parallel import TPInfo
+from gpu_workers.layers.cpu_linear import use_onednn_weights
 from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
@@ -75,6 +76,7 @@ class DraftProposer:
         with torch.inference_mode():
             self.model = CausalLM(mc, tp, backend, device, config.max_seq_tokens)
             load_weights(self.model, config.draft_model)
+            use_onednn_weights(self.model)
         self.kv_cache: KVCache | None = None
         self.graphs: list[DecodeGraphs] = []
         self.computed = np.zeros(0, np.int64)
