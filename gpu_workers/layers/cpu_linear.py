@@ -4,8 +4,8 @@
 few rows of a decode step that reaches about half the machine's memory bandwidth (and on AMD
 CPUs MKL takes a generic path). oneDNN's inner product over a weight reordered once into its
 blocked layout reads the weights near the bandwidth: on two EPYC cores a SmolLM2-135M decode
-step's matmuls take about 0.65x the time at batch 1 and 16, and no more at 256 rows
-(`python scripts/profile_cpu.py --ops 8` shows them).
+step's matmuls take about 0.65x the time at batch 1 and 16 (`python scripts/profile_cpu.py
+--ops 8` shows them), and prefills of 256 to 4,096 rows take about the same time (±10%).
 
 After loading, `use_onednn_weights` gives every linear layer and the LM head on the CPU an
 `onednn_weight` and drops the plain one (a tied LM head's stays with the embedding, which
