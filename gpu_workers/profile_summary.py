@@ -37,6 +37,9 @@ _PATTERNS = [  # first match wins; names are lower-cased
                            r"|act_and_mul|aten::(add|mul|div|sub|neg|log|exp|where|to|_to_copy"
                            r"|view|reshape|slice|select|empty|clone|contiguous|embedding)"),
 ]
+CPU_OPS = ("aten::", "mkldnn::")
+"""On the CPU the ops of these namespaces stand in for kernels (mkldnn::_linear_pointwise is
+the matmul over oneDNN-reordered weights: gpu_workers.layers.cpu_linear)."""
 LAUNCH_CALLS = {"cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
                 "cudaGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync"}
 
@@ -112,7 +115,7 @@ def summarize(events, steps: tuple[int, int], wall_s: float, cuda: bool) -> Step
         stack = _sampler_ids(events)
         for e in events:
             collective = COLLECTIVE.match(e.name)
-            if not (collective or e.name.startswith("aten::")):
+            if not (collective or e.name.startswith(CPU_OPS)):
                 continue
             # gloo's ops run on its own threads: the profiler counts no self time for them.
             us = e.time_range.elapsed_us() if collective else e.self_cpu_time_total
