@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import multiprocessing as mp
 import os
@@ -41,18 +40,9 @@ import shutil
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
-from benchlib import (
-    SHAPES,
-    default_device,
-    drain,
-    greedy,
-    hardware_bound_s,
-    make_random,
-    random_ids,
-    run,
-)
+from benchlib import default_device, drain, greedy, hardware_bound_s, random_ids, run
+from benchlib.cli import add_model_source, resolve_model_dir
 
 from protocol import (
     AddRequest,
@@ -248,10 +238,7 @@ def summarize(runs: list[tuple[float, float, int]]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a Hugging Face model directory")
-    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    add_model_source(ap)
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5, help="timed requests per path")
@@ -273,22 +260,12 @@ def main() -> None:
         print(f"ZMQ hop ({h['message']}, {h['bytes']} B, ipc PUSH/PULL, encode+send+recv+"
               f"decode): {h['hop_us']:.1f} us (median round trip / 2)", flush=True)
 
-    import torch
-
     from frontend.engine.config import EngineConfig
     from gpu_workers import ModelConfig
 
     device = args.device or default_device()
-    made: Path | None = None
-    model_dir = args.model
+    model_dir = resolve_model_dir(args, device, tokenizer=True)
     try:
-        if args.make_random:
-            made = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
-            make_random(args.make_random, made, device, tokenizer=True)
-            model_dir = str(made)
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
         mc = ModelConfig.from_dir(model_dir)
         max_model_len = args.prompt_len + args.max_tokens
         base = EngineConfig(model=model_dir, device=device, max_model_len=max_model_len,
@@ -316,8 +293,8 @@ def main() -> None:
               f"TTFT {direct['ttft_ms']:.2f} ms, TPOT {direct['tpot_ms']:.3f} ms "
               f"(median of {args.reps})", flush=True)
     finally:
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
+        if args.make_random:
+            shutil.rmtree(model_dir, ignore_errors=True)
 
     tpot_over = pipe["tpot_ms"] - direct["tpot_ms"]
     ttft_over = pipe["ttft_ms"] - direct["ttft_ms"]

@@ -16,22 +16,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 from benchlib import (
-    SHAPES,
     W1_WARMUP_PROMPT,
     Throughput,
     default_device,
     hardware_bound_s,
-    make_random,
     run,
     w1_params,
     w1_workload,
 )
+from benchlib.cli import add_model_source, add_w1_shape, resolve_model_dir
 
 from gpu_workers import ModelRunner, WorkerConfig
 from scheduler_proc import Scheduler, SchedulerConfig
@@ -39,17 +36,9 @@ from scheduler_proc import Scheduler, SchedulerConfig
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a Hugging Face model directory")
-    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--out", help="where --make-random writes (default: a temp dir)")
-    ap.add_argument("--device", default=default_device())
+    add_model_source(ap, device_default=default_device(), out=True)
     ap.add_argument("--dtype", default=None)
-    ap.add_argument("--num-seqs", type=int, default=256)
-    ap.add_argument("--max-input-len", type=int, default=1024)
-    ap.add_argument("--max-output-len", type=int, default=1024)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    add_w1_shape(ap)
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--kv-cache-bytes", type=int, default=None)
@@ -57,10 +46,7 @@ def main() -> None:
     ap.add_argument("--enforce-eager", action="store_true")
     args = ap.parse_args()
 
-    model_dir = args.model
-    if args.make_random:
-        out = Path(args.out or tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
-        model_dir = str(make_random(args.make_random, out, args.device))
+    model_dir = resolve_model_dir(args, args.device, args.out)
     block_size = args.block_size or (
         256 if args.device == "cuda" and args.attention_backend == "flash_attn" else 16)
     max_model_len = args.max_input_len + args.max_output_len

@@ -29,18 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
-from benchlib import (
-    SHAPES,
-    default_device,
-    hardware_bound_s,
-    make_random,
-    param_count,
-    timed_w1_busy,
-    w1_workload,
-)
+from benchlib import default_device, hardware_bound_s, param_count, timed_w1_busy, w1_workload
+from benchlib.cli import add_model_source, add_w1_shape, resolve_model_dir
 from benchlib.peer import check_checkout, run_nano_vllm
 
 from frontend import LLM
@@ -65,15 +57,8 @@ def run_mode(model_dir: str, args: argparse.Namespace, mode: str, work) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model")
-    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--num-seqs", type=int, default=256)
-    ap.add_argument("--max-input-len", type=int, default=1024)
-    ap.add_argument("--max-output-len", type=int, default=1024)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    add_model_source(ap)
+    add_w1_shape(ap)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--modes", default="on,off",
                     help="comma-separated: on (overlap), off, ahead (overlap + worker lookahead)")
@@ -87,11 +72,7 @@ def main() -> None:
     if args.plot:
         import matplotlib  # noqa: F401  (fail before the runs, not after them)
 
-    model_dir = args.model
-    if args.make_random:
-        out = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
-        make_random(args.make_random, out, args.device or default_device(), tokenizer=True)
-        model_dir = str(out)
+    model_dir = resolve_model_dir(args, args.device or default_device(), tokenizer=True)
     mc = ModelConfig.from_dir(model_dir)
     if peer is not None and mc.model_type != "qwen3":
         ap.error(f"--nano-vllm runs Qwen3 models only; this one is {mc.model_type}")

@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-from benchlib import SHAPES, default_device, drain, greedy, make_random, random_ids, random_prompts
+from benchlib import default_device, drain, greedy, random_ids, random_prompts
+from benchlib.cli import add_model_source, resolve_model_dir
 
 from gpu_workers import ModelRunner, WorkerConfig
 from protocol import AddRequest
@@ -69,10 +69,7 @@ def run_mode(runner: ModelRunner, caching: bool, requests: list[AddRequest],
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--model", help="a Hugging Face model directory (default: embedded model)")
-    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--device", default=default_device())
+    add_model_source(ap, required=False, device_default=default_device())
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--prefix-len", type=int, default=512)
     ap.add_argument("--suffix-len-range", type=int, nargs=2, default=[16, 64],
@@ -85,11 +82,8 @@ def main() -> None:
     if args.num_requests < 2 or args.prefix_len < 1 or not 1 <= lo <= hi:
         ap.error("need --num-requests >= 2, --prefix-len >= 1 and 1 <= MIN <= MAX")
 
-    model_dir = args.model
-    if args.make_random:
-        out = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
-        model_dir = str(make_random(args.make_random, out, args.device))
-    elif model_dir is None:
+    model_dir = resolve_model_dir(args, args.device)
+    if model_dir is None:
         from frontend.embedded_model import default_model_dir
 
         model_dir = default_model_dir()

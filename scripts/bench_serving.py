@@ -26,12 +26,12 @@ import json
 import random
 import shutil
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchlib import SHAPES, default_device, emit, greedy, make_random, random_prompts
+from benchlib import default_device, emit, greedy, random_prompts
+from benchlib.cli import add_model_source, resolve_model_dir
 
 from frontend import AsyncClient, SamplingParams
 from frontend.engine.config import EngineConfig
@@ -124,10 +124,7 @@ async def serve_all(config: EngineConfig, args: argparse.Namespace) -> list[dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--model", help="a Hugging Face model directory (default: embedded model)")
-    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--device", default=None)
+    add_model_source(ap, required=False)
     ap.add_argument("--rates", default="0.5,1,2",
                     type=lambda s: [float(x) for x in s.split(",")],
                     help="arrival rates in requests per second, comma-separated")
@@ -148,12 +145,7 @@ def main() -> None:
     if args.plot:
         import matplotlib  # noqa: F401  (fail before the runs, not after them)
 
-    made = None
-    model = args.model
-    if args.make_random:
-        made = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
-        make_random(args.make_random, made, args.device or default_device(), tokenizer=True)
-        model = str(made)
+    model = resolve_model_dir(args, args.device or default_device(), tokenizer=True)
     try:
         config = EngineConfig(model=model, device=args.device, max_num_seqs=args.max_num_seqs,
                               max_model_len=hi + args.max_tokens,
@@ -167,8 +159,8 @@ def main() -> None:
 
             print(f"figure: {plot_serving(results, args.plot)}", flush=True)
     finally:
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
+        if args.make_random:
+            shutil.rmtree(model, ignore_errors=True)
 
 
 if __name__ == "__main__":

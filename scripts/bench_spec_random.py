@@ -27,7 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import SHAPES, default_device, make_random, truncate_model
+from benchlib import default_device, truncate_model
+from benchlib.cli import add_model_source, resolve_model_dir
 
 from frontend import LLM, SamplingParams
 
@@ -81,10 +82,8 @@ def run_mode(model: str, device: str, options: dict, batches: dict[int, list[lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a model directory (with a tokenizer)")
-    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--device", default=default_device())
+    add_model_source(ap, device_default=default_device(),
+                     model_help="a model directory (with a tokenizer)")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--batch1-prompts", type=int, default=3)
     ap.add_argument("--segment", type=int, default=32)
@@ -97,8 +96,7 @@ def main() -> None:
                     help="comma-separated subset (off is always run: the reference)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="nanopipe-spec-"))
-    model = args.model or str(make_random(args.make_random, work / "target", args.device,
-                                          tokenizer=True))
+    model = resolve_model_dir(args, args.device, work / "target", tokenizer=True)
     draft = str(truncate_model(model, work / "draft", args.draft_layers))
     import json
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]

@@ -28,7 +28,6 @@ import random
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +39,6 @@ from benchlib import (
     greedy,
     hardware_bound_s,
     leading_match,
-    make_random,
     param_count,
     param_shapes,
     random_prompts,
@@ -48,6 +46,7 @@ from benchlib import (
     timed_w1,
     w1_workload,
 )
+from benchlib.cli import add_model_source, resolve_model_dir
 
 from frontend import LLM
 from gpu_workers import ModelConfig
@@ -162,11 +161,7 @@ def run_w1(model_dir: str, tp: int, args: argparse.Namespace, work,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a Hugging Face model directory")
-    src.add_argument("--make-random", choices=sorted(SHAPES),
-                     help="random bf16 weights of this shape, built once in a temp dir")
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when visible)")
+    add_model_source(ap)
     ap.add_argument("--tp", default="1,2", help="TP sizes; parity compares each with the first")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -199,30 +194,17 @@ def main() -> None:
     if args.device is None:
         args.device = default_device()
 
-    made = None
     if args.make_random:
         shape = SHAPES[args.make_random]
         n = sum(math.prod(s) for s in param_shapes(shape).values())
         print(f"{args.make_random}: {n:,} parameters ({n / 1e9:.2f} B) from param_shapes",
               flush=True)
-        made = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
+    model_dir = resolve_model_dir(args, args.device, tokenizer=True)
     try:
-        if made is not None:
-            t0 = time.perf_counter()
-            make_random(args.make_random, made, args.device, tokenizer=True)
-            if args.device == "cuda":  # the workers size their KV cache from the free memory
-                import torch
-
-                torch.cuda.empty_cache()
-            print(f"random weights built in {time.perf_counter() - t0:.1f} s at {made}",
-                  flush=True)
-            model_dir = str(made)
-        else:
-            model_dir = args.model
         code = bench(model_dir, tps, args)
     finally:
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
+        if args.make_random:
+            shutil.rmtree(model_dir, ignore_errors=True)
     raise SystemExit(code)
 
 

@@ -50,13 +50,13 @@ import inspect
 import json
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from benchlib import SHAPES, drain, greedy, leading_match, make_random, process, random_prompts
+from benchlib import drain, greedy, leading_match, process, random_prompts
+from benchlib.cli import add_model_source, resolve_model_dir
 
 from gpu_workers import ModelRunner, WorkerConfig
 from gpu_workers.config import parse_dtype
@@ -258,11 +258,7 @@ def compare_logits(nano: torch.Tensor, hf: torch.Tensor, rtol: float, k: int = 5
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a Hugging Face model directory")
-    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--out", help="where --make-random writes (default: a temp dir)")
-    ap.add_argument("--device", default="cuda")
+    add_model_source(ap, device_default="cuda", out=True)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -289,13 +285,7 @@ def main() -> int:
     if args.num_prompts < 1 or args.max_tokens < 1:
         ap.error("--num-prompts and --max-tokens must be >= 1")
 
-    model_dir = args.model
-    if args.make_random:
-        out = Path(args.out or tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
-        t0 = time.perf_counter()
-        model_dir = str(make_random(args.make_random, out, args.device))
-        print(f"random {args.make_random} weights in {model_dir} "
-              f"({time.perf_counter() - t0:.1f} s)")
+    model_dir = resolve_model_dir(args, args.device, args.out)
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     prompts = random_prompts(random.Random(args.seed), args.num_prompts, lo, hi, vocab)
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-from benchlib import SHAPES, W1_WARMUP_PROMPT, default_device, make_random, process, run
+from benchlib import W1_WARMUP_PROMPT, default_device, process, run
+from benchlib.cli import add_model_source, add_w1_shape, resolve_model_dir
 from benchlib.step_profile import SAMPLER_RANGE, format_profile, summarize
 from benchlib.workloads import w1_params, w1_workload
 
@@ -46,16 +46,9 @@ def traced_sampler(sampler):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a Hugging Face model directory")
-    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--device", default=None)
+    add_model_source(ap)
     ap.add_argument("--dtype", default=None)
-    ap.add_argument("--num-seqs", type=int, default=256)
-    ap.add_argument("--max-input-len", type=int, default=1024)
-    ap.add_argument("--max-output-len", type=int, default=1024)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    add_w1_shape(ap)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--kv-cache-bytes", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true")
@@ -72,12 +65,7 @@ def main() -> None:
     device = args.device or default_device()
     cuda = device == "cuda"
 
-    model_dir = args.model
-    if args.make_random:
-        out = Path(tempfile.mkdtemp(prefix=f"nanopipe-{args.make_random}-"))
-        model_dir = str(make_random(args.make_random, out, device))
-        if cuda:
-            torch.cuda.empty_cache()
+    model_dir = resolve_model_dir(args, device)
     max_model_len = args.max_input_len + args.max_output_len
     config = WorkerConfig(
         model=model_dir, device=device, dtype=args.dtype, max_model_len=max_model_len,

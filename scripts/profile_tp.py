@@ -28,10 +28,10 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
-from benchlib import SHAPES, default_device, emit, make_random, timed_w1, w1_workload
+from benchlib import default_device, emit, timed_w1, w1_workload
+from benchlib.cli import add_model_source, add_w1_shape, resolve_model_dir
 from benchlib.tp_profile import compare_ranks, format_rank, format_scaling, read_ranks
 
 from frontend import LLM
@@ -70,17 +70,11 @@ def profile_one(model_dir: str, tp: int, args: argparse.Namespace, work,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a Hugging Face model directory")
-    src.add_argument("--make-random", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when visible)")
+    add_model_source(ap)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--tp", default="1,2", help="TP sizes; each after the first is compared "
                     "with the first")
-    ap.add_argument("--num-seqs", type=int, default=256)
-    ap.add_argument("--max-input-len", type=int, default=1024)
-    ap.add_argument("--max-output-len", type=int, default=1024)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
+    add_w1_shape(ap, batched_tokens=False)
     ap.add_argument("--kv-cache-bytes", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--no-overlap", action="store_true")
@@ -110,17 +104,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="nanopipe-profile-tp-"))
     out = Path(args.out) if args.out else scratch
     try:
-        model_dir = args.model
-        if args.make_random:
-            t0 = time.perf_counter()
-            model_dir = str(make_random(args.make_random, scratch / "model", args.device,
-                                        tokenizer=True))
-            if args.device == "cuda":  # the workers size their KV cache from the free memory
-                import torch
-
-                torch.cuda.empty_cache()
-            print(f"random {args.make_random} weights built in {time.perf_counter() - t0:.1f} s",
-                  flush=True)
+        model_dir = resolve_model_dir(args, args.device, scratch / "model", tokenizer=True)
         mc = ModelConfig.from_dir(model_dir)
         work = w1_workload(args.num_seqs, args.max_input_len, args.max_output_len,
                            mc.vocab_size)

@@ -1,5 +1,6 @@
 """What the benchmarks share: workloads, random prompts, random-weight models of real shapes,
-the hardware bound and how results are printed.
+the hardware bound, how results are printed, and their common command-line options
+(benchlib.cli).
 
 Scripts run as `python scripts/bench_x.py` find this package beside them; no script imports
 another script or anything under tests/.
