@@ -265,36 +265,32 @@ def main() -> None:
 
     device = args.device or default_device()
     model_dir = resolve_model_dir(args, device, tokenizer=True)
-    try:
-        mc = ModelConfig.from_dir(model_dir)
-        max_model_len = args.prompt_len + args.max_tokens
-        base = EngineConfig(model=model_dir, device=device, max_model_len=max_model_len,
-                            enforce_eager=args.enforce_eager)
-        engine_cfg = dataclasses.replace(
-            base, overlap=args.overlap, worker_lookahead=args.worker_lookahead,
-            max_num_batched_tokens=max(base.resolved_max_num_batched_tokens, max_model_len))
-        reqs = prompts(args.reps, args.prompt_len, mc.vocab_size, first_seed=1)
-        warm_p, warm_d = prompts(2, args.prompt_len, mc.vocab_size, first_seed=1_000_000)
+    mc = ModelConfig.from_dir(model_dir)
+    max_model_len = args.prompt_len + args.max_tokens
+    base = EngineConfig(model=model_dir, device=device, max_model_len=max_model_len,
+                        enforce_eager=args.enforce_eager)
+    engine_cfg = dataclasses.replace(
+        base, overlap=args.overlap, worker_lookahead=args.worker_lookahead,
+        max_num_batched_tokens=max(base.resolved_max_num_batched_tokens, max_model_len))
+    reqs = prompts(args.reps, args.prompt_len, mc.vocab_size, first_seed=1)
+    warm_p, warm_d = prompts(2, args.prompt_len, mc.vocab_size, first_seed=1_000_000)
 
-        # The pipeline first: its processes give the GPU back entirely when it stops.
-        p_start, p_runs, p_splits = bench_pipeline(engine_cfg, reqs, warm_p, args.max_tokens)
-        pipe = summarize(p_runs)
-        print(f"pipeline (overlap={'on' if args.overlap else 'off'}, start-up {p_start:.1f} s): "
-              f"TTFT {pipe['ttft_ms']:.2f} ms, TPOT {pipe['tpot_ms']:.3f} ms "
-              f"(median of {args.reps})", flush=True)
-        if p_splits:
-            split = {k: 1e3 * statistics.median(s[k] for s in p_splits) for k in p_splits[0]}
-            pipe["ttft_split_ms"] = {k: round(v, 3) for k, v in split.items()}
-            print("pipeline TTFT split (medians): " + ", ".join(
-                f"{k.replace('_', ' ')} {v:.2f} ms" for k, v in split.items()), flush=True)
-        d_start, d_runs, num_params = bench_direct(engine_cfg, reqs, warm_d, args.max_tokens)
-        direct = summarize(d_runs)
-        print(f"direct runtime (in-process, overlap off, start-up {d_start:.1f} s): "
-              f"TTFT {direct['ttft_ms']:.2f} ms, TPOT {direct['tpot_ms']:.3f} ms "
-              f"(median of {args.reps})", flush=True)
-    finally:
-        if args.make_random:
-            shutil.rmtree(model_dir, ignore_errors=True)
+    # The pipeline first: its processes give the GPU back entirely when it stops.
+    p_start, p_runs, p_splits = bench_pipeline(engine_cfg, reqs, warm_p, args.max_tokens)
+    pipe = summarize(p_runs)
+    print(f"pipeline (overlap={'on' if args.overlap else 'off'}, start-up {p_start:.1f} s): "
+          f"TTFT {pipe['ttft_ms']:.2f} ms, TPOT {pipe['tpot_ms']:.3f} ms "
+          f"(median of {args.reps})", flush=True)
+    if p_splits:
+        split = {k: 1e3 * statistics.median(s[k] for s in p_splits) for k in p_splits[0]}
+        pipe["ttft_split_ms"] = {k: round(v, 3) for k, v in split.items()}
+        print("pipeline TTFT split (medians): " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.2f} ms" for k, v in split.items()), flush=True)
+    d_start, d_runs, num_params = bench_direct(engine_cfg, reqs, warm_d, args.max_tokens)
+    direct = summarize(d_runs)
+    print(f"direct runtime (in-process, overlap off, start-up {d_start:.1f} s): "
+          f"TTFT {direct['ttft_ms']:.2f} ms, TPOT {direct['tpot_ms']:.3f} ms "
+          f"(median of {args.reps})", flush=True)
 
     tpot_over = pipe["tpot_ms"] - direct["tpot_ms"]
     ttft_over = pipe["ttft_ms"] - direct["ttft_ms"]

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import random
-import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -146,21 +145,17 @@ def main() -> None:
         import matplotlib  # noqa: F401  (fail before the runs, not after them)
 
     model = resolve_model_dir(args, args.device or default_device(), tokenizer=True)
-    try:
-        config = EngineConfig(model=model, device=args.device, max_num_seqs=args.max_num_seqs,
-                              max_model_len=hi + args.max_tokens,
-                              worker_lookahead=args.worker_lookahead)
-        print(f"W2 serving: {config.model_name} on {config.resolved_device}, "
-              f"{args.num_requests} requests per rate, prompts {lo}-{hi} tokens, "
-              f"{args.max_tokens} output tokens each; {time.strftime('%Y-%m-%d')}", flush=True)
-        results = asyncio.run(serve_all(config, args))
-        if args.plot:
-            from benchlib.plots import plot_serving
+    config = EngineConfig(model=model, device=args.device, max_num_seqs=args.max_num_seqs,
+                          max_model_len=hi + args.max_tokens,
+                          worker_lookahead=args.worker_lookahead)
+    print(f"W2 serving: {config.model_name} on {config.resolved_device}, "
+          f"{args.num_requests} requests per rate, prompts {lo}-{hi} tokens, "
+          f"{args.max_tokens} output tokens each; {time.strftime('%Y-%m-%d')}", flush=True)
+    results = asyncio.run(serve_all(config, args))
+    if args.plot:
+        from benchlib.plots import plot_serving
 
-            print(f"figure: {plot_serving(results, args.plot)}", flush=True)
-    finally:
-        if args.make_random:
-            shutil.rmtree(model, ignore_errors=True)
+        print(f"figure: {plot_serving(results, args.plot)}", flush=True)
 
 
 if __name__ == "__main__":

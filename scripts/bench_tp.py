@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import math
 import random
-import shutil
 import signal
 import subprocess
 import time
@@ -200,12 +199,7 @@ def main() -> None:
         print(f"{args.make_random}: {n:,} parameters ({n / 1e9:.2f} B) from param_shapes",
               flush=True)
     model_dir = resolve_model_dir(args, args.device, tokenizer=True)
-    try:
-        code = bench(model_dir, tps, args)
-    finally:
-        if args.make_random:
-            shutil.rmtree(model_dir, ignore_errors=True)
-    raise SystemExit(code)
+    raise SystemExit(bench(model_dir, tps, args))
 
 
 def bench(model_dir: str, tps: list[int], args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ workload and batching options; one definition keeps their flags, defaults and he
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import shutil
 import tempfile
@@ -55,21 +56,18 @@ def resolve_model_dir(args: argparse.Namespace, device: str, out: str | Path | N
                       tokenizer: bool = False) -> str | None:
     """The model directory the arguments name: --model as given (None when neither flag was
     given), or, with --make-random, random weights built on `device` into `out` (default: a
-    new temp dir nanopipe-SHAPE-...; a temp dir of a failed build is removed), with a
-    synthetic tokenizer when `tokenizer`. On cuda the allocator's cache is emptied after the
-    build: engines size their KV cache from the free memory."""
+    new temp dir nanopipe-SHAPE-..., removed when the script exits: random weights of the 8B
+    shape fill 16 GB), with a synthetic tokenizer when `tokenizer`. On cuda the allocator's
+    cache is emptied after the build: engines size their KV cache from the free memory."""
     shape = args.make_random
     if not shape:
         return args.model
     temp = out is None
     target = Path(tempfile.mkdtemp(prefix=f"nanopipe-{shape}-")) if temp else Path(out)
+    if temp:
+        atexit.register(shutil.rmtree, target, ignore_errors=True)
     t0 = time.perf_counter()
-    try:
-        make_random(shape, target, device, tokenizer=tokenizer)
-    except BaseException:
-        if temp:
-            shutil.rmtree(target, ignore_errors=True)
-        raise
+    make_random(shape, target, device, tokenizer=tokenizer)
     if device == "cuda":
         import torch
 

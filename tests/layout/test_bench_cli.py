@@ -1,10 +1,13 @@
 """benchlib.cli as the benchmark scripts use it: the model source and W1 options parse as the
-scripts document, and --make-random builds a model directory (and leaves nothing behind when
-the build fails)."""
+scripts document, and --make-random builds a model directory that is gone when the script exits
+(unless it was given a place to keep it)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -65,8 +68,35 @@ def test_make_random_builds_a_model_dir_in_a_temp_dir(cli, tmp_path, capsys):
     assert "random smollm2-135m weights built in " in capsys.readouterr().out
 
 
-def test_a_failed_build_leaves_no_temp_dir(cli, tmp_path):
-    args = parser(cli).parse_args(["--make-random", "smollm2-135m"])
-    with pytest.raises(RuntimeError):
-        cli.resolve_model_dir(args, "no-such-device")
+_RESOLVE = """
+import sys
+from benchlib import cli
+import argparse
+ap = argparse.ArgumentParser()
+cli.add_model_source(ap)
+model_dir = cli.resolve_model_dir(ap.parse_args(sys.argv[2:]), sys.argv[1])
+print("MODEL_DIR=" + model_dir, flush=True)
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "no-such-device"])
+def test_a_temp_model_dir_is_gone_when_the_script_exits(tmp_path, device):
+    """Built or not (a failed build), nothing is left behind: the 8B shape fills 16 GB."""
+    env = {**os.environ, "TMPDIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-c", _RESOLVE, device, "--make-random",
+                           "smollm2-135m"], env=env, capture_output=True, text=True, timeout=300)
+    if device == "cpu":
+        assert proc.returncode == 0, proc.stderr
+        built = Path(proc.stdout.split("MODEL_DIR=", 1)[1].strip())
+        assert built.parent == tmp_path and built.name.startswith("nanopipe-smollm2-135m-")
+    else:
+        assert proc.returncode != 0 and "no-such-device" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_out_is_kept(cli, tmp_path):
+    args = parser(cli).parse_args(["--make-random", "smollm2-135m"])
+    kept = tmp_path / "kept"
+    assert cli.resolve_model_dir(args, "cpu", kept) == str(kept)
+    assert (kept / "config.json").is_file()
