@@ -19,8 +19,8 @@ from gpu_workers.batch import StepBatch, build_batch
 from gpu_workers.config import ModelConfig, WorkerConfig
 from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks, cuda_num_blocks
 from gpu_workers.layers.attention import resolve_backend
-from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.layers.cpu_linear import use_onednn_weights
+from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM

@@ -21,8 +21,10 @@ bracket what any draft can give.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as dt
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -95,7 +97,8 @@ def main() -> None:
     ap.add_argument("--modes", default="off,ngram,draft-target,draft-layers",
                     help="comma-separated subset (off is always run: the reference)")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="nanopipe-spec-"))
+    work = Path(tempfile.mkdtemp(prefix="nanopipe-spec-"))  # the draft, and a random target
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     model = resolve_model_dir(args, args.device, work / "target", tokenizer=True)
     draft = str(truncate_model(model, work / "draft", args.draft_layers))
     import json

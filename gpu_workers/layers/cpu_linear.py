@@ -49,26 +49,25 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor,
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor | None, onednn_weight: torch.Tensor | None,
                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The layer's matmul: over its reordered weight where it has one (only ever on the CPU),
+    else F.linear over the plain one."""
     if onednn_weight is not None:
         return onednn_linear(x, onednn_weight, bias)
     return F.linear(x, weight, bias)
 
 
-def use_onednn_weights(model: nn.Module) -> int:
-    """Reorder the weight of every module with an `onednn_weight` slot that sits on the CPU;
-    returns how many were. Such a module's `weight` becomes None, so that what reads it fails
-    loudly instead of using a copy the forward no longer does."""
+def use_onednn_weights(model: nn.Module) -> None:
+    """Reorder the weight of every module with an `onednn_weight` slot that sits on the CPU.
+    Such a module's `weight` becomes None, so that what reads it fails loudly instead of
+    using a copy the forward no longer does."""
     if not onednn_wanted():
-        return 0
-    count = 0
+        return
     for module in model.modules():
-        if getattr(module, "onednn_weight", False) is not None:
-            continue  # no slot, or done already
+        if not hasattr(module, "onednn_weight") or module.onednn_weight is not None:
+            continue
         weight = module.weight
         if weight is None or weight.device.type != "cpu":
             continue
         reordered = onednn_layout(weight)
         if reordered is not None:
             module.onednn_weight, module.weight = reordered, None
-            count += 1
-    return count

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_workers.layers.cpu_linear import onednn_linear
+from gpu_workers.layers.cpu_linear import cpu_linear
 from gpu_workers.layers.parallel import TPInfo
 
 
@@ -46,7 +46,6 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.onednn_weight: torch.Tensor | None = None  # on the CPU, once loaded: cpu_linear
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        local = (F.linear(hidden, self.weight) if self.onednn_weight is None
-                 else onednn_linear(hidden, self.onednn_weight))
+        local = cpu_linear(hidden, self.weight, self.onednn_weight)
         full = self.tp.gather_last_dim(local)
         return None if full is None else full[:, : self.vocab_size]

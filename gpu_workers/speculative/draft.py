@@ -41,8 +41,8 @@ from gpu_workers.config import ModelConfig, WorkerConfig
 from gpu_workers.cuda_graphs import DecodeGraphs
 from gpu_workers.kv_cache import KVCache, bytes_per_block
 from gpu_workers.layers.attention import resolve_backend
-from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.layers.cpu_linear import use_onednn_weights
+from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
