@@ -3,6 +3,9 @@
 Decode reads the whole KV cache once per step and is memory bound. With few sequences
 there are too few (sequence, kv head) programs to fill the GPU, so the context is split
 into partitions computed in parallel (stage 1) and merged by their log-sum-exp (stage 2).
+Each sequence divides its own context evenly among the splits (the kernel reads its length),
+so a launch sized for the block table's capacity, as a CUDA graph is, splits a short context
+as finely as a long one instead of leaving it to one partition.
 
 A step that verifies speculative proposals has Q = 1 + K queries per sequence, the last Q
 positions of its context, each attending causally up to its own position. They share the
@@ -32,7 +35,7 @@ MAX_SPLITS = 64
 @jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    block_tables_ptr, seq_lens_k_ptr, qk_scale, partition, num_splits,
+    block_tables_ptr, seq_lens_k_ptr, qk_scale, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, QLEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -43,6 +46,8 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_k_ptr + b)
+    # This sequence's share of keys per split, whole tiles: short contexts leave splits empty.
+    partition = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * partition
     end = tl.minimum(start + partition, seq_len)
 
@@ -124,14 +129,16 @@ def _launch_config(q: torch.Tensor, group: int, split: bool) -> tuple[int, int, 
     return 16, 4, 1, next_pow2(group)
 
 
-def _choose_splits(q: torch.Tensor, num_seqs: int, num_kv_heads: int, max_len: int) -> int:
+def _choose_splits(q: torch.Tensor, num_seqs: int, num_kv_heads: int, max_len: int,
+                   block_n: int) -> int:
     """Enough (seq, kv head, split) programs to fill the GPU several times over (so wave
-    quantisation stays small), partitions of >= 256 keys."""
+    quantisation stays small), no more than the longest context has tiles. A few sequences
+    thus get one tile per program: their latency is one tile's, not a loop's."""
     if not q.is_cuda:
         return 1
     programs = num_seqs * num_kv_heads
     want = cdiv(4 * _num_sms(q.device.index or 0), max(programs, 1))
-    return max(1, min(want, cdiv(max_len, 256), MAX_SPLITS))
+    return max(1, min(want, cdiv(max_len, block_n), MAX_SPLITS))
 
 
 def paged_decode_attention_triton(
@@ -160,12 +167,12 @@ def paged_decode_attention_triton(
     if max_seqlen_k is None:
         max_seqlen_k = block_tables.shape[1] * block_size
     max_seqlen_k = max(max_seqlen_k, 1)
+    block_n = _launch_config(q, group * q_per_seq, True)[0]
     if num_splits is None:
-        num_splits = _choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k)
+        num_splits = _choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k, block_n)
     check(1 <= num_splits <= max_seqlen_k, f"num_splits must be in [1, {max_seqlen_k}]")
+    num_splits = min(num_splits, cdiv(max_seqlen_k, block_n))  # a split holds whole tiles
     block_n, num_warps, num_stages, rows = _launch_config(q, group * q_per_seq, num_splits > 1)
-    partition = cdiv(cdiv(max_seqlen_k, num_splits), block_n) * block_n
-    num_splits = cdiv(max_seqlen_k, partition)
     if num_splits > 1:
         part_out = torch.empty(q.shape[0], num_heads, num_splits, head_dim,
                                dtype=torch.float32, device=q.device)
@@ -175,7 +182,7 @@ def paged_decode_attention_triton(
         part_out = part_lse = out  # unused
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens_k,
-        scale * LOG2E, partition, num_splits,
+        scale * LOG2E, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),

@@ -44,11 +44,13 @@ def bench(fn, iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
-def make_cache(seq_lens: list[int], block_size: int):
+def make_cache(seq_lens: list[int], block_size: int, width: int = 0):
+    """A paged cache holding these contexts; the block table is `width` blocks wide when that is
+    wider than the longest context needs (a CUDA graph's table is as wide as max_model_len)."""
     nblocks = [-(-n // block_size) for n in seq_lens]
     total = sum(nblocks)
     perm = torch.randperm(total)
-    table = torch.zeros(len(seq_lens), max(nblocks), dtype=torch.int32)
+    table = torch.zeros(len(seq_lens), max(max(nblocks), width), dtype=torch.int32)
     used = 0
     for b, n in enumerate(nblocks):
         table[b, :n] = perm[used:used + n].to(torch.int32)
@@ -67,16 +69,20 @@ def try_flash_attn():
     return flash_attn_varlen_func, flash_attn_with_kvcache
 
 
-def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa) -> None:
+def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa,
+                 capacity: int = 0) -> None:
+    """capacity: the block table's width in tokens, as a decode graph sizes it (0: the longest
+    context); every case then runs from a CUDA graph, as in a decode step."""
     rng = random.Random(0)
     lens = [rng.randint(lo, hi) for _ in range(batch)]
-    k_cache, v_cache, table = make_cache(lens, block_size)
+    k_cache, v_cache, table = make_cache(lens, block_size, -(-capacity // block_size))
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, H, D, dtype=DTYPE, device="cuda")
     scale = D**-0.5
     kv_bytes = sum(lens) * HKV * D * 2 * q.element_size() + 2 * q.numel() * q.element_size()
     print(f"decode: batch {batch}, context {lo}-{hi} (mean {sum(lens) / batch:.0f}), "
-          f"block {block_size}, KV read {kv_bytes / 1e6:.1f} MB")
+          f"block {block_size}, KV read {kv_bytes / 1e6:.1f} MB"
+          + (f", table for {capacity} tokens, graphed" if capacity else ""))
     cases = {
         "triton decode (auto split)": lambda: paged_decode_attention_triton(
             q, k_cache, v_cache, table, seq_lens, scale),
@@ -92,7 +98,7 @@ def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa) 
             q4, k_cache, v_cache, cache_seqlens=seq_lens, block_table=table,
             softmax_scale=scale, causal=True)
     for name, fn in cases.items():
-        ms = bench(fn, iters)
+        ms = bench_graphed(fn, iters) / 1e3 if capacity else bench(fn, iters)
         print(f"  {name:34s} {ms * 1e3:8.1f} us  {kv_bytes / ms / 1e6:7.0f} GB/s")
 
 
@@ -205,6 +211,8 @@ def main() -> None:
     bench_decode(256, 500, 700, args.block_size, args.iters, fa)
     bench_decode(16, 4000, 4200, args.block_size, args.iters, fa)
     bench_decode(2, 30000, 32000, args.block_size, args.iters, fa)
+    for batch, lo, hi in ((1, 500, 700), (1, 1024, 1152), (8, 500, 700)):  # few sequences
+        bench_decode(batch, lo, hi, args.block_size, args.iters, fa, capacity=4096)
     bench_prefill(1024, 8, args.block_size, args.iters, fa)
     bench_prefill(8192, 1, args.block_size, args.iters, fa)
 
