@@ -26,14 +26,10 @@ import time
 from pathlib import Path
 
 import torch
-from benchlib import W1_WARMUP_PROMPT, default_device, process, run
+from benchlib import default_device, process
 from benchlib.cli import add_model_source, add_w1_shape, resolve_model_dir
 from benchlib.step_profile import SAMPLER_RANGE, format_profile, summarize
-from benchlib.workloads import w1_params, w1_workload
-
-from gpu_workers import ModelRunner, WorkerConfig
-from protocol import AddRequest
-from scheduler_proc import Scheduler, SchedulerConfig
+from benchlib.w1_runtime import add_runtime_options, w1_runtime
 
 
 def traced_sampler(sampler):
@@ -47,11 +43,8 @@ def traced_sampler(sampler):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_model_source(ap)
-    ap.add_argument("--dtype", default=None)
     add_w1_shape(ap)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--kv-cache-bytes", type=int, default=None)
-    ap.add_argument("--enforce-eager", action="store_true")
+    add_runtime_options(ap)
     ap.add_argument("--window", default="400,450", help="FIRST,LAST: steps to profile")
     ap.add_argument("--json", help="write the figures here as JSON")
     ap.add_argument("--trace", help="write a Chrome trace of the window here")
@@ -66,24 +59,8 @@ def main() -> None:
     cuda = device == "cuda"
 
     model_dir = resolve_model_dir(args, device)
-    max_model_len = args.max_input_len + args.max_output_len
-    config = WorkerConfig(
-        model=model_dir, device=device, dtype=args.dtype, max_model_len=max_model_len,
-        block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=max(args.max_num_batched_tokens, max_model_len),
-        kv_cache_bytes=args.kv_cache_bytes, enforce_eager=args.enforce_eager)
-    runner = ModelRunner(config)
+    scheduler, runner = w1_runtime(args, model_dir, device)
     runner.sampler = traced_sampler(runner.sampler)
-    scheduler = Scheduler(SchedulerConfig(
-        num_kv_blocks=runner.num_kv_blocks, block_size=args.block_size,
-        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=max_model_len, overlap=False))
-    run(scheduler, runner, [(W1_WARMUP_PROMPT, w1_params(16))], 1 << 40)
-    work = w1_workload(args.num_seqs, args.max_input_len, args.max_output_len,
-                       runner.model_config.vocab_size)
-    eos = list(runner.model_config.eos_token_ids)
-    for k, (prompt, max_tokens) in enumerate(work):
-        scheduler.add_request(AddRequest(k, prompt, w1_params(max_tokens), eos))
 
     def step() -> None:
         plan = scheduler.schedule()

@@ -98,3 +98,28 @@ def test_profile_step_refuses_a_bad_window(tiny_qwen3_dir):
     done = run_script("scripts/profile_step.py", "--model", tiny_qwen3_dir, "--device", "cpu",
                       "--window", "9,3", ok=False)
     assert done.returncode != 0 and "--window needs 0 <= FIRST < LAST" in done.stderr
+
+
+def test_profile_host_times_every_stage_of_a_step(tiny_qwen3_dir, tmp_path):
+    out_json = tmp_path / "host.json"
+    out = run_script("scripts/profile_host.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                     "--num-seqs", "3", "--max-input-len", "100", "--max-output-len", "100",
+                     "--at", "2", "--steps", "5", "--kv-cache-bytes", str(4 << 20),
+                     "--cprofile", "5", "--json", str(out_json)).stdout
+    result = json.loads(out_json.read_text())
+    assert result["running"] == 3 and result["steps"] == 5
+    host = result["host_ms"]
+    assert list(host) == ["schedule", "encode_plan", "decode_plan", "launch", "finish",
+                          "encode_result", "decode_result", "process"]
+    assert all(v > 0 for v in host.values())
+    # On the CPU the forward runs inside launch, and the runner's timer sees it.
+    assert 0 < result["device_ms"] <= host["launch"] + host["finish"]
+    assert sum(host.values()) <= result["wall_ms"] * 1.05
+    assert "Ordered by: internal time" in out and "model_runner.py" in out
+
+
+def test_profile_host_says_when_w1_ends_before_the_last_step(tiny_qwen3_dir):
+    done = run_script("scripts/profile_host.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                      "--num-seqs", "1", "--max-input-len", "100", "--max-output-len", "100",
+                      "--at", "150", "--kv-cache-bytes", str(4 << 20), ok=False)
+    assert done.returncode != 0 and "W1 finished before the last measured step" in done.stderr
