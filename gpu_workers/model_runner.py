@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from gpu_workers.batch import StepBatch, build_batch
 from gpu_workers.config import ModelConfig, WorkerConfig
+from gpu_workers.graph_sampling import graph_sample_fn, sample_in_graph
 from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks, cuda_num_blocks
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.cpu_linear import use_onednn_weights
@@ -86,7 +87,8 @@ class ModelRunner:
             self._warm_up_kernels()
         if self.device.type == "cuda" and not config.enforce_eager:
             with torch.inference_mode():
-                self.graphs = StepGraphs(self.model, config, self.device, progress)
+                self.graphs = StepGraphs(self.model, config, self.device, progress,
+                                         graph_sample_fn(self.model, self.sampler, world_size))
                 if self.drafter is not None:
                     progress("capturing CUDA graphs for the draft model")
                     self.drafter.capture_graphs(pool=self.graphs.pool)
@@ -257,7 +259,12 @@ class ModelRunner:
         if len(batch.sample_rows) == 0:
             self.busy.stop(timer)
             return PendingStep.empty(plan.step_id, table, failures)
-        tokens, logprobs, top = self._sample(hidden, batch, table, spec)
+        tokens = None if spec is not None else sample_in_graph(graphs, key, batch, table,
+                                                               self.sampler)
+        if tokens is not None:
+            logprobs = top = None
+        else:
+            tokens, logprobs, top = self._sample(hidden, batch, table, spec)
         self.busy.stop(timer)
         if spec is not None:
             return settle_verified(PendingStep(

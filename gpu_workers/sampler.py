@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gpu_workers.penalties import PenaltyBatch, apply_penalties
@@ -79,6 +80,7 @@ class Sampler:
                  one_pass: bool | None = None) -> None:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.host_generator = np.random.default_rng(seed)
         self.row_generator = torch.Generator(device=device)
         self.one_pass = HAS_TRITON and torch.device(device).type == "cuda" \
             if one_pass is None else one_pass
@@ -139,6 +141,23 @@ class Sampler:
             values = torch.tensor([v for _, v in b.seeded], dtype=torch.int64)
             seeds[at.to(device)] = values.to(device)
         return seeds
+
+
+    def host_inputs(self, b: SamplingBatch, temperature: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """For a batch the one-pass kernel draws alone (no penalties, filters or logprobs):
+        each row's inverse temperature (0: greedy) and seed, made on the host so that a
+        captured sampler reads them from static buffers; None for any other batch."""
+        if not (self.one_pass and b.penalties is None and b.max_top_k <= 0
+                and not b.use_top_p and not b.use_min_p and not b.logprobs
+                and not b.top_logprobs):
+            return None
+        inv = np.zeros(len(temperature), np.float32)
+        np.divide(1.0, temperature, out=inv, where=temperature > 0)
+        seeds = self.host_generator.integers(0, 1 << 62, len(temperature), dtype=np.int64)
+        for row, seed in b.seeded:
+            seeds[row] = seed
+        return inv, seeds
 
 
 def _thresholds(scores: torch.Tensor, b: SamplingBatch) -> torch.Tensor | None:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from gpu_workers.config import WorkerConfig
-from gpu_workers.cuda_graphs import DecodeGraphs
+from gpu_workers.cuda_graphs import DecodeGraphs, SampleFn
 from gpu_workers.prefill_graphs import PrefillGraphs
 
 GraphKey = int | tuple[int, int]
@@ -24,11 +24,13 @@ GraphKey = int | tuple[int, int]
 
 class StepGraphs:
     def __init__(self, model: torch.nn.Module, config: WorkerConfig, device: torch.device,
-                 progress: Callable[[str], None]) -> None:
+                 progress: Callable[[str], None], sample: SampleFn | None = None) -> None:
+        """sample: how decode steps' rows become tokens, captured after each decode graph
+        (gpu_workers.cuda_graphs); None keeps sampling out of the graphs."""
         c = config
         progress("capturing CUDA graphs for decode")
         self.decode = DecodeGraphs(model, c.max_num_seqs, c.max_blocks_per_seq,
-                                   c.max_model_len, device)
+                                   c.max_model_len, device, sample=sample)
         self.decode.capture()
         self.pool = self.decode.pool
         self.verify: DecodeGraphs | None = None
