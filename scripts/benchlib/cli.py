@@ -55,12 +55,16 @@ def add_w1_shape(ap: argparse.ArgumentParser, *, batched_tokens: bool = True) ->
 def resolve_model_dir(args: argparse.Namespace, device: str, out: str | Path | None = None,
                       tokenizer: bool = False) -> str | None:
     """The model directory the arguments name: --model as given (None when neither flag was
-    given), or, with --make-random, random weights built on `device` into `out` (default: a
-    new temp dir nanopipe-SHAPE-..., removed when the script exits: random weights of the 8B
-    shape fill 16 GB), with a synthetic tokenizer when `tokenizer`. On cuda the allocator's
-    cache is emptied after the build: engines size their KV cache from the free memory."""
+    given; a directory without config.json ends the script with one line saying so), or,
+    with --make-random, random weights built on `device` into `out` (default: a new temp dir
+    nanopipe-SHAPE-..., removed when the script exits: random weights of the 8B shape fill
+    16 GB), with a synthetic tokenizer when `tokenizer`. On cuda the allocator's cache is
+    emptied after the build: engines size their KV cache from the free memory."""
     shape = args.make_random
     if not shape:
+        if args.model is not None and not (Path(args.model) / "config.json").is_file():
+            raise SystemExit(f"--model {args.model}: no config.json there "
+                             "(a Hugging Face model directory is expected)")
         return args.model
     temp = out is None
     target = Path(tempfile.mkdtemp(prefix=f"nanopipe-{shape}-")) if temp else Path(out)

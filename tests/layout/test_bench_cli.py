@@ -32,12 +32,13 @@ def parser(cli, **source) -> argparse.ArgumentParser:
     return ap
 
 
-def test_one_model_source_and_the_w1_defaults(cli, capsys):
-    args = parser(cli).parse_args(["--model", "DIR"])
-    assert (args.model, args.make_random, args.device) == ("DIR", None, None)
+def test_one_model_source_and_the_w1_defaults(cli, capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    args = parser(cli).parse_args(["--model", str(tmp_path)])
+    assert (args.model, args.make_random, args.device) == (str(tmp_path), None, None)
     assert (args.num_seqs, args.max_input_len, args.max_output_len, args.max_num_seqs,
             args.max_num_batched_tokens) == (256, 1024, 1024, 256, 16384)
-    assert cli.resolve_model_dir(args, "cpu") == "DIR"
+    assert cli.resolve_model_dir(args, "cpu") == str(tmp_path)
     for argv, says in (([], "one of the arguments --model --make-random is required"),
                        (["--model", "D", "--make-random", "qwen3-8b"], "not allowed with"),
                        (["--make-random", "qwen3-9b"], "argument --make-random: invalid choice")):
@@ -100,3 +101,11 @@ def test_out_is_kept(cli, tmp_path):
     kept = tmp_path / "kept"
     assert cli.resolve_model_dir(args, "cpu", kept) == str(kept)
     assert (kept / "config.json").is_file()
+
+
+def test_a_model_dir_without_a_config_is_refused_in_one_line(cli, tmp_path):
+    args = parser(cli).parse_args(["--model", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit) as exc:
+        cli.resolve_model_dir(args, "cpu")
+    assert str(exc.value) == (f"--model {tmp_path / 'missing'}: no config.json there "
+                              "(a Hugging Face model directory is expected)")
