@@ -142,7 +142,6 @@ class Sampler:
             seeds[at.to(device)] = values.to(device)
         return seeds
 
-
     def host_inputs(self, b: SamplingBatch, temperature: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray] | None:
         """For a batch the one-pass kernel draws alone (no penalties, filters or logprobs):

@@ -122,11 +122,16 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _launch_config(q: torch.Tensor, group: int, split: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_N, num_warps, num_stages, ROWS); ROWS >= 16 feeds tl.dot on the GPU."""
+def _tile(q: torch.Tensor) -> int:
+    """BLOCK_N: keys per tile, the unit a split is made of."""
+    return 64 if q.is_cuda else 16
+
+
+def _launch_config(q: torch.Tensor, group: int, split: bool) -> tuple[int, int, int]:
+    """(num_warps, num_stages, ROWS); ROWS >= 16 feeds tl.dot on the GPU."""
     if q.is_cuda:
-        return 64, 4 if split else 2, 3 if split else 4, max(16, next_pow2(group))
-    return 16, 4, 1, next_pow2(group)
+        return 4 if split else 2, 3 if split else 4, max(16, next_pow2(group))
+    return 4, 1, next_pow2(group)
 
 
 def _choose_splits(q: torch.Tensor, num_seqs: int, num_kv_heads: int, max_len: int,
@@ -167,12 +172,12 @@ def paged_decode_attention_triton(
     if max_seqlen_k is None:
         max_seqlen_k = block_tables.shape[1] * block_size
     max_seqlen_k = max(max_seqlen_k, 1)
-    block_n = _launch_config(q, group * q_per_seq, True)[0]
+    block_n = _tile(q)
     if num_splits is None:
         num_splits = _choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k, block_n)
     check(1 <= num_splits <= max_seqlen_k, f"num_splits must be in [1, {max_seqlen_k}]")
     num_splits = min(num_splits, cdiv(max_seqlen_k, block_n))  # a split holds whole tiles
-    block_n, num_warps, num_stages, rows = _launch_config(q, group * q_per_seq, num_splits > 1)
+    num_warps, num_stages, rows = _launch_config(q, group * q_per_seq, num_splits > 1)
     if num_splits > 1:
         part_out = torch.empty(q.shape[0], num_heads, num_splits, head_dim,
                                dtype=torch.float32, device=q.device)
