@@ -161,7 +161,7 @@ class _OpenWindow:
             return
         original = getattr(owner, attr)
         own = attr in vars(owner)
-        setattr(owner, attr, _Ranged(name, original))
+        setattr(owner, attr, Ranged(name, original))
         self._undo.append(lambda: setattr(owner, attr, original) if own
                           else delattr(owner, attr))
 
@@ -176,7 +176,7 @@ class _OpenWindow:
         return self._prof, wall_s
 
 
-class _Ranged:
+class Ranged:
     """A callable inside a profiler range; its other attributes are the original's (the
     sampler's generator, for one)."""
 

@@ -31,13 +31,7 @@ from benchlib.cli import add_model_source, add_w1_shape, resolve_model_dir
 from benchlib.step_profile import SAMPLER_RANGE, format_profile, summarize
 from benchlib.w1_runtime import add_runtime_options, w1_runtime
 
-
-def traced_sampler(sampler):
-    """The runner's sampler inside a profiler range, so its kernels are counted as its own."""
-    def call(logits, batch):
-        with torch.profiler.record_function(SAMPLER_RANGE):
-            return sampler(logits, batch)
-    return call
+from gpu_workers.step_profiler import Ranged
 
 
 def main() -> None:
@@ -60,7 +54,9 @@ def main() -> None:
 
     model_dir = resolve_model_dir(args, device)
     scheduler, runner = w1_runtime(args, model_dir, device)
-    runner.sampler = traced_sampler(runner.sampler)
+    # The sampler inside a profiler range (its kernels counted as its own); the range keeps
+    # the sampler's other attributes, which the decode graphs' sampling reads.
+    runner.sampler = Ranged(SAMPLER_RANGE, runner.sampler)
 
     def step() -> None:
         plan = scheduler.schedule()

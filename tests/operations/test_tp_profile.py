@@ -57,3 +57,16 @@ def test_off_unless_asked_and_a_bad_window_names_the_variable():
     for bad in ("5", "a,b", "9,3", "-1,4", "1,2,3"):
         with pytest.raises(ValueError, match=STEPS_ENV):
             ProfileWindow.from_env({DIR_ENV: "/tmp/x", STEPS_ENV: bad})
+
+
+def test_a_ranged_sampler_keeps_what_the_decode_graphs_read():
+    """profile_step wraps the runner's sampler in a range; the decode graphs' sampling then reads
+    the sampler's host_inputs through the wrap (it failed with an AttributeError at batch 1)."""
+    import torch
+
+    from gpu_workers.sampler import Sampler
+    from gpu_workers.step_profiler import Ranged
+
+    sampler = Sampler(torch.device("cpu"), seed=0)
+    ranged = Ranged("nanopipe.sampler", sampler)
+    assert ranged.host_inputs == sampler.host_inputs
