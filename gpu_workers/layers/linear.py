@@ -15,7 +15,8 @@ from torch import nn
 from gpu_workers.layers.cpu_linear import cpu_linear
 from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.partition import even_split, partition_heads
-from kernels.skinny_linear import linear
+from kernels.activation import silu_and_mul
+from kernels.skinny_linear import gated_linear, linear
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -120,7 +121,13 @@ class RowParallelLinear(nn.Module):
             return
         param.data.copy_(loaded.narrow(1, self.cols.start, self.in_local))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(linear(x, self.weight) if x.is_cuda
-                               else cpu_linear(x, self.weight, self.onednn_weight))
+    def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
+        """`gated`: x is the gate/up projection's output, and this layer's input is
+        silu(gate) * up (one kernel with the product at decode's few rows)."""
+        if not x.is_cuda:
+            x = silu_and_mul(x) if gated else x
+            y = cpu_linear(x, self.weight, self.onednn_weight)
+        else:
+            y = gated_linear(x, self.weight) if gated else linear(x, self.weight)
+        y = self.tp.all_reduce(y)
         return y if self.bias is None else y + self.bias

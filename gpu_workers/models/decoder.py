@@ -28,7 +28,7 @@ from gpu_workers.layers.linear import (
 )
 from gpu_workers.layers.norm import RMSNorm
 from gpu_workers.layers.parallel import TPInfo
-from gpu_workers.ops import apply_rotary, build_rope_cache, silu_and_mul
+from gpu_workers.ops import apply_rotary, build_rope_cache
 from kernels import qk_norm_rope_store, qk_norm_rope_store_ref
 
 UNFUSED_QKV_ENV = "NANOPIPE_UNFUSED_QKV"
@@ -106,7 +106,7 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear.even(i, cfg.hidden_size, False, tp, cfg.dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj(x), gated=True)
 
 
 class DecoderLayer(nn.Module):
