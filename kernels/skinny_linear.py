@@ -26,8 +26,8 @@ from kernels._common import (
 )
 from kernels.activation import silu_and_mul
 
-_BLOCK_N = 4
-_MAX_BLOCK_K = 1024
+BLOCK_N = 4
+MAX_BLOCK_K = 1024
 _MAX_WEIGHT_ELEMENTS = 8 << 20
 
 
@@ -65,7 +65,7 @@ def use_skinny(rows: int, out_features: int, in_features: int) -> bool:
     return rows == 1 or (rows <= 4 and in_features >= 2 * out_features)
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+def check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     check(x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1],
           f"x [M, K] and weight [N, K] must agree, got {tuple(x.shape)} and {tuple(weight.shape)}")
     check(x.dtype in FLOAT_DTYPES and weight.dtype == x.dtype, "x and weight: one float dtype")
@@ -77,7 +77,7 @@ def skinny_linear_triton(x: torch.Tensor, weight: torch.Tensor,
     """`gated`: x is [M, 2K], gate and up side by side, and the product is taken with
     silu(gate) * up (silu_and_mul's result) without writing that out."""
     require_triton()
-    _check(x[:, :weight.shape[1]] if gated else x, weight, bias)
+    check_linear(x[:, :weight.shape[1]] if gated else x, weight, bias)
     check(not gated or x.shape[1] == 2 * weight.shape[1], "gated x must be [M, 2K]")
     check(x.shape[0] <= 16, "the skinny kernel takes at most 16 rows")
     check(x.stride(1) == 1 and weight.stride(1) == 1, "rows must be contiguous")
@@ -85,26 +85,35 @@ def skinny_linear_triton(x: torch.Tensor, weight: torch.Tensor,
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    # A narrowing projection has few programs (n / 4): more warps each keep the reads going.
-    narrowing = k >= 2 * n
-    _skinny_kernel[(cdiv(n, _BLOCK_N),)](
+    warps, stages = launch_options(m, n, k)
+    _skinny_kernel[(cdiv(n, BLOCK_N),)](
         x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0),
         weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, GATED=gated,
         BLOCK_M=next_pow2(m),
-        BLOCK_N=_BLOCK_N, BLOCK_K=min(_MAX_BLOCK_K, next_pow2(k)),
-        num_warps=(4 if narrowing else 1) if m == 1 else 2, num_stages=1 if narrowing else 2)
+        BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, next_pow2(k)), num_warps=warps,
+        num_stages=stages)
     return out
 
 
-def _runs_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (x.dim() == 2 and use_skinny(x.shape[0], weight.shape[0], weight.shape[1])
+def launch_options(m: int, n: int, k: int) -> tuple[int, int]:
+    """(num_warps, num_stages). A narrowing projection has few programs (n / 4): more warps
+    each keep its reads going."""
+    narrowing = k >= 2 * n
+    return (4 if narrowing else 1) if m == 1 else 2, 1 if narrowing else 2
+
+
+def runs_skinny(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    """Whether linear(x, weight) takes the kernel (on the CPU a layer's weight may be None: it
+    lives in oneDNN's layout there, gpu_workers.layers.cpu_linear)."""
+    return (x.is_cuda and weight is not None and x.dim() == 2
+            and use_skinny(x.shape[0], weight.shape[0], weight.shape[1])
             and use_triton(x, weight) and x.stride(1) == 1)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
     """F.linear, with the skinny kernel for the few-row shapes where it is faster."""
-    if _runs_skinny(x, weight):
+    if runs_skinny(x, weight):
         return skinny_linear_triton(x, weight, bias)
     return F.linear(x, weight, bias)
 
@@ -113,6 +122,6 @@ def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                  ) -> torch.Tensor:
     """linear(silu_and_mul(x), weight, bias): one kernel where the skinny one runs (a decode
     step's down projection at batch 1-4), the two ops elsewhere."""
-    if _runs_skinny(x, weight):
+    if runs_skinny(x, weight):
         return skinny_linear_triton(x, weight, bias, gated=True)
     return linear(silu_and_mul(x), weight, bias)

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_workers.ops import add_rms_norm, rms_norm
+from kernels.norm_linear import norm_linear_triton
+from kernels.skinny_linear import runs_skinny
 
 
 class RMSNorm(nn.Module):
@@ -34,3 +36,17 @@ class RMSNorm(nn.Module):
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
         return add_rms_norm(x, residual, self.weight, self.eps)
+
+
+def norm_then_linear(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
+                     linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(linear(norm(x + residual)), x + residual), or (linear(norm(x)), x) without a residual:
+    one kernel where the skinny GEMV runs (a decode step's few rows on a GPU,
+    kernels.norm_linear), the norm and the linear layer elsewhere. `linear` is a
+    column-parallel layer (no reduction after it)."""
+    if linear.bias is None and runs_skinny(x, linear.weight):
+        return norm_linear_triton(x, residual, norm.weight, norm.eps, linear.weight)
+    if residual is None:
+        return linear(norm(x)), x
+    h, residual = norm(x, residual)
+    return linear(h), residual

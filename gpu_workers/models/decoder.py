@@ -26,7 +26,7 @@ from gpu_workers.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from gpu_workers.layers.norm import RMSNorm
+from gpu_workers.layers.norm import RMSNorm, norm_then_linear
 from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.ops import apply_rotary, build_rope_cache
 from kernels import qk_norm_rope_store, qk_norm_rope_store_ref
@@ -60,7 +60,11 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 batch: AttentionBatch) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
+        return self.attend(self.qkv_proj(x), positions, cos_sin, batch)
+
+    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+               batch: AttentionBatch) -> torch.Tensor:
+        """Attention and o_proj, from the qkv projection's output."""
         if batch.cpu is not None and self.fused_qkv:
             q = cpu_attention.prepare_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
                                           batch.cpu, self.q_norm, self.k_norm,
@@ -69,7 +73,7 @@ class SelfAttention(nn.Module):
             prepare = self._prepare_fused if self.fused_qkv else self._prepare_unfused
             q = prepare(qkv, positions, cos_sin, batch)
         out = self.attn.attend(q, batch)
-        return self.o_proj(out.reshape(x.shape[0], self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(qkv.shape[0], self.num_heads * self.head_dim))
 
     def _prepare_fused(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                        batch: AttentionBatch) -> torch.Tensor:
@@ -120,14 +124,13 @@ class DecoderLayer(nn.Module):
                                                 device)
 
     def forward(self, x, residual, positions, cos_sin, batch):
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, positions, cos_sin, batch)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        # Each norm goes into the projection after it (one kernel at decode's few rows).
+        qkv, residual = norm_then_linear(x, residual, self.input_layernorm,
+                                         self.self_attn.qkv_proj)
+        x = self.self_attn.attend(qkv, positions, cos_sin, batch)
+        gate_up, residual = norm_then_linear(x, residual, self.post_attention_layernorm,
+                                             self.mlp.gate_up_proj)
+        return self.mlp.down_proj(gate_up, gated=True), residual
 
 
 class DecoderStack(nn.Module):

@@ -55,6 +55,16 @@ def test_cuda_graphs_match_eager_and_transformers(tiny_qwen3_dir):
         assert eager[i] == hf_greedy(tiny_qwen3_dir, p, 24, device="cuda"), f"prompt {i}"
 
 
+@pytest.mark.parametrize("model", ["tiny_qwen3_dir", "tiny_llama_dir"])
+def test_one_sequence_decodes_through_the_fused_gemvs_like_transformers(model, request):
+    """Batch 1 runs the skinny GEMVs with the norms and SiLU-mul inside (kernels.norm_linear,
+    kernels.skinny_linear): in float32 its greedy tokens are transformers' on the same GPU."""
+    model_dir = request.getfixturevalue(model)
+    runner = _cuda_runner(model_dir)
+    for p in random_prompts(23, [6, 40]):
+        assert _generate(runner, [p], 24)[0] == hf_greedy(model_dir, p, 24, device="cuda")
+
+
 def test_kv_pool_sized_from_free_memory(tiny_llama_dir):
     import gc
 
