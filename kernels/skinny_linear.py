@@ -3,10 +3,11 @@
 cuBLAS picks tiles for many rows; with one to four it leaves most of the GPU idle on some
 shapes. This kernel gives each program four output features and streams their weight rows
 once, so the time is the weight read plus a launch. Timed on an H200 inside a CUDA graph of 28
-distinct weights, like a decode step's layers (bf16, microseconds per call, cuBLAS / here):
-Qwen3-0.6B's o_proj 12.95 / 4.36 at one row and 10.7 / 5.35 at four, its down_proj 6.60 / 5.71
-and its qkv_proj 4.88 / 4.73 at one row; on the 8B shape's larger weights cuBLAS is as fast or
-faster. `linear` uses the kernel only where it won (see `use_skinny`), F.linear elsewhere.
+distinct weights, like a decode step's layers (`scripts/bench_kernels.py --only gemv`, bf16,
+microseconds per call, cuBLAS / here): Qwen3-0.6B's o_proj 12.67 / 4.29 at one row and
+8.37 / 5.21 at four, its down_proj 6.62 / 5.27 and its qkv_proj 5.19 / 4.60 at one row; on the
+8B shape's larger weights cuBLAS was as fast or faster. `linear` uses the kernel only where it
+won (see `use_skinny`), F.linear elsewhere.
 """
 
 from __future__ import annotations
@@ -120,8 +121,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                  ) -> torch.Tensor:
-    """linear(silu_and_mul(x), weight, bias): one kernel where the skinny one runs (a decode
-    step's down projection at batch 1-4), the two ops elsewhere."""
-    if runs_skinny(x, weight):
+    """linear(silu_and_mul(x), weight, bias): one kernel for a single row (a batch-1 decode
+    step's down projection: 6.2 us against 1.8 + 5.3 on an H200), the two ops elsewhere; from
+    two rows on, every program computing the gate for all rows costs more than the launch."""
+    if x.shape[0] == 1 and runs_skinny(x, weight):
         return skinny_linear_triton(x, weight, bias, gated=True)
     return linear(silu_and_mul(x), weight, bias)

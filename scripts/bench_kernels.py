@@ -5,13 +5,17 @@ TFLOP/s of causal attention. flash-attn's paged kernels run as a peer when impor
 torch's dense SDPA gives a non-paged reference point for prefill. The small per-layer ops
 (fused q/k-norm + rotary + KV store, add + RMSNorm, SiLU-and-mul) are timed against the
 unfused sequences they replace, each replayed from a CUDA graph as the decode step runs them.
+The decode step's projections at one to eight rows (--only gemv) run from a CUDA graph of 28
+distinct weights, one per layer, so no weight is read from L2: cuBLAS against the skinny
+kernel, alone, with the SiLU-mul before it (down_proj) and with the RMSNorm before it.
 
-    python scripts/bench_kernels.py [--block-size 256] [--iters 50] [--only small|attention]
+    python scripts/bench_kernels.py [--block-size 256] [--iters 50] [--only small|attention|gemv]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 
 import torch
@@ -70,9 +74,10 @@ def try_flash_attn():
 
 
 def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa,
-                 capacity: int = 0) -> None:
+                 capacity: int = 0, splits: tuple[int, ...] = ()) -> None:
     """capacity: the block table's width in tokens, as a decode graph sizes it (0: the longest
-    context); every case then runs from a CUDA graph, as in a decode step."""
+    context); every case then runs from a CUDA graph, as in a decode step. `splits`: also time
+    these fixed numbers of splits."""
     rng = random.Random(0)
     lens = [rng.randint(lo, hi) for _ in range(batch)]
     k_cache, v_cache, table = make_cache(lens, block_size, -(-capacity // block_size))
@@ -89,6 +94,10 @@ def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa,
         "triton decode (1 split)": lambda: paged_decode_attention_triton(
             q, k_cache, v_cache, table, seq_lens, scale, num_splits=1),
     }
+    for n in splits:
+        cases[f"triton decode ({n} splits)"] = functools.partial(
+            paged_decode_attention_triton, q, k_cache, v_cache, table, seq_lens, scale,
+            num_splits=n)
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
     cases["triton unified paged_attention"] = lambda: paged_attention_triton(
         q, k_cache, v_cache, table, cu, seq_lens, scale)
@@ -139,6 +148,52 @@ def bench_graphed(fn, iters: int, reps: int = LAYERS) -> float:
         for _ in range(reps):
             fn()
     return bench(graph.replay, iters) * 1e3 / reps
+
+
+def bench_gemv(iters: int) -> None:
+    """Qwen3-0.6B's four projections (out, in) at a decode step's few rows."""
+    from kernels.skinny_linear import use_skinny
+
+    print(f"decode projections: {LAYERS} distinct bf16 weights per graph, microseconds per call")
+    for name, (n, k) in (("qkv_proj", (4096, 1024)), ("o_proj", (1024, 2048)),
+                         ("gate_up_proj", (6144, 1024)), ("down_proj", (1024, 3072))):
+        weights = [torch.randn(n, k, dtype=DTYPE, device="cuda") * 0.02 for _ in range(LAYERS)]
+        for rows in (1, 2, 4, 8):
+            times = {c: _graphed_over(fn, weights, iters)
+                     for c, fn in _gemv_cases(name, rows, k).items()}
+            used = "used" if use_skinny(rows, n, k) else "not used"
+            print(f"  {name:12s} {rows} row(s), {n * k * 2 / 1e6:4.1f} MB (floor "
+                  f"{n * k * 2 / 4.3e6:4.1f}), skinny {used}: "
+                  + ", ".join(f"{c} {t:5.2f}" for c, t in times.items()))
+
+
+def _gemv_cases(name: str, rows: int, k: int) -> dict:
+    """fn(weight) per way of computing the projection."""
+    from kernels.norm_linear import norm_linear_triton
+    from kernels.skinny_linear import skinny_linear_triton
+
+    gate_up = torch.randn(rows, 2 * k, dtype=DTYPE, device="cuda")
+    x, residual = gate_up[:, :k].contiguous(), gate_up[:, k:].contiguous()
+    norm_w = torch.ones(k, dtype=DTYPE, device="cuda")
+    cases = {"cuBLAS": functools.partial(F.linear, x),
+             "skinny": functools.partial(skinny_linear_triton, x)}
+    if name == "down_proj":
+        cases["skinny, SiLU-mul inside"] = lambda w: skinny_linear_triton(gate_up, w, gated=True)
+    elif name != "o_proj":
+        cases["skinny, add+RMSNorm inside"] = functools.partial(
+            norm_linear_triton, x, residual, norm_w, 1e-6)
+    return cases
+
+
+def _graphed_over(fn, weights: list[torch.Tensor], iters: int) -> float:
+    """Microseconds per call of fn(w), one call per weight in one CUDA graph."""
+    fn(weights[0])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            fn(w)
+    return bench(graph.replay, iters) * 1e3 / len(weights)
 
 
 def unfused_qkv(qkv, positions, cos_sin, qw, kw, k_cache, v_cache, slots, heads, kv_heads):
@@ -195,7 +250,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--only", choices=["small", "attention"], default=None)
+    parser.add_argument("--only", choices=["small", "attention", "gemv"], default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels needs a CUDA GPU")
@@ -206,11 +261,16 @@ def main() -> None:
         bench_small_ops(170, args.block_size, args.iters)  # W1's decode steps
         bench_small_ops(170, args.block_size, args.iters, heads=8, kv_heads=4)  # a TP=2 rank
         bench_small_ops(4096, args.block_size, args.iters)  # a prefill chunk
-    if args.only == "small":
+    if args.only in (None, "gemv"):
+        bench_gemv(args.iters)
+    if args.only in ("small", "gemv"):
         return
-    bench_decode(256, 500, 700, args.block_size, args.iters, fa)
-    bench_decode(16, 4000, 4200, args.block_size, args.iters, fa)
-    bench_decode(2, 30000, 32000, args.block_size, args.iters, fa)
+    bench_decode(256, 500, 700, args.block_size, args.iters, fa, splits=(2,))
+    # W1 at full load: ~150 sequences whose contexts spread from 200 to 2,000 tokens.
+    bench_decode(153, 200, 2000, args.block_size, args.iters, fa, capacity=4096,
+                 splits=(2, 3, 4, 6, 8))
+    bench_decode(16, 4000, 4200, args.block_size, args.iters, fa, splits=(8, 16, 32, 64))
+    bench_decode(2, 30000, 32000, args.block_size, args.iters, fa, splits=(16, 32, 64))
     for batch, lo, hi in ((1, 500, 700), (1, 1024, 1152), (8, 500, 700)):  # few sequences
         bench_decode(batch, lo, hi, args.block_size, args.iters, fa, capacity=4096)
     bench_prefill(1024, 8, args.block_size, args.iters, fa)
