@@ -15,7 +15,15 @@ import torch.nn.functional as F
 
 from kernels._common import cdiv, check, jit, next_pow2, require_triton, tl
 from kernels.rms_norm import add_rms_norm_ref, rms_norm_ref
-from kernels.skinny_linear import BLOCK_N, MAX_BLOCK_K, check_linear, launch_options
+from kernels.skinny_linear import (
+    BLOCK_N,
+    MAX_BLOCK_K,
+    check_linear,
+    launch_options,
+    row_tile,
+    store_tile,
+    weight_tile,
+)
 
 
 @jit
@@ -27,10 +35,9 @@ def _norm_linear_kernel(x_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, res_out_ptr,
     m = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, ROW)
     row_mask = (m[:, None] < M) & (cols[None, :] < K)
-    s = tl.load(x_ptr + m[:, None] * stride_x + cols[None, :], mask=row_mask, other=0.0)
+    s = row_tile(x_ptr, m, cols, M, K, stride_x)
     if HAS_RESIDUAL:
-        r_row = tl.load(res_ptr + m[:, None] * stride_r + cols[None, :], mask=row_mask,
-                        other=0.0)
+        r_row = row_tile(res_ptr, m, cols, M, K, stride_r)
         s = (s.to(tl.float32) + r_row.to(tl.float32)).to(x_ptr.dtype.element_ty)
         if pid == 0:
             tl.store(res_out_ptr + m[:, None] * stride_ro + cols[None, :], s, mask=row_mask)
@@ -41,19 +48,16 @@ def _norm_linear_kernel(x_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, res_out_ptr,
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + n[:, None].to(tl.int64) * stride_w + k[None, :],
-                    mask=(n[:, None] < N) & (k[None, :] < K), other=0.0).to(tl.float32)
-        x_mask = (m[:, None] < M) & (k[None, :] < K)
-        x = tl.load(x_ptr + m[:, None] * stride_x + k[None, :], mask=x_mask, other=0.0)
+        w = weight_tile(w_ptr, n, k, N, K, stride_w)
+        x = row_tile(x_ptr, m, k, M, K, stride_x)
         if HAS_RESIDUAL:
-            r = tl.load(res_ptr + m[:, None] * stride_r + k[None, :], mask=x_mask, other=0.0)
+            r = row_tile(res_ptr, m, k, M, K, stride_r)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
         y = (x.to(tl.float32) * inv[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
         g = tl.load(norm_w_ptr + k, mask=k < K, other=0.0).to(tl.float32)
         x = (y * g[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
         acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-    tl.store(out_ptr + m[:, None] * stride_o + n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(m[:, None] < M) & (n[None, :] < N))
+    store_tile(out_ptr, acc, m, n, M, N, stride_o)
 
 
 def norm_linear_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,

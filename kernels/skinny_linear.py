@@ -33,6 +33,26 @@ _MAX_WEIGHT_ELEMENTS = 8 << 20
 
 
 @jit
+def weight_tile(w_ptr, n, k, N, K, stride_w):
+    """Rows n, columns k of the [N, K] weight, in fp32 (zeros outside)."""
+    return tl.load(w_ptr + n[:, None].to(tl.int64) * stride_w + k[None, :],
+                   mask=(n[:, None] < N) & (k[None, :] < K), other=0.0).to(tl.float32)
+
+
+@jit
+def row_tile(ptr, m, k, M, K, stride):
+    """Rows m, columns k of an [M, >= K] input, in its own dtype (zeros outside)."""
+    return tl.load(ptr + m[:, None] * stride + k[None, :],
+                   mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
+
+
+@jit
+def store_tile(out_ptr, acc, m, n, M, N, stride_o):
+    tl.store(out_ptr + m[:, None] * stride_o + n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(m[:, None] < M) & (n[None, :] < N))
+
+
+@jit
 def _skinny_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o,
                    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -41,21 +61,17 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, st
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + n[:, None].to(tl.int64) * stride_w + k[None, :],
-                    mask=(n[:, None] < N) & (k[None, :] < K), other=0.0).to(tl.float32)
-        x_mask = (m[:, None] < M) & (k[None, :] < K)
-        x = tl.load(x_ptr + m[:, None] * stride_x + k[None, :], mask=x_mask, other=0.0)
+        w = weight_tile(w_ptr, n, k, N, K, stride_w)
+        x = row_tile(x_ptr, m, k, M, K, stride_x)
         if GATED:  # x rows are [gate | up]: silu(gate) * up, rounded as silu_and_mul stores it
             gate = x.to(tl.float32)
-            up = tl.load(x_ptr + m[:, None] * stride_x + K + k[None, :], mask=x_mask,
-                         other=0.0).to(tl.float32)
+            up = row_tile(x_ptr + K, m, k, M, K, stride_x).to(tl.float32)
             x = (gate * tl.sigmoid(gate) * up).to(x_ptr.dtype.element_ty)
         x = x.to(tl.float32)
         acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + m[:, None] * stride_o + n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(m[:, None] < M) & (n[None, :] < N))
+    store_tile(out_ptr, acc, m, n, M, N, stride_o)
 
 
 def use_skinny(rows: int, out_features: int, in_features: int) -> bool:
