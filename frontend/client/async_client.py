@@ -229,10 +229,12 @@ class _AsyncConnection:
         self.release()
 
     async def _stop_reader(self) -> None:
+        """Cancel the reader and wait until it has ended. Only the reader's own cancellation
+        is absorbed: one of the task that closes (Ctrl-C under asyncio.run, a caller's
+        timeout) goes on to that task's caller, or a Ctrl-C during close would be lost."""
         if self.reader is not None:
             self.reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.reader
+            await asyncio.wait([self.reader])
 
     def close_soon(self) -> None:
         """The client was dropped unclosed: close on its loop, if that loop still runs."""

@@ -165,3 +165,32 @@ def test_under_uvloop(pipe):
             return (await client.generate(PROMPT, params=SamplingParams(max_tokens=3))).text
 
     assert uvloop.run(main()) == "The capital of"
+
+
+def test_a_cancelled_close_is_not_swallowed():
+    """Ctrl-C under asyncio.run cancels the main task; landing while a client closes (the
+    reader winding down), it must still reach the program instead of being absorbed with the
+    reader's own cancellation (a plain script then slept on, deaf to Ctrl-C)."""
+    import types
+
+    from frontend.client.async_client import _AsyncConnection
+
+    async def main() -> None:
+        async def reader() -> None:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.2)  # the reader's clean-up takes a while
+                raise
+
+        conn = types.SimpleNamespace(reader=asyncio.ensure_future(reader()))
+        await asyncio.sleep(0)
+        closer = asyncio.ensure_future(_AsyncConnection._stop_reader(conn))
+        await asyncio.sleep(0.05)  # the closer now waits on the reader
+        closer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closer
+        await asyncio.wait([conn.reader])
+        assert conn.reader.cancelled()
+
+    asyncio.run(main())
