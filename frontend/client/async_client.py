@@ -162,8 +162,10 @@ class _AsyncConnection:
         except asyncio.TimeoutError:
             core.fail_all(f"no pipeline answered at {core.address} within {timeout}s")
         if core.phase is not Phase.READY:
-            await self._stop_reader()
-            self.release()
+            try:
+                await self._stop_reader()
+            finally:  # a cancelled connect releases too
+                self.release()
             raise EngineDeadError(core.dead)
 
     def _apply(self, actions: list[Action]) -> None:
@@ -225,8 +227,10 @@ class _AsyncConnection:
         if self.core.closed:
             return
         self._apply(self.core.close())
-        await self._stop_reader()
-        self.release()
+        try:
+            await self._stop_reader()
+        finally:  # a cancelled close (Ctrl-C) still closes the sockets and the context
+            self.release()
 
     async def _stop_reader(self) -> None:
         """Cancel the reader and wait until it has ended. Only the reader's own cancellation

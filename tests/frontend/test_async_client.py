@@ -194,3 +194,28 @@ def test_a_cancelled_close_is_not_swallowed():
         assert conn.reader.cancelled()
 
     asyncio.run(main())
+
+
+def test_a_cancelled_close_still_releases_the_sockets():
+    """The closing task's cancellation goes on, after the sockets and the context are closed."""
+    import types
+
+    from frontend.client.async_client import _AsyncConnection
+
+    released = []
+
+    async def stop_reader() -> None:
+        await asyncio.sleep(3600)  # the reader is slow to wind down
+
+    async def main() -> None:
+        conn = types.SimpleNamespace(core=types.SimpleNamespace(closed=False, close=list),
+                                     _apply=lambda actions: None, _stop_reader=stop_reader,
+                                     release=lambda: released.append(True))
+        closer = asyncio.ensure_future(_AsyncConnection.aclose(conn))
+        await asyncio.sleep(0.05)
+        closer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closer
+
+    asyncio.run(main())
+    assert released == [True]
