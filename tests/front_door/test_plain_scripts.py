@@ -65,6 +65,13 @@ def test_a_plain_script_runs_and_exits_without_close(form, tiny_qwen3_dir, tmp_p
     _assert_nothing_left(info)
 
 
+def _as_from_a_terminal() -> None:
+    """The script gets Ctrl-C as a terminal's foreground job does. A shell starts background
+    jobs (a CI runner's `cmd &`, nohup) with SIGINT ignored, every child inherits that, and
+    Python then installs no KeyboardInterrupt handler: the script could never see Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_generate_leaves_nothing_behind(tiny_qwen3_dir, tmp_path):
     source = SCRIPT.format(model=tiny_qwen3_dir) + """
 print("GENERATING", flush=True)
@@ -74,7 +81,8 @@ import time
 time.sleep(600)
 """
     proc = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=_as_from_a_terminal)
     lines = []
     for line in proc.stdout:
         lines.append(line)
