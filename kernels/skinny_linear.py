@@ -106,9 +106,8 @@ def skinny_linear_triton(x: torch.Tensor, weight: torch.Tensor,
     _skinny_kernel[(cdiv(n, BLOCK_N),)](
         x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0),
         weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, GATED=gated,
-        BLOCK_M=next_pow2(m),
-        BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, next_pow2(k)), num_warps=warps,
-        num_stages=stages)
+        BLOCK_M=next_pow2(m), BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, next_pow2(k)),
+        num_warps=warps, num_stages=stages)
     return out
 
 

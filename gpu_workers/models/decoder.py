@@ -58,13 +58,10 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dt, device) if cfg.qk_norm else None
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5, backend)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-                batch: AttentionBatch) -> torch.Tensor:
-        return self.attend(self.qkv_proj(x), positions, cos_sin, batch)
-
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                batch: AttentionBatch) -> torch.Tensor:
-        """Attention and o_proj, from the qkv projection's output."""
+        """Attention and o_proj, from the qkv projection's output (DecoderLayer computes that
+        with the norm before it: norm_then_linear)."""
         if batch.cpu is not None and self.fused_qkv:
             q = cpu_attention.prepare_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
                                           batch.cpu, self.q_norm, self.k_norm,
@@ -102,15 +99,15 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The SwiGLU projections (checkpoint names mlp.gate_proj/up_proj/down_proj); DecoderLayer
+    runs them, the norm inside gate_up and silu(gate) * up inside down_proj where it can."""
+
     def __init__(self, cfg: ModelConfig, tp: TPInfo, device) -> None:
         super().__init__()
         i = cfg.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [i, i], False, tp,
                                                        cfg.dtype, device)
         self.down_proj = RowParallelLinear.even(i, cfg.hidden_size, False, tp, cfg.dtype, device)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x), gated=True)
 
 
 class DecoderLayer(nn.Module):
