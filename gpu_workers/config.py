@@ -57,6 +57,9 @@ class WorkerConfig:
     """KV budget on CPU; None = DEFAULT_CPU_KV_BYTES."""
     enforce_eager: bool = False
     """Disable CUDA graphs for decode batches."""
+    peer_all_reduce: bool = False
+    """Ranks on one host all-reduce small tensors through each other's memory (one kernel)
+    instead of NCCL's ring (gpu_workers.layers.peer_all_reduce); opt-in until measured."""
     attention_backend: str = "auto"
     dist_init_method: str | None = None
     seed: int = 0

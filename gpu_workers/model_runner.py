@@ -22,6 +22,7 @@ from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks, cuda_num_b
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.cpu_linear import use_onednn_weights
 from gpu_workers.layers.parallel import TPInfo
+from gpu_workers.layers.peer_all_reduce import create_peer_all_reduce
 from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
@@ -58,7 +59,8 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.backend = resolve_backend(config.attention_backend, config.device, mc.dtype,
                                        mc.head_dim, config.block_size)
-        self.tp = TPInfo(rank, world_size)
+        self.tp = TPInfo(rank, world_size, create_peer_all_reduce(mc.dtype, self.device)
+                         if config.peer_all_reduce else None)
         progress(f"loading weights ({mc.dtype}, {self.backend} attention)")
         with torch.inference_mode():
             self.model = CausalLM(mc, self.tp, self.backend, self.device,

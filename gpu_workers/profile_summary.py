@@ -21,11 +21,13 @@ RANGE_PREFIX = "nanopipe."
 SAMPLER_RANGE = RANGE_PREFIX + "sampler"
 CATEGORIES = ("attention", "GEMM", "norm", "rotary/kv-store", "elementwise/copies", "sampler",
               "collectives", "other")
-COLLECTIVE = re.compile(r"^(nccl|gloo):|^nccl\w*kernel", re.IGNORECASE)
-"""A collective: the backend's host-side op (`nccl:all_reduce`, `gloo:broadcast`, with the
-tensor's shape when shapes are recorded) or an NCCL kernel on the device."""
+COLLECTIVE = re.compile(
+    r"^(nccl|gloo):|^symm_mem::|^nccl\w*kernel|^(void )?[\w:]*all_reduce\w*_kernel", re.IGNORECASE)
+"""A collective: the backend's host-side op (`nccl:all_reduce`, `gloo:broadcast`,
+`symm_mem::one_shot_all_reduce_copy_out`, with the tensor's shape when shapes are recorded) or
+its kernel on the device (NCCL's, or symmetric memory's `one_shot_all_reduce_kernel`)."""
 _PATTERNS = [  # first match wins; names are lower-cased
-    ("collectives", r"^nccl|^gloo:"),
+    ("collectives", r"^nccl|^gloo:|^symm_mem::|all_reduce\w*_kernel"),
     ("sampler", r"argmax|argmin|exponential|distribution|topk|sort|softmax|logsumexp|cumsum"
                 r"|radix|bitonic"),
     ("rotary/kv-store", r"rotary|rope|store_kv|reshape_and_cache|kv_cache|qk_norm"),

@@ -35,6 +35,7 @@ HOST_RANGES = {LAUNCH_RANGE: "launch", FINISH_RANGE: "finish", BUILD_BATCH_RANGE
 _ITEMSIZE = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8,
              "int": 4, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1}
 _NCCL_KIND = re.compile(r"kernel_([a-z]+)", re.IGNORECASE)
+_SYMM_KIND = re.compile(r"(\w*all_reduce)\w*_kernel")
 
 
 def rank_profile(events: Any, steps: tuple[int, int], wall_s: float, cuda: bool) -> dict:
@@ -61,7 +62,7 @@ def rank_profile(events: Any, steps: tuple[int, int], wall_s: float, cuda: bool)
         if e.name in HOST_RANGES:
             s["host_ms"][HOST_RANGES[e.name]] += e.time_range.elapsed_us() / 1e3
         elif COLLECTIVE.match(e.name):
-            kind = e.name.split(":", 1)[1]
+            kind = e.name.rsplit(":", 1)[1]
             size = _bytes(e)
             s["host_collectives"] += 1
             s["collective_bytes"] = None if size is None or s["collective_bytes"] is None \
@@ -133,7 +134,10 @@ def _bytes(e: Any) -> int | None:
 
 
 def _kind(kernel: str) -> str:
-    """ncclDevKernel_AllReduce_Sum_bf16_RING_LL -> all_reduce (gloo's host names' style)."""
+    """ncclDevKernel_AllReduce_Sum_bf16_RING_LL -> all_reduce (gloo's host names' style);
+    c10d::symmetric_memory::one_shot_all_reduce_kernel<...> -> one_shot_all_reduce."""
+    if (symm := _SYMM_KIND.search(kernel)) is not None:
+        return symm.group(1)
     m = _NCCL_KIND.search(kernel)
     if not m:
         return "nccl"

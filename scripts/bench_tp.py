@@ -58,17 +58,18 @@ def parity_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
     return random_prompts(random.Random(seed), n, PARITY_MIN_LEN, PARITY_MAX_LEN, vocab)
 
 
-def make_llm(model_dir: str, tp: int, args: argparse.Namespace, max_model_len: int) -> LLM:
+def make_llm(model_dir: str, tp: int, args: argparse.Namespace, max_model_len: int,
+             all_reduce: str = "nccl") -> LLM:
     return LLM(model_dir, tensor_parallel_size=tp, device=args.device,
                max_model_len=max_model_len, max_num_seqs=args.max_num_seqs,
                enforce_eager=args.enforce_eager, overlap=not args.no_overlap,
-               worker_lookahead=args.worker_lookahead)
+               worker_lookahead=args.worker_lookahead, peer_all_reduce=all_reduce == "peer")
 
 
 def run_greedy(model_dir: str, tp: int, args: argparse.Namespace,
                prompts: list[list[int]]) -> tuple[list[list[int]], float]:
     max_model_len = max(len(p) for p in prompts) + args.max_tokens
-    llm = make_llm(model_dir, tp, args, max_model_len)
+    llm = make_llm(model_dir, tp, args, max_model_len, args.all_reduce.split(",")[0])
     try:
         params = greedy(args.max_tokens)
         start = time.perf_counter()
@@ -140,18 +141,21 @@ def serve_check(model_dir: str, tp: int, args: argparse.Namespace,
 
 
 def run_w1(model_dir: str, tp: int, args: argparse.Namespace, work,
-           bound_1gpu_s: float) -> dict:
-    llm = make_llm(model_dir, tp, args, args.w1_max_input_len + args.w1_max_output_len)
+           bound_1gpu_s: float, all_reduce: str) -> dict:
+    llm = make_llm(model_dir, tp, args, args.w1_max_input_len + args.w1_max_output_len,
+                   all_reduce)
     try:
         produced, elapsed = timed_w1(llm, work)
     finally:
         llm.close()
     t = Throughput(produced, elapsed, bound_1gpu_s / tp)
-    result = dict(result="w1", tp=tp, num_seqs=len(work), output_tokens=produced,
+    result = dict(result="w1", tp=tp, all_reduce=all_reduce if tp > 1 else None,
+                  num_seqs=len(work), output_tokens=produced,
                   seconds=round(elapsed, 3), output_tok_s=round(t.tok_s, 1),
                   hardware_bound_s=sig(t.bound_s), hardware_bound_tok_s=round(t.bound_tok_s, 1),
                   ratio_to_bound=sig(t.ratio))
-    print(f"W1 TP={tp}: {t.tok_s:.1f} output tok/s ({produced} tokens in {elapsed:.2f} s); "
+    via = f" ({all_reduce} all-reduce)" if tp > 1 else ""
+    print(f"W1 TP={tp}{via}: {t.tok_s:.1f} output tok/s ({produced} tokens in {elapsed:.2f} s); "
           f"hardware bound for {tp} GPU(s) {t.bound_tok_s:.0f} tok/s (H200 figures); "
           f"ratio {t.ratio:.4g}", flush=True)
     emit(**result)
@@ -176,6 +180,10 @@ def main() -> None:
     ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True,
                     help="workers launch the next step before this one's tokens reach the host "
                     "(default on, as in the engine)")
+    ap.add_argument("--all-reduce", default="nccl", choices=("nccl", "peer", "nccl,peer"),
+                    help="how TP > 1 all-reduces small tensors: nccl (the engine's default) or "
+                    "peer (through the ranks' memory, --peer-all-reduce); nccl,peer runs W1 "
+                    "with each (parity: the first)")
     ap.add_argument("--skip-w1", action="store_true")
     ap.add_argument("--skip-parity", action="store_true")
     ap.add_argument("--serve-check", action="store_true",
@@ -241,14 +249,16 @@ def bench(model_dir: str, tps: list[int], args: argparse.Namespace) -> int:
               f"up to {sum(m for _, m in work)} output tokens; one-GPU bound "
               f"{bound_1gpu_s:.4g} s ({', '.join(f'{k} {v:.4g}' for k, v in parts.items())})",
               flush=True)
-        results = [run_w1(model_dir, tp, args, work, bound_1gpu_s) for tp in tps]
+        results = [run_w1(model_dir, tp, args, work, bound_1gpu_s, how)
+                   for tp in tps for how in (args.all_reduce.split(",") if tp > 1 else ["-"])]
         ref = results[0]
         for r in results[1:]:
             scaling = r["output_tok_s"] / ref["output_tok_s"]
-            print(f"W1 scaling TP={r['tp']}/TP={ref['tp']}: {scaling:.3f}x "
-                  f"(ideal {r['tp'] / ref['tp']:.1f}x)", flush=True)
+            print(f"W1 scaling TP={r['tp']}/TP={ref['tp']} ({r['all_reduce']} all-reduce): "
+                  f"{scaling:.3f}x (ideal {r['tp'] / ref['tp']:.1f}x)", flush=True)
             emit(result="w1_scaling", tp=r["tp"], reference_tp=ref["tp"],
-                 scaling=round(scaling, 4), ideal=r["tp"] / ref["tp"])
+                 all_reduce=r["all_reduce"], scaling=round(scaling, 4),
+                 ideal=r["tp"] / ref["tp"])
     return code
 
 

@@ -51,7 +51,8 @@ def profile_one(model_dir: str, tp: int, args: argparse.Namespace, work,
                   max_model_len=args.max_input_len + args.max_output_len,
                   max_num_seqs=args.max_num_seqs, kv_cache_bytes=args.kv_cache_bytes,
                   enforce_eager=args.enforce_eager, overlap=not args.no_overlap,
-                  worker_lookahead=args.worker_lookahead)
+                  worker_lookahead=args.worker_lookahead,
+                  peer_all_reduce=args.peer_all_reduce)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -78,6 +79,9 @@ def main() -> None:
     ap.add_argument("--kv-cache-bytes", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--no-overlap", action="store_true")
+    ap.add_argument("--peer-all-reduce", action="store_true",
+                    help="TP > 1 all-reduces small tensors through the ranks' memory "
+                    "(the engine's --peer-all-reduce) instead of NCCL")
     ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--window", default="300,340", help="FIRST,LAST: plans to profile")
     ap.add_argument("--out", help="keep the rank files here (DIR/tp{N}/rank{R}.json)")

@@ -91,6 +91,10 @@ class EngineConfig:
     kv_cache_bytes: int | None = option(
         None, f"KV cache size on cpu (default: {CPU_KV_CACHE_BYTES >> 20} MiB)", minimum=1)
     enforce_eager: bool = option(False, "no CUDA graphs for decode")
+    peer_all_reduce: bool = option(
+        False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
+        "other's memory (PyTorch symmetric memory, one kernel) instead of NCCL; not yet "
+        "measured on two GPUs, hence off by default")
     attention_backend: str = option("auto", "auto: Triton kernels on cuda, torch on cpu",
                                     choices=ATTENTION_BACKENDS)
     enable_prefix_caching: bool = option(

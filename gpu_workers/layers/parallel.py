@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from gpu_workers.layers.peer_all_reduce import PeerAllReduce
 
 
 @dataclass(frozen=True, slots=True)
 class TPInfo:
     rank: int = 0
     size: int = 1
+    peers: PeerAllReduce | None = field(default=None, compare=False, repr=False)
+    """The one-shot all-reduce for tensors that fit its buffer, where the ranks share a host."""
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.size > 1:
-            dist.all_reduce(x)
+        """The sum over the ranks: `x` itself, reduced in place, or a new tensor."""
+        if self.size == 1:
+            return x
+        if self.peers is not None and self.peers.fits(x):
+            return self.peers(x)
+        dist.all_reduce(x)
         return x
 
     def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor | None:

@@ -163,10 +163,12 @@ def test_uneven_heads_equal_tp1(uneven_model, world_size, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 @pytest.mark.timeout(300)  # it has hung on two H200s in this harness; fail instead of hanging
-def test_uneven_heads_on_two_gpus(uneven_model, tmp_path):
-    """NCCL, the Triton kernels and CUDA graphs over ranks of 4 + 2 query heads."""
+@pytest.mark.parametrize("peer_all_reduce", [False, True])
+def test_uneven_heads_on_two_gpus(uneven_model, tmp_path, peer_all_reduce):
+    """NCCL (or the peer all-reduce), the Triton kernels and CUDA graphs over ranks of 4 + 2
+    query heads."""
     model_dir, _ = uneven_model
-    gpu = dict(device="cuda", gpu_memory_utilization=0.3)
+    gpu = dict(device="cuda", gpu_memory_utilization=0.3, peer_all_reduce=peer_all_reduce)
     single = _plan_and_run(make_runner(model_dir, **gpu), lambda r: r, 600)
     gc.collect()  # rank 0 sizes its KV pool from what GPU 0 has free
     torch.cuda.empty_cache()
