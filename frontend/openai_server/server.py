@@ -89,8 +89,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="refuse larger request bodies with 413 (default: "
                         f"{MAX_BYTES_PER_TOKEN} x max_model_len + {JSON_ROOM_BYTES})")
     args = parser.parse_args(argv)
-    serve(args.address, args.host, args.port, args.api_key, args.served_model_name,
-          args.log_level, args.max_request_bytes)
+    try:
+        serve(args.address, args.host, args.port, args.api_key, args.served_model_name,
+              args.log_level, args.max_request_bytes)
+    except KeyboardInterrupt:
+        # uvicorn stops gracefully on Ctrl-C and then raises the signal again for its
+        # caller; the stop it asked for is done, so it ends the program without an error.
+        pass
 
 
 if __name__ == "__main__":
