@@ -4,7 +4,8 @@ rows whose logits are needed and their sampling parameters.
 Everything is gathered with numpy from the mirror's columns, packed into a single int32
 buffer and copied to the device with one non-blocking copy from pinned memory (the caching
 host allocator keeps that memory alive until the copy has finished, so the next step cannot
-overwrite it).
+overwrite it): into fresh memory, or, for a step a CUDA graph runs, straight into the
+graph's static inputs (gpu_workers.static_inputs), so the replay needs no copies of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from gpu_workers.layers.attention import AttentionBatch
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.penalties import gather_penalties
 from gpu_workers.sampler import SamplingBatch, row_seed
-from gpu_workers.token_layout import lay_out, pad_ragged, upload
+from gpu_workers.static_inputs import StaticInputs, send_named
+from gpu_workers.token_layout import PART_NAMES, lay_out, pad_ragged
 
 
 @dataclass(slots=True)
@@ -39,13 +41,17 @@ class StepBatch:
     """[entries] where each entry's tokens start in input_ids."""
     logit_counts: np.ndarray | None = None
     """Speculation: logits rows per sampling entry (1 + its proposals); None: one each."""
+    extra: dict[str, torch.Tensor] | None = None
+    """The caller's own arrays (build_batch's `extra`), on the device."""
 
 
 def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, block_size: int,
                 device: torch.device, pad_to: int | None = None,
                 block_width: int | None = None,
                 num_verify: np.ndarray | None = None, q_per_seq: int = 1,
-                prefill_pad: tuple[int, int] | None = None) -> StepBatch:
+                prefill_pad: tuple[int, int] | None = None,
+                into: StaticInputs | None = None,
+                extra: dict[str, np.ndarray] | None = None) -> StepBatch:
     """num_verify: per entry, how many of its num_new tokens are proposals to verify (they
     sit in the mirror past its known tokens); such an entry needs logits at each of its last
     1 + num_verify positions, each sampled with the entry's parameters.
@@ -53,7 +59,9 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
     pad_to (CUDA graphs, every entry computing at most q_per_seq tokens): every entry is laid
     out as q_per_seq tokens, its own then padding, and the batch is padded to pad_to entries.
     Padding stores nothing (slot -1) and its outputs are never read. prefill_pad (entries,
-    tokens): the ragged layout padded for a prefill graph (token_layout.pad_ragged)."""
+    tokens): the ragged layout padded for a prefill graph (token_layout.pad_ragged).
+    into: the static inputs of the graph that runs the step. extra: more int32 arrays
+    (other 4-byte values viewed as int32) that travel in the same copy (StepBatch.extra)."""
     n = len(rows)
     start = table.num_computed[rows]
     end = start + num_new
@@ -78,11 +86,13 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
     top_p = table.top_p[logit_rows]
     min_p = table.min_p[logit_rows]
 
-    parts = layout.parts()
-    views = upload(parts + [logits_idx, top_k, temp.view(np.int32), top_p.view(np.int32),
-                            min_p.view(np.int32)], device)
-    d_ids, d_pos, attn = layout.attention(views[:len(parts)])
-    d_logits, d_top_k, d_temp, d_top_p, d_min_p = views[len(parts):]
+    arrays = layout.named_parts() | dict(
+        logits=logits_idx, top_k=top_k, temperature=temp.view(np.int32),
+        top_p=top_p.view(np.int32), min_p=min_p.view(np.int32)) | (extra or {})
+    views = send_named(arrays, device, into)
+    d_ids, d_pos, attn = layout.attention([views[name] for name in PART_NAMES])
+    d_logits, d_top_k, d_temp, d_top_p, d_min_p = (
+        views[name] for name in ("logits", "top_k", "temperature", "top_p", "min_p"))
     sampling = None
     if len(sample_rows):
         greedy = temp == 0
@@ -107,4 +117,5 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
             top_logprobs=int(table.top_logprobs[sample_rows].max(initial=0)),
         )
     return StepBatch(d_ids, d_pos, attn, d_logits, sample_entries, sample_rows, sampling, n,
-                     token_offsets=layout.offsets, logit_counts=counts)
+                     token_offsets=layout.offsets, logit_counts=counts,
+                     extra={name: views[name] for name in extra} if extra else None)

@@ -1,9 +1,10 @@
 """CUDA graphs for pure-decode batches, one per bucketed batch size, sharing one memory pool.
 
 A decode step of a small model is dominated by kernel launches; replaying a captured graph
-turns ~10 launches per layer into one. Inputs are copied into static buffers, the batch is
-padded up to the bucket (padding rows store nothing: slot -1), and the captured output
-buffer is returned.
+turns ~10 launches per layer into one. Each size reads its inputs from static buffers of its
+own (gpu_workers.static_inputs), which the step's batch is built into with one host copy;
+the batch is padded up to the bucket (padding rows store nothing: slot -1), and the captured
+output buffer is returned.
 
 With q_per_seq > 1 the graphs run steps that verify speculative proposals: every entry
 computes q_per_seq tokens (its last known token and up to q_per_seq - 1 proposals, padded;
@@ -11,20 +12,23 @@ gpu_workers.batch lays them out), so a verify step replays one graph like a deco
 
 Given a `sample` function, each decode size also gets a second graph that turns the first
 one's hidden states into tokens: the LM head and the one-pass sampler, reading each row's
-inverse temperature and noise seed from static buffers that one host copy fills. A step
-whose rows need nothing more (no penalties, top-k/p, min-p or logprobs) replays both, so
-the host launches two graphs instead of a dozen ops and two Triton kernels; any other step
-replays the first only and samples as before.
+inverse temperature and noise seed from segments of the same static inputs. A step whose
+rows need nothing more (no penalties, top-k/p, min-p or logprobs) replays both, so the host
+launches two graphs instead of a dozen ops and two Triton kernels; any other step replays
+the first only and samples as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
 
 from gpu_workers.layers.attention import AttentionBatch
+from gpu_workers.static_inputs import StaticInputs
+from gpu_workers.token_layout import PART_NAMES
 
 SampleFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(hidden [R, H], inverse temperatures [R] float32, seeds [R] int64) -> token ids [R]."""
@@ -38,6 +42,25 @@ def bucket_sizes(max_bs: int) -> list[int]:
     return sizes
 
 
+def record(fn: Callable[[], torch.Tensor], pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Capture what fn launches into a graph (in `pool`, when given); fn's output tensor is
+    where every replay writes."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
+
+
+def input_capacities(bs: int, q_per_seq: int, block_width: int) -> dict[str, int]:
+    """The segments of one graph size's static inputs: what gpu_workers.batch sends (the
+    token layout, logits rows and sampling parameters), the sampling graph's inputs, and
+    the in-flight tokens to patch in (ModelRunner)."""
+    t = bs * q_per_seq
+    return dict(ids=t, positions=t, slots=t, cu_q=bs + 1, seq_lens=bs, cu_k=bs + 1,
+                tables=bs * block_width, logits=t, top_k=t, temperature=t, top_p=t, min_p=t,
+                inv_temperature=bs, seeds=2 * bs, patch_to=t, patch_from=t)
+
+
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, max_bs: int, block_width: int,
                  max_model_len: int, device: torch.device, q_per_seq: int = 1,
@@ -48,26 +71,13 @@ class DecodeGraphs:
         self.sizes = bucket_sizes(max_bs)
         self.block_width = block_width
         self.max_model_len = max_model_len
-        self.q_per_seq = q = q_per_seq
-        i32 = dict(dtype=torch.int32, device=device)
-        self.ids = torch.zeros(max_bs * q, **i32)
-        self.positions = torch.zeros(max_bs * q, **i32)
-        self.slots = torch.full((max_bs * q,), -1, **i32)
-        self.seq_lens = torch.full((max_bs,), q, **i32)
-        self.cu_q = torch.arange(max_bs + 1, **i32) * q
-        self.cu_k = torch.arange(max_bs + 1, **i32)
-        self.tables = torch.zeros(max_bs, block_width, **i32)
+        self.q_per_seq = q_per_seq
+        self.inputs = {bs: StaticInputs(input_capacities(bs, q_per_seq, block_width), device)
+                       for bs in self.sizes}
+        """Per size, the static inputs its graphs read."""
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.static_inputs: dict[int, tuple[torch.Tensor, ...]] = {}
-        """Per size, the slices of the input buffers its graph reads (cut once, not per step)."""
         self.pool = None
         self.outputs: dict[int, torch.Tensor] = {}
-        # Sampling inputs, one int32 buffer: inverse temperatures (float32 bits), then seeds
-        # (int64, 8-byte aligned), so one copy fills both.
-        self._seeds_at = -(-max_bs // 2) * 2
-        self.sample_in = torch.zeros(self._seeds_at + 2 * max_bs, **i32)
-        self.inv_temp = self.sample_in[:max_bs].view(torch.float32)
-        self.seeds = self.sample_in[self._seeds_at:].view(torch.int64)
         self.sample_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.tokens: dict[int, torch.Tensor] = {}
 
@@ -84,66 +94,68 @@ class DecodeGraphs:
         return next((s for s in self.sizes if s >= n), None)
 
     def layout(self, bs: int) -> dict:
-        """How gpu_workers.batch lays a step out for the graph of size bs."""
-        return dict(pad_to=bs, q_per_seq=self.q_per_seq)
+        """How gpu_workers.batch lays a step out for the graph of size bs, and where."""
+        return dict(pad_to=bs, q_per_seq=self.q_per_seq, into=self.inputs[bs])
 
     def _attn(self, bs: int) -> AttentionBatch:
+        v, q = self.inputs[bs].views, self.q_per_seq
         return AttentionBatch(
-            slot_mapping=self.slots[:bs * self.q_per_seq], block_tables=self.tables[:bs],
-            cu_seqlens_q=self.cu_q[: bs + 1], seq_lens_k=self.seq_lens[:bs],
-            cu_seqlens_k=self.cu_k[: bs + 1], max_seqlen_q=self.q_per_seq,
-            max_seqlen_k=self.max_model_len, decode=True, q_per_seq=self.q_per_seq,
+            slot_mapping=v["slots"], block_tables=v["tables"].view(bs, self.block_width),
+            cu_seqlens_q=v["cu_q"], seq_lens_k=v["seq_lens"], cu_seqlens_k=v["cu_k"],
+            max_seqlen_q=q, max_seqlen_k=self.max_model_len, decode=True, q_per_seq=q,
         )
+
+    def _idle_step(self, bs: int) -> None:
+        """Fill a size's inputs with a step of padding entries (one token each, storing
+        nothing): what its graph is warmed up and captured on."""
+        q = self.q_per_seq
+        staged = self.inputs[bs].stage()
+        staged.put("slots", np.full(bs * q, -1, np.int32))
+        staged.put("cu_q", np.arange(bs + 1, dtype=np.int32) * q)
+        staged.put("seq_lens", np.full(bs, q, np.int32))
+        staged.put("cu_k", np.arange(bs + 1, dtype=np.int32) * q)
+        staged.send()
 
     def capture(self, pool=None) -> None:
         """Capture every size (into `pool`, another set's memory pool, when given)."""
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory
-            attn, t = self._attn(bs), bs * self.q_per_seq
-            self.model(self.ids[:t], self.positions[:t], attn)  # warm-up (autotune, lazy init)
+            self._idle_step(bs)
+            attn, v = self._attn(bs), self.inputs[bs].views
+            self.model(v["ids"], v["positions"], attn)  # warm-up (autotune, lazy init)
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self.model(self.ids[:t], self.positions[:t], attn)
+            graph, out = record(partial(self.model, v["ids"], v["positions"], attn), pool)
             pool = graph.pool() if pool is None else pool
             self.pool = pool
             self.graphs[bs] = graph
             self.outputs[bs] = out
-            self.static_inputs[bs] = (self.ids[:t], self.positions[:t], self.slots[:t],
-                                      self.seq_lens[:bs], self.cu_k[:bs + 1], self.tables[:bs])
             if self.sample_fn is not None:
                 self._capture_sampling(bs, pool)
         torch.cuda.synchronize()
 
     def _capture_sampling(self, bs: int, pool) -> None:
-        args = (self.outputs[bs][:bs], self.inv_temp[:bs], self.seeds[:bs])
+        v = self.inputs[bs].views
+        args = (self.outputs[bs][:bs], v["inv_temperature"].view(torch.float32),
+                v["seeds"].view(torch.int64))
         self.sample_fn(*args)  # warm-up: compile the sampler for this size
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            self.tokens[bs] = self.sample_fn(*args)
-        self.sample_graphs[bs] = graph
+        self.sample_graphs[bs], self.tokens[bs] = record(partial(self.sample_fn, *args), pool)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, a: AttentionBatch,
             bs: int) -> torch.Tensor:
-        """Replay the graph of size bs on inputs already padded to bs entries."""
-        ids, pos, slots, seq_lens, cu_k, tables = self.static_inputs[bs]
-        ids.copy_(input_ids)
-        pos.copy_(positions)
-        slots.copy_(a.slot_mapping)
-        seq_lens.copy_(a.seq_lens_k)
-        cu_k.copy_(a.cu_seqlens_k)
-        tables.copy_(a.block_tables)
+        """Replay the graph of size bs on inputs already padded to bs entries: built into
+        its static inputs (layout(bs)), or anywhere else, then copied there."""
+        v = self.inputs[bs].views
+        given = (input_ids, positions, a.slot_mapping, a.cu_seqlens_q, a.seq_lens_k,
+                 a.cu_seqlens_k, a.block_tables.reshape(-1))
+        for name, src in zip(PART_NAMES, given, strict=True):
+            if src.data_ptr() != v[name].data_ptr():
+                v[name].copy_(src)
         self.graphs[bs].replay()
         return self.outputs[bs]
 
-    def sample_step(self, bs: int, inv_temperature: np.ndarray, seeds: np.ndarray
-                    ) -> torch.Tensor:
-        """After run(bs): the tokens of the first len(seeds) rows, drawn on the device with
-        these inverse temperatures (0: greedy) and seeds, in a tensor of their own."""
-        n = len(seeds)
-        host = np.zeros(self.sample_in.shape[0], np.int32)
-        host[:n] = inv_temperature.astype(np.float32).view(np.int32)
-        host[self._seeds_at:self._seeds_at + 2 * n] = seeds.astype(np.int64).view(np.int32)
-        self.sample_in.copy_(torch.from_numpy(host).pin_memory(), non_blocking=True)
+    def sample_step(self, bs: int, n: int) -> torch.Tensor:
+        """After run(bs) on a batch that also sent "inv_temperature" (float32 bits, 0:
+        greedy) and "seeds" (int64) for its n rows: their tokens, drawn on the device, in a
+        tensor of their own."""
         self.sample_graphs[bs].replay()
         return self.tokens[bs][:n].clone()

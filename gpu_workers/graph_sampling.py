@@ -4,17 +4,19 @@ A decode step of a small model costs the host more than the device (scripts/prof
 outside a graph, its sampling is a dozen torch ops and two Triton launches after the forward.
 With one tensor-parallel rank and the one-pass sampler, each decode graph size also captures
 the LM head and the sampler (gpu_workers.cuda_graphs); a step takes that path when every
-entry samples and its rows need nothing but temperature and seeds (Sampler.host_inputs).
+entry samples and its rows need nothing but temperature and seeds. That is decided from the
+mirror's columns before the batch is built, so the sampler's inputs travel in the batch's
+one copy.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from gpu_workers.batch import StepBatch
 from gpu_workers.cuda_graphs import DecodeGraphs, SampleFn
 from gpu_workers.mirror import SequenceTable
-from gpu_workers.sampler import Sampler
+from gpu_workers.sampler import Sampler, row_seed
 from kernels.sampling import sample_from_logits
 
 
@@ -32,13 +34,35 @@ def graph_sample_fn(model: torch.nn.Module, sampler: Sampler, world_size: int
     return sample
 
 
-def sample_in_graph(graphs: object, key: object, batch: StepBatch, table: SequenceTable,
-                    sampler: Sampler) -> torch.Tensor | None:
-    """The step's tokens from its size's sampling graph (after the forward graph ran), or
-    None when this step samples outside: another kind of graph, an entry that does not
-    sample (its rows would not be the first ones), or rows that need more than the kernel."""
-    if (not isinstance(graphs, DecodeGraphs) or not graphs.samples or batch.sampling is None
-            or len(batch.sample_entries) != batch.num_entries):
+def graph_sample_inputs(graphs: object, table: SequenceTable, rows: np.ndarray,
+                        num_new: np.ndarray, sampler: Sampler) -> dict[str, np.ndarray] | None:
+    """The sampling graph's inputs for a step the decode graphs run (build_batch's `extra`),
+    or None when it samples outside: another kind of graph, an entry that does not sample
+    (its rows would not be the first ones), or rows that need more than the kernel."""
+    if not isinstance(graphs, DecodeGraphs) or not graphs.samples:
         return None
-    inputs = sampler.host_inputs(batch.sampling, table.temperature[batch.sample_rows])
-    return None if inputs is None else graphs.sample_step(key, *inputs)
+    if not np.array_equal(table.num_computed[rows] + num_new, table.num_tokens[rows]):
+        return None
+    return sample_inputs(table, rows, sampler)
+
+
+def sample_inputs(table: SequenceTable, rows: np.ndarray, sampler: Sampler
+                  ) -> dict[str, np.ndarray] | None:
+    """For rows the one-pass kernel draws alone (no penalties, filters or logprobs): each
+    row's inverse temperature (0: greedy) and seed (a seeded row's own, as the sampler would
+    draw it; fresh draws of the engine's generator for the others), as int32 views; None for
+    any other rows."""
+    temp = table.temperature[rows]
+    random = temp > 0
+    if not sampler.one_pass or table.uses_penalties(rows).any() or (
+            table.top_k[rows][random] > 0).any() or (table.top_p[rows][random] < 1).any() or (
+            table.min_p[rows][random] > 0).any() or table.logprobs[rows].any() or (
+            table.top_logprobs[rows].max(initial=0) > 0):
+        return None
+    inv = np.zeros(len(rows), np.float32)
+    np.divide(1.0, temp, out=inv, where=random)
+    seeds = sampler.draw_seeds(len(rows))
+    for i in np.flatnonzero(random & (table.seed[rows] >= 0)):
+        r = rows[i]
+        seeds[i] = row_seed(int(table.seed[r]), int(table.num_tokens[r] - table.num_prompt[r]))
+    return {"inv_temperature": inv.view(np.int32), "seeds": seeds.view(np.int32)}

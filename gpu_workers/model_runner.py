@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from gpu_workers.batch import StepBatch, build_batch
 from gpu_workers.config import ModelConfig, WorkerConfig
-from gpu_workers.graph_sampling import graph_sample_fn, sample_in_graph
+from gpu_workers.graph_sampling import graph_sample_fn, graph_sample_inputs
 from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks, cuda_num_blocks
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.cpu_linear import use_onednn_weights
@@ -26,13 +26,13 @@ from gpu_workers.layers.peer_all_reduce import create_peer_all_reduce
 from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
-from gpu_workers.pending_step import PendingStep
+from gpu_workers.pending_step import PendingStep, patch_in_flight, pending_patch
 from gpu_workers.sampler import Sampler, top_logprobs
 from gpu_workers.speculative import SpecStep, prepare_proposals, settle_verified
 from gpu_workers.speculative.draft import DraftProposer
 from gpu_workers.step_graphs import StepGraphs
 from gpu_workers.step_timer import BusyTimes
-from gpu_workers.transfer import to_device
+from gpu_workers.token_layout import entry_offsets
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
 
 
@@ -246,12 +246,20 @@ class ModelRunner:
             if self.graphs is not None and table is self.table:
                 graphs, key = self.graphs.select(num_new, run_new)
         start = table.num_computed[rows]
+        layout = {} if graphs is None else graphs.layout(key)
+        drawn = None if spec is not None else graph_sample_inputs(graphs, table, rows,
+                                                                 num_new, self.sampler)
+        extra = dict(drawn or {})
+        if in_flight is not None:
+            offsets = entry_offsets(num_new, layout.get("q_per_seq") if "pad_to" in layout
+                                    else None)
+            extra |= pending_patch(table, rows, start, num_new, offsets)
         batch = build_batch(table, rows, run_new, self.config.block_size, self.device,
                             block_width=width,
                             num_verify=None if spec is None else spec.num_verify,
-                            **({} if graphs is None else graphs.layout(key)))
+                            extra=extra, **layout)
         if in_flight is not None:
-            self._take_pending_inputs(batch, table, rows, start, num_new, in_flight)
+            patch_in_flight(batch, in_flight)
         table.num_computed[rows] += num_new
         timer = self.busy.start() if table is self.table and self.rank == 0 else None
         if graphs is not None:
@@ -261,8 +269,7 @@ class ModelRunner:
         if len(batch.sample_rows) == 0:
             self.busy.stop(timer)
             return PendingStep.empty(plan.step_id, table, failures)
-        tokens = None if spec is not None else sample_in_graph(graphs, key, batch, table,
-                                                               self.sampler)
+        tokens = None if drawn is None else graphs.sample_step(key, len(rows))
         if tokens is not None:
             logprobs = top = None
         else:
@@ -294,21 +301,6 @@ class ModelRunner:
         if self.config.speculative == "ngram":
             return table.step_spec > 0
         return False
-
-    def _take_pending_inputs(self, batch: StepBatch, table: SequenceTable, rows: np.ndarray,
-                             start: np.ndarray, num_new: np.ndarray,
-                             in_flight: PendingStep) -> None:
-        """Inputs whose value the step in flight is still sampling: copy them on the device."""
-        pend = table.pending_pos[rows]
-        k = np.flatnonzero((pend >= start) & (pend < start + num_new))
-        if len(k) == 0:
-            return
-        flat = batch.token_offsets[k] + (pend[k] - start[k])
-        slots = table.pending_slot[rows[k]]
-        dst = to_device(flat, self.device)
-        src = to_device(slots, self.device)
-        values = in_flight.tokens.index_select(0, src).to(batch.input_ids.dtype)
-        batch.input_ids.index_copy_(0, dst, values)
 
     def _settle(self, pending: PendingStep) -> None:
         if pending.settled:

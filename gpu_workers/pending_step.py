@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from gpu_workers.batch import StepBatch
 from gpu_workers.mirror import SequenceTable
 
 
@@ -72,3 +73,25 @@ class PendingStep:
     def wait(self) -> None:
         if self.event is not None:
             self.event.synchronize()
+
+
+def pending_patch(table: SequenceTable, rows: np.ndarray, start: np.ndarray,
+                  num_new: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray]:
+    """Inputs of a step whose value the step in flight is still sampling: where each goes in
+    the step's input ids (entries start at `offsets`) and where it is in the step in flight's
+    tokens (build_batch's `extra`; empty when there are none)."""
+    pend = table.pending_pos[rows]
+    k = np.flatnonzero((pend >= start) & (pend < start + num_new))
+    if len(k) == 0:
+        return {}
+    return {"patch_to": offsets[k] + (pend[k] - start[k]),
+            "patch_from": table.pending_slot[rows[k]]}
+
+
+def patch_in_flight(batch: StepBatch, in_flight: PendingStep) -> None:
+    """Copy the values of pending_patch on the device, behind the step in flight's sampling
+    and before this step's forward (stream order): no host round trip between the two."""
+    if batch.extra is None or "patch_to" not in batch.extra:
+        return
+    values = in_flight.tokens.index_select(0, batch.extra["patch_from"])
+    batch.input_ids.index_put_((batch.extra["patch_to"],), values.to(batch.input_ids.dtype))

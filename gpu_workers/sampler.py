@@ -142,21 +142,10 @@ class Sampler:
             seeds[at.to(device)] = values.to(device)
         return seeds
 
-    def host_inputs(self, b: SamplingBatch, temperature: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """For a batch the one-pass kernel draws alone (no penalties, filters or logprobs):
-        each row's inverse temperature (0: greedy) and seed, made on the host so that a
-        captured sampler reads them from static buffers; None for any other batch."""
-        if not (self.one_pass and b.penalties is None and b.max_top_k <= 0
-                and not b.use_top_p and not b.use_min_p and not b.logprobs
-                and not b.top_logprobs):
-            return None
-        inv = np.zeros(len(temperature), np.float32)
-        np.divide(1.0, temperature, out=inv, where=temperature > 0)
-        seeds = self.host_generator.integers(0, 1 << 62, len(temperature), dtype=np.int64)
-        for row, seed in b.seeded:
-            seeds[row] = seed
-        return inv, seeds
+    def draw_seeds(self, n: int) -> np.ndarray:
+        """[n] int64 noise seeds drawn on the host, for a sampler captured in a CUDA graph
+        (gpu_workers.graph_sampling), which reads them from a static buffer."""
+        return self.host_generator.integers(0, 1 << 62, n, dtype=np.int64)
 
 
 def _thresholds(scores: torch.Tensor, b: SamplingBatch) -> torch.Tensor | None:

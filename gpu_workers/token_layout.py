@@ -20,6 +20,19 @@ from gpu_workers.layers.attention import AttentionBatch
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.transfer import to_device
 
+PART_NAMES = ("ids", "positions", "slots", "cu_q", "seq_lens", "cu_k", "tables")
+"""TokenLayout.parts() in order: the names of a graph's static input segments."""
+
+
+def entry_offsets(num_new: np.ndarray, q_per_seq: int | None = None) -> np.ndarray:
+    """Where each entry's tokens start in a step's input ids: packed, or q_per_seq apart in
+    a CUDA graph's layout (lay_out's `offsets`, known before the layout is made)."""
+    if q_per_seq is not None:
+        return np.arange(len(num_new), dtype=np.int64) * q_per_seq
+    offsets = np.zeros(len(num_new), np.int64)
+    np.cumsum(num_new[:-1], out=offsets[1:])
+    return offsets
+
 
 @dataclass(slots=True)
 class TokenLayout:
@@ -45,6 +58,9 @@ class TokenLayout:
     def parts(self) -> list[np.ndarray]:
         return [self.ids, self.positions, self.slots, self.cu_q, self.seq_lens, self.cu_k,
                 self.tables.reshape(-1)]
+
+    def named_parts(self) -> dict[str, np.ndarray]:
+        return dict(zip(PART_NAMES, self.parts(), strict=True))
 
     def attention(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor,
                                                             AttentionBatch]:

@@ -61,7 +61,7 @@ def test_off_unless_asked_and_a_bad_window_names_the_variable():
 
 def test_a_ranged_sampler_keeps_what_the_decode_graphs_read():
     """profile_step wraps the runner's sampler in a range; the decode graphs' sampling then reads
-    the sampler's host_inputs through the wrap (it failed with an AttributeError at batch 1)."""
+    the sampler's draw_seeds through the wrap (it failed with an AttributeError at batch 1)."""
     import torch
 
     from gpu_workers.sampler import Sampler
@@ -69,4 +69,4 @@ def test_a_ranged_sampler_keeps_what_the_decode_graphs_read():
 
     sampler = Sampler(torch.device("cpu"), seed=0)
     ranged = Ranged("nanopipe.sampler", sampler)
-    assert ranged.host_inputs == sampler.host_inputs
+    assert ranged.draw_seeds == sampler.draw_seeds

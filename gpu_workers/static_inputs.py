@@ -1,0 +1,94 @@
+"""A step's device inputs written in place: one host-to-device copy into buffers that stay put.
+
+A CUDA graph reads its inputs at the addresses it was captured with. Uploading a step's
+arrays to fresh device memory and then copying each into the graph's buffers costs a launch
+per array, and at batch 1 the host's launch work, not the device, sets a step's pace. Here
+every input of a graph size has a fixed segment of one device buffer; a step's arrays are
+written into pinned host memory laid out the same way and sent with a single copy, which
+the stream orders after the previous step's replay (that step still reads the old values).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gpu_workers.token_layout import upload
+
+ALIGN = 4
+"""Segments start 16 bytes apart (int32 units): Triton specialises kernels on pointer
+alignment, and int64 segments (seeds) need 8."""
+
+
+class StaticInputs:
+    """Named int32 segments of one device buffer, each with a fixed capacity."""
+
+    def __init__(self, capacities: dict[str, int], device: torch.device) -> None:
+        self.device = device
+        self.offsets: dict[str, int] = {}
+        self.capacities = dict(capacities)
+        end = 0
+        for name, capacity in capacities.items():
+            self.offsets[name] = end
+            end += -(-capacity // ALIGN) * ALIGN
+        self.size = end
+        self.buffer = torch.zeros(end, dtype=torch.int32, device=device)
+        self.views = {name: self.buffer[off:off + capacities[name]]
+                      for name, off in self.offsets.items()}
+        """Each segment at full capacity: what a graph is captured on (cut as it needs)."""
+
+    def stage(self) -> Staged:
+        """Host memory laid out like the device buffer, for one step's values."""
+        pinned = self.device.type == "cuda"
+        host = torch.empty(self.size, dtype=torch.int32, pin_memory=pinned)
+        return Staged(self, host)
+
+
+class Staged:
+    """One step's values on the host, written segment by segment, then sent at once."""
+
+    def __init__(self, inputs: StaticInputs, host: torch.Tensor) -> None:
+        self.inputs = inputs
+        self.host = host
+        self.array = host.numpy()
+        self.lengths: dict[str, int] = {}
+
+    def segment(self, name: str) -> np.ndarray:
+        """The whole segment, to be written in place (int32)."""
+        off = self.inputs.offsets[name]
+        return self.array[off:off + self.inputs.capacities[name]]
+
+    def put(self, name: str, values: np.ndarray) -> None:
+        """Write a segment's first len(values) elements, converted to int32 (other 4-byte
+        values come viewed as int32, int64 ones as pairs), and zero the rest, so readers of the
+        full segment (a graph's padding rows) see zeros, not an earlier step's values."""
+        flat = np.asarray(values).reshape(-1)
+        segment = self.segment(name)
+        n = len(flat)
+        if n > len(segment):
+            raise ValueError(f"{n} values do not fit segment {name!r} of {len(segment)}")
+        segment[:n] = flat
+        segment[n:] = 0
+        self.lengths[name] = n
+
+    def send(self) -> dict[str, torch.Tensor]:
+        """Copy every segment to the device in one copy (segments not put are zeros); the
+        device views of what was put, cut to the lengths written."""
+        for name in self.inputs.offsets.keys() - self.lengths.keys():
+            self.segment(name)[:] = 0
+        self.inputs.buffer.copy_(self.host, non_blocking=True)
+        views = self.inputs.views
+        return {name: views[name][:n] for name, n in self.lengths.items()}
+
+
+def send_named(arrays: dict[str, np.ndarray], device: torch.device,
+               into: StaticInputs | None = None) -> dict[str, torch.Tensor]:
+    """Arrays to the device as int32 (Staged.put), in one copy: into a graph's static inputs
+    when given, else into fresh memory (gpu_workers.token_layout.upload)."""
+    if into is None:
+        views = upload([np.asarray(a).reshape(-1) for a in arrays.values()], device)
+        return dict(zip(arrays, views, strict=True))
+    staged = into.stage()
+    for name, values in arrays.items():
+        staged.put(name, values)
+    return staged.send()
