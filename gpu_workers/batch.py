@@ -51,7 +51,7 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
                 num_verify: np.ndarray | None = None, q_per_seq: int = 1,
                 prefill_pad: tuple[int, int] | None = None,
                 into: StaticInputs | None = None,
-                extra: dict[str, np.ndarray] | None = None) -> StepBatch:
+                extra: dict[str, np.ndarray] | None = None, sample: bool = True) -> StepBatch:
     """num_verify: per entry, how many of its num_new tokens are proposals to verify (they
     sit in the mirror past its known tokens); such an entry needs logits at each of its last
     1 + num_verify positions, each sampled with the entry's parameters.
@@ -61,7 +61,9 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
     Padding stores nothing (slot -1) and its outputs are never read. prefill_pad (entries,
     tokens): the ragged layout padded for a prefill graph (token_layout.pad_ragged).
     into: the static inputs of the graph that runs the step. extra: more int32 arrays
-    (other 4-byte values viewed as int32) that travel in the same copy (StepBatch.extra)."""
+    (other 4-byte values viewed as int32) that travel in the same copy (StepBatch.extra).
+    sample=False: the step's tokens are drawn inside its graph (gpu_workers.graph_sampling),
+    so no sampling parameters travel and StepBatch.sampling stays None."""
     n = len(rows)
     start = table.num_computed[rows]
     end = start + num_new
@@ -81,41 +83,48 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
         steps = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         logits_idx = np.repeat(logits_idx - counts + 1, counts) + steps
         logit_rows = np.repeat(sample_rows, counts)
-    temp = table.temperature[logit_rows]
-    top_k = table.top_k[logit_rows]
-    top_p = table.top_p[logit_rows]
-    min_p = table.min_p[logit_rows]
-
-    arrays = layout.named_parts() | dict(
-        logits=logits_idx, top_k=top_k, temperature=temp.view(np.int32),
-        top_p=top_p.view(np.int32), min_p=min_p.view(np.int32)) | (extra or {})
-    views = send_named(arrays, device, into)
+    arrays = layout.named_parts()
+    arrays["logits"] = logits_idx
+    if sample:
+        arrays |= dict(top_k=table.top_k[logit_rows],
+                       temperature=table.temperature[logit_rows].view(np.int32),
+                       top_p=table.top_p[logit_rows].view(np.int32),
+                       min_p=table.min_p[logit_rows].view(np.int32))
+    views = send_named(arrays | (extra or {}), device, into)
     d_ids, d_pos, attn = layout.attention([views[name] for name in PART_NAMES])
-    d_logits, d_top_k, d_temp, d_top_p, d_min_p = (
-        views[name] for name in ("logits", "top_k", "temperature", "top_p", "min_p"))
+    d_logits = views["logits"]
     sampling = None
-    if len(sample_rows):
-        greedy = temp == 0
-        random_rows = ~greedy
-        seeded = []
-        for i in np.flatnonzero(random_rows & (table.seed[logit_rows] >= 0)):
-            r = logit_rows[i]
-            generated = int(table.num_tokens[r] - table.num_prompt[r])
-            if steps is not None:  # a verified position draws as its token would unspeculated
-                generated += int(steps[i])
-            seeded.append((int(i), row_seed(int(table.seed[r]), generated)))
-        sampling = SamplingBatch(
-            temperature=d_temp.view(torch.float32), top_k=d_top_k,
-            top_p=d_top_p.view(torch.float32), min_p=d_min_p.view(torch.float32),
-            all_greedy=bool(greedy.all()), any_greedy=bool(greedy.any()),
-            max_top_k=int(top_k[random_rows].max(initial=0)),
-            use_top_p=bool(np.any(top_p[random_rows] < 1.0)),
-            use_min_p=bool(np.any(min_p[random_rows] > 0.0)),
-            seeded=seeded, logprobs=bool(table.logprobs[sample_rows].any()),
-            # Speculation refuses penalties (admission): logit_rows is sample_rows here.
-            penalties=gather_penalties(table, logit_rows, device),
-            top_logprobs=int(table.top_logprobs[sample_rows].max(initial=0)),
-        )
+    if sample and len(sample_rows):
+        sampling = _sampling_batch(table, logit_rows, sample_rows, steps, views, device)
     return StepBatch(d_ids, d_pos, attn, d_logits, sample_entries, sample_rows, sampling, n,
                      token_offsets=layout.offsets, logit_counts=counts,
                      extra={name: views[name] for name in extra} if extra else None)
+
+
+def _sampling_batch(table: SequenceTable, logit_rows: np.ndarray, sample_rows: np.ndarray,
+                    steps: np.ndarray | None, views: dict[str, torch.Tensor],
+                    device: torch.device) -> SamplingBatch:
+    """What the sampler needs for the logits rows: their parameters on the device (views)
+    and, decided on the host, which of its paths the batch takes."""
+    temp, top_k = table.temperature[logit_rows], table.top_k[logit_rows]
+    greedy = temp == 0
+    random_rows = ~greedy
+    seeded = []
+    for i in np.flatnonzero(random_rows & (table.seed[logit_rows] >= 0)):
+        r = logit_rows[i]
+        generated = int(table.num_tokens[r] - table.num_prompt[r])
+        if steps is not None:  # a verified position draws as its token would unspeculated
+            generated += int(steps[i])
+        seeded.append((int(i), row_seed(int(table.seed[r]), generated)))
+    return SamplingBatch(
+        temperature=views["temperature"].view(torch.float32), top_k=views["top_k"],
+        top_p=views["top_p"].view(torch.float32), min_p=views["min_p"].view(torch.float32),
+        all_greedy=bool(greedy.all()), any_greedy=bool(greedy.any()),
+        max_top_k=int(top_k[random_rows].max(initial=0)),
+        use_top_p=bool(np.any(table.top_p[logit_rows][random_rows] < 1.0)),
+        use_min_p=bool(np.any(table.min_p[logit_rows][random_rows] > 0.0)),
+        seeded=seeded, logprobs=bool(table.logprobs[sample_rows].any()),
+        # Speculation refuses penalties (admission): logit_rows is sample_rows here.
+        penalties=gather_penalties(table, logit_rows, device),
+        top_logprobs=int(table.top_logprobs[sample_rows].max(initial=0)),
+    )

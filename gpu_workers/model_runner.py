@@ -257,7 +257,7 @@ class ModelRunner:
         batch = build_batch(table, rows, run_new, self.config.block_size, self.device,
                             block_width=width,
                             num_verify=None if spec is None else spec.num_verify,
-                            extra=extra, **layout)
+                            extra=extra, sample=drawn is None, **layout)
         if in_flight is not None:
             patch_in_flight(batch, in_flight)
         table.num_computed[rows] += num_new

@@ -76,9 +76,11 @@ class Staged:
         device views of what was put, cut to the lengths written."""
         for name in self.inputs.offsets.keys() - self.lengths.keys():
             self.segment(name)[:] = 0
-        self.inputs.buffer.copy_(self.host, non_blocking=True)
-        views = self.inputs.views
-        return {name: views[name][:n] for name, n in self.lengths.items()}
+        inputs = self.inputs
+        inputs.buffer.copy_(self.host, non_blocking=True)
+        views, full = inputs.views, inputs.capacities
+        return {name: views[name] if n == full[name] else views[name][:n]
+                for name, n in self.lengths.items()}
 
 
 def send_named(arrays: dict[str, np.ndarray], device: torch.device,

@@ -75,6 +75,10 @@ class TokenLayout:
 def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: np.ndarray,
             block_size: int, width: int | None = None, pad_to: int | None = None,
             q_per_seq: int = 1) -> TokenLayout:
+    if pad_to is not None and q_per_seq == 1:
+        assert bool(np.all(num_new == 1)) and pad_to >= len(rows)
+        width = width or int(start.max() + block_size) // block_size
+        return _lay_out_decode(table, rows, start, block_size, width, pad_to)
     n = len(rows)
     end = start + num_new
     width = width or max(1, int((end.max() + block_size - 1) // block_size))
@@ -114,6 +118,29 @@ def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: 
     return TokenLayout(ids, positions, slots, cu_q, seq_lens, cu_k, tables, offsets,
                        offsets + num_new - 1, max_q, int(end.max()), decode,
                        q_per_seq if pad_to is not None else 1)
+
+
+def _lay_out_decode(table: SequenceTable, rows: np.ndarray, start: np.ndarray,
+                    block_size: int, width: int, pad_to: int) -> TokenLayout:
+    """lay_out of a decode graph's step (one token per entry), written straight into arrays
+    of the padded size: at batch 1 the general path's few dozen numpy calls are a visible
+    part of a step's host work."""
+    n = len(rows)
+    ids = np.zeros(pad_to, np.int32)
+    ids[:n] = table.tokens[rows, start]
+    positions = np.zeros(pad_to, np.int64)
+    positions[:n] = start
+    slots = np.full(pad_to, -1, np.int64)
+    slots[:n] = table.block_tables[rows, start // block_size] * block_size + start % block_size
+    seq_lens = np.ones(pad_to, np.int64)
+    seq_lens[:n] = start + 1
+    cu_k = np.zeros(pad_to + 1, np.int64)
+    np.cumsum(seq_lens, out=cu_k[1:])
+    tables = np.zeros((pad_to, width), np.int32)
+    tables[:n] = table.block_tables[rows, :width]
+    offsets = np.arange(n, dtype=np.int64)
+    return TokenLayout(ids, positions, slots, np.arange(pad_to + 1, dtype=np.int64), seq_lens,
+                       cu_k, tables, offsets, offsets, 1, int(start.max()) + 1, True, 1)
 
 
 def pad_ragged(layout: TokenLayout, entries: int, tokens: int) -> TokenLayout:

@@ -177,3 +177,22 @@ def test_decode_graphs_read_the_batch_built_into_their_inputs(tiny_qwen3_dir, mo
             table.append_placeholders(rows)
             table.fill_tokens(rows, table.num_tokens[rows] - 1, table.epoch[rows],
                               np.array([11, 12, 13]) * step)
+
+
+def test_the_decode_graph_layout_computes_what_the_ragged_one_does(tiny_qwen3_dir):
+    runner = _decoding_runner(tiny_qwen3_dir)
+    table = runner.table
+    _, rows, num_new = table.apply(StepPlan(1, [], [], CachedSequences([0, 1, 2], [1] * 3,
+                                                                       [[], [], []])))
+    ragged = build_batch(table, rows, num_new, BLOCK_SIZE, CPU)
+    padded = build_batch(table, rows, num_new, BLOCK_SIZE, CPU, pad_to=8, sample=False)
+    assert padded.sampling is None and ragged.sampling is not None
+    assert padded.input_ids.shape[0] == 8 and padded.attn.decode
+    assert padded.attn.slot_mapping[3:].tolist() == [-1] * 5  # padding stores nothing
+    assert padded.attn.seq_lens_k[3:].tolist() == [1] * 5
+    assert torch.equal(padded.attn.slot_mapping[:3], ragged.attn.slot_mapping)
+    with torch.inference_mode():
+        h_ragged = runner.model(ragged.input_ids, ragged.positions, ragged.attn)
+        h_padded = runner.model(padded.input_ids, padded.positions, padded.attn)
+    torch.testing.assert_close(h_padded.index_select(0, padded.logits_indices),
+                               h_ragged.index_select(0, ragged.logits_indices))
