@@ -52,12 +52,13 @@ def sample_inputs(table: SequenceTable, rows: np.ndarray, sampler: Sampler
     row's inverse temperature (0: greedy) and seed (a seeded row's own, as the sampler would
     draw it; fresh draws of the engine's generator for the others), as int32 views; None for
     any other rows."""
+    if not sampler.one_pass:
+        return None
     temp = table.temperature[rows]
     random = temp > 0
-    if not sampler.one_pass or table.uses_penalties(rows).any() or (
-            table.top_k[rows][random] > 0).any() or (table.top_p[rows][random] < 1).any() or (
-            table.min_p[rows][random] > 0).any() or table.logprobs[rows].any() or (
-            table.top_logprobs[rows].max(initial=0) > 0):
+    filtered = (table.top_k[rows] > 0) | (table.top_p[rows] < 1) | (table.min_p[rows] > 0)
+    if np.any((random & filtered) | table.uses_penalties(rows) | table.logprobs[rows]
+              | (table.top_logprobs[rows] > 0)):
         return None
     inv = np.zeros(len(rows), np.float32)
     np.divide(1.0, temp, out=inv, where=random)

@@ -62,13 +62,14 @@ class Staged:
         """Write a segment's first len(values) elements, converted to int32 (other 4-byte
         values come viewed as int32, int64 ones as pairs), and zero the rest, so readers of the
         full segment (a graph's padding rows) see zeros, not an earlier step's values."""
-        flat = np.asarray(values).reshape(-1)
-        segment = self.segment(name)
+        flat = values if values.ndim == 1 else values.reshape(-1)
+        off, capacity = self.inputs.offsets[name], self.inputs.capacities[name]
         n = len(flat)
-        if n > len(segment):
-            raise ValueError(f"{n} values do not fit segment {name!r} of {len(segment)}")
-        segment[:n] = flat
-        segment[n:] = 0
+        if n > capacity:
+            raise ValueError(f"{n} values do not fit segment {name!r} of {capacity}")
+        self.array[off:off + n] = flat
+        if n < capacity:
+            self.array[off + n:off + capacity] = 0
         self.lengths[name] = n
 
     def send(self) -> dict[str, torch.Tensor]:
