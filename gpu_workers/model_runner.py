@@ -251,7 +251,7 @@ class ModelRunner:
                                                                  num_new, self.sampler)
         extra = dict(drawn or {})
         if in_flight is not None:
-            offsets = entry_offsets(num_new, layout.get("q_per_seq") if "pad_to" in layout
+            offsets = entry_offsets(run_new, layout.get("q_per_seq") if "pad_to" in layout
                                     else None)
             extra |= pending_patch(table, rows, start, num_new, offsets)
         batch = build_batch(table, rows, run_new, self.config.block_size, self.device,
@@ -259,6 +259,7 @@ class ModelRunner:
                             num_verify=None if spec is None else spec.num_verify,
                             extra=extra, sample=drawn is None, **layout)
         if in_flight is not None:
+            assert np.array_equal(offsets, batch.token_offsets), "patch offsets off the layout"
             patch_in_flight(batch, in_flight)
         table.num_computed[rows] += num_new
         timer = self.busy.start() if table is self.table and self.rank == 0 else None

@@ -196,3 +196,19 @@ def test_the_decode_graph_layout_computes_what_the_ragged_one_does(tiny_qwen3_di
         h_padded = runner.model(padded.input_ids, padded.positions, padded.attn)
     torch.testing.assert_close(h_padded.index_select(0, padded.logits_indices),
                                h_ragged.index_select(0, ragged.logits_indices))
+
+
+def test_entry_offsets_are_the_layouts_with_proposals_too(tiny_qwen3_dir):
+    """The in-flight patch is placed before the batch exists: the offsets it uses must be
+    those the layout gives every entry, proposals to verify included."""
+    runner = _decoding_runner(tiny_qwen3_dir)
+    table = runner.table
+    _, rows, num_new = table.apply(StepPlan(1, [], [], CachedSequences([0, 1, 2], [1] * 3,
+                                                                       [[], [], []])))
+    num_verify = np.array([2, 0, 3])
+    run_new = num_new + num_verify
+    ragged = build_batch(table, rows, run_new, BLOCK_SIZE, CPU, num_verify=num_verify)
+    assert entry_offsets(run_new).tolist() == ragged.token_offsets.tolist() == [0, 3, 4]
+    padded = build_batch(table, rows, run_new, BLOCK_SIZE, CPU, num_verify=num_verify,
+                         pad_to=4, q_per_seq=4)
+    assert entry_offsets(run_new, 4).tolist() == padded.token_offsets.tolist()
