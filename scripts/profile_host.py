@@ -19,6 +19,9 @@ must fit in the device time of one step, or the device waits on the host.
 --at N        steps run before the measured ones (default 300: ~190 sequences on W1)
 --steps N     measured steps (default 60)
 --cprofile N  then the same steps again under cProfile: the N costliest functions
+--host-ops N  then the same steps again under torch.profiler (host activity only): the N
+              ops and CUDA runtime calls (graph launches, copies, event records, pinned
+              allocations) with the most host time of their own, per step
 --json FILE   the figures as JSON
 """
 
@@ -97,6 +100,7 @@ def main() -> None:
     ap.add_argument("--at", type=int, default=300)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--cprofile", type=int, default=0)
+    ap.add_argument("--host-ops", type=int, default=0)
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.at < 0 or args.steps < 1:
@@ -136,6 +140,22 @@ def main() -> None:
         stats = pstats.Stats(prof)
         stats.sort_stats("tottime").print_stats(args.cprofile)
         stats.sort_stats("cumulative").print_stats(args.cprofile)
+    if args.host_ops:
+        print_host_ops(steps, args.steps, args.host_ops)
+
+
+def print_host_ops(steps: HostSteps, num_steps: int, top: int) -> None:
+    """Host time of each torch op and CUDA runtime call over num_steps steps, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(num_steps):
+            steps.step(timed=False)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    print(f"host time per step by op (self, µs), over {num_steps} steps:")
+    for e in events[:top]:
+        print(f"  {e.self_cpu_time_total / num_steps:9.1f}  {e.count / num_steps:6.1f} calls"
+              f"  {e.key}")
 
 
 if __name__ == "__main__":
