@@ -40,7 +40,7 @@ def test_first_plan_sends_sequence_in_full_then_deltas():
     assert plan.step_id == 0 and plan.drop_seq_ids == []
     [ns] = plan.new_seqs
     assert (ns.seq_id, ns.token_ids, ns.num_prompt_tokens) == (1, req.prompt_token_ids, 6)
-    assert (ns.num_computed, ns.num_new, ns.block_table) == (0, 6, [0, 1])
+    assert (ns.num_computed, ns.num_new, list(ns.block_table)) == (0, 6, [0, 1])
     assert plan.cached.seq_ids == []
     assert deltas.request_ids == [1] and len(deltas.token_ids[0]) == 1
     sizes = []
