@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import enum
 import time
+from array import array
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
+
+from protocol.packed_ints import int32_array
 
 if TYPE_CHECKING:
     from protocol import FinishReason, SamplingParams
@@ -35,6 +39,7 @@ class Sequence:
 
     __slots__ = (
         "seq_id",
+        "prompt_ids",
         "token_ids",
         "num_prompt_tokens",
         "num_computed",
@@ -65,13 +70,15 @@ class Sequence:
     def __init__(
         self,
         seq_id: int,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Iterable[int],
         params: SamplingParams,
         eos_token_ids: list[int] | tuple[int, ...] = (),
         arrival_time: float = 0.0,
     ) -> None:
         self.seq_id = seq_id
-        self.token_ids: list[int] = list(prompt_token_ids)
+        # The prompt as it arrived, packed: a new sequence's plan entry sends it as it is.
+        self.prompt_ids: array = int32_array(prompt_token_ids)
+        self.token_ids: list[int] = self.prompt_ids.tolist()
         self.num_prompt_tokens = len(self.token_ids)
         self.num_computed = 0
         # Tokens known when last admitted: those below it are prefill (the prompt, or what a

@@ -9,9 +9,11 @@ waiting ones are admitted with what budget is left.
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass, field
 
 from protocol import CachedSequences, NewSequence, StepPlan
+from protocol.packed_ints import int32_array
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import RUNNING, PlanInFlight, SchedulerState
@@ -160,6 +162,14 @@ def _spec_tokens(seq: Sequence, spec_k: int, n: int, target: int, budget: int,
     return k if k > 0 else 0
 
 
+def _known_tokens(seq: Sequence) -> array:
+    """Every token of a sequence sent in full, packed: its prompt as it arrived (no copy), and
+    after a preemption what it generated before (ids rank 0 sampled from the vocabulary)."""
+    if len(seq.token_ids) == seq.num_prompt_tokens:
+        return seq.prompt_ids
+    return seq.prompt_ids + int32_array(seq.token_ids[seq.num_prompt_tokens:])
+
+
 def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
     """Move waiting sequences to running, each with its first chunk, while budget,
     max_num_seqs and free blocks allow. Each is sent to the workers in full."""
@@ -190,11 +200,11 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
         batch.new_seqs.append(
             NewSequence(
                 seq.seq_id,
-                list(seq.token_ids),
+                _known_tokens(seq),
                 seq.num_prompt_tokens,
                 num_cached,
                 n,
-                list(seq.block_table),
+                int32_array(seq.block_table),  # a copy: the table grows after this plan
                 seq.params,
             )
         )

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 from fake_worker import Collector, FakeWorker, drive, make_request, reference_generate
 
-from protocol import ErrorKind, FinishReason, RequestError, StepResult, encode
+from protocol import (
+    AddRequest,
+    CachedSequences,
+    Decoder,
+    ErrorKind,
+    FinishReason,
+    RequestError,
+    StepPlan,
+    StepResult,
+    encode,
+)
 from scheduler_proc import Scheduler, SchedulerConfig
 
 
@@ -30,6 +40,16 @@ def test_config_validation():
     with pytest.raises(ValueError, match="max_model_len"):
         SchedulerConfig(2, 4, max_model_len=16).check_pool_fits_model_len()
     SchedulerConfig(4, 4, max_model_len=16).check_pool_fits_model_len()
+
+
+def test_a_prompt_goes_to_the_workers_packed_as_it_arrived():
+    sched = make_scheduler()
+    req = Decoder(AddRequest).decode(encode(make_request(1, 6, max_tokens=5)))
+    sched.add_request(req)
+    [ns] = sched.schedule().new_seqs
+    assert ns.token_ids is req.prompt_token_ids  # neither unpacked nor packed again
+    got = Decoder(StepPlan).decode(encode(StepPlan(0, [], [ns], CachedSequences([], [], []))))
+    assert got.new_seqs[0].token_ids.tolist() == sched.seqs[1].token_ids
 
 
 def test_first_plan_sends_sequence_in_full_then_deltas():
