@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import sys
 import time
 from array import array
 from collections.abc import Iterable
@@ -49,9 +50,9 @@ class Sequence:
         "status",
         "finish_reason",
         "params",
-        "eos_ids",
-        "stop_ids",
+        "stop_tokens",
         "max_tokens",
+        "max_len",
         "on_worker",
         "num_hashed_blocks",
         "last_hash",
@@ -74,6 +75,7 @@ class Sequence:
         params: SamplingParams,
         eos_token_ids: list[int] | tuple[int, ...] = (),
         arrival_time: float = 0.0,
+        max_model_len: int | None = None,
     ) -> None:
         self.seq_id = seq_id
         # The prompt as it arrived, packed: a new sequence's plan entry sends it as it is.
@@ -89,12 +91,16 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.params = params
-        # EOS is ignored on request; explicit stop token ids never are.
-        self.eos_ids: frozenset[int] = (
-            frozenset() if params.ignore_eos else frozenset(eos_token_ids)
-        )
-        self.stop_ids: frozenset[int] = frozenset(params.stop_token_ids)
+        # Sampling one of these finishes it (STOP): EOS unless ignored on request, and the
+        # request's stop token ids, which never are.
+        eos = () if params.ignore_eos else eos_token_ids
+        self.stop_tokens: frozenset[int] = frozenset((*eos, *params.stop_token_ids))
         self.max_tokens: int = params.max_tokens
+        # Reaching this length finishes it (LENGTH): max_tokens generated, or max_model_len.
+        max_len = sys.maxsize if max_model_len is None else max_model_len
+        if self.max_tokens is not None:
+            max_len = min(max_len, self.num_prompt_tokens + self.max_tokens)
+        self.max_len: int = max_len
         # True while the workers hold a mirror of this sequence: later plans then send deltas,
         # and dropping it must be announced in drop_seq_ids.
         self.on_worker = False

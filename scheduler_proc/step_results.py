@@ -12,7 +12,7 @@ import time
 
 from protocol import ErrorKind, FinishReason, RequestError, StepResult, TokenDeltas
 from scheduler_proc.sequence import Sequence
-from scheduler_proc.state import FINISHED, RUNNING, SchedulerState
+from scheduler_proc.state import FINISHED, RUNNING, PlanInFlight, SchedulerState
 
 STOP, LENGTH, ERROR = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ERROR
 
@@ -34,7 +34,7 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
         seq.spec_inflight -= k
     if result.failed_seq_ids:
         _fail_refused(state, result)
-    seqs = _match(seqs, result)
+    seqs = _match(plan, result)
     if result.num_tokens is not None:
         return _apply_speculative(state, result, seqs)
     tokens = result.token_ids
@@ -49,7 +49,6 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
     add_logprobs = deltas.logprobs.append
     rows_before = len(deltas.ids)  # every row the loop adds carries one kept token
     bs = state.config.block_size
-    max_model_len = state.config.max_model_len
     bm = state.block_manager
     finished_running = False
     now = time.monotonic()  # every token of one result arrived together
@@ -68,9 +67,9 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
         if seq.first_token_s is None:
             seq.first_token_s = now
         reason = None
-        if tok in seq.eos_ids or tok in seq.stop_ids:
+        if tok in seq.stop_tokens:
             reason = STOP
-        elif length - seq.num_prompt_tokens >= seq.max_tokens or length >= max_model_len:
+        elif length >= seq.max_len:
             reason = LENGTH
         add_id(seq.seq_id)
         add_tokens([tok])
@@ -82,9 +81,9 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
             deltas.top_lps.append([top_lps[k]])
         if reason is not None:
             finished_running |= _finish(state, seq, reason)
-        elif (
-            seq.status is RUNNING
-            and min(seq.num_computed, length) // bs > seq.num_hashed_blocks
+        elif (  # a block just filled with known tokens whose KV is written
+            length >= (full := (seq.num_hashed_blocks + 1) * bs)
+            and seq.num_computed >= full and seq.status is RUNNING
         ):
             bm.hash_full_blocks(seq)
     if finished_running:
@@ -102,7 +101,6 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
     where no plan in flight can still write them, and the next plan tells the workers to cut
     their tables the same way (SchedulerState.trim)."""
     deltas, stats, bm = state.deltas, state.stats, state.block_manager
-    max_model_len = state.config.max_model_len
     tokens, logprobs = result.token_ids, result.logprobs
     top_ids, top_lps = result.top_token_ids, result.top_logprobs
     if top_ids is not None:
@@ -128,9 +126,9 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
             token_ids.append(tok)
             end += 1
             length = len(token_ids)
-            if tok in seq.eos_ids or tok in seq.stop_ids:
+            if tok in seq.stop_tokens:
                 reason = STOP
-            elif length - seq.num_prompt_tokens >= seq.max_tokens or length >= max_model_len:
+            elif length >= seq.max_len:
                 reason = LENGTH
         stats.generated_tokens += end - first
         if end > first:
@@ -182,7 +180,7 @@ def _fail_refused(state: SchedulerState, result: StepResult) -> None:
             ErrorKind.REQUEST_FAILED, f"the engine could not run this request: {error}"))
 
 
-def _match(seqs: list[Sequence], result: StepResult) -> list[Sequence]:
+def _match(plan: PlanInFlight, result: StepResult) -> list[Sequence]:
     """The planned sequences in the order of the result (normally identical).
 
     A planned sequence may be missing only if the workers refused it (it is finished by
@@ -195,7 +193,8 @@ def _match(seqs: list[Sequence], result: StepResult) -> list[Sequence]:
     if counts is None and len(result.token_ids) != len(ids):
         raise ValueError(f"step {result.step_id}: {len(ids)} sequences, "
                          f"{len(result.token_ids)} tokens")
-    if len(ids) == len(seqs) and all(s.seq_id == i for s, i in zip(seqs, ids, strict=True)):
+    seqs = plan.seqs
+    if ids == plan.seq_ids:
         return seqs
     by_id = {s.seq_id: s for s in seqs}
     try:
