@@ -11,12 +11,11 @@ from __future__ import annotations
 import time
 
 from protocol import ErrorKind, FinishReason, RequestError, StepResult, TokenDeltas
+from scheduler_proc.delta_buffer import NO_LOGPROBS
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import FINISHED, RUNNING, PlanInFlight, SchedulerState
 
 STOP, LENGTH, ERROR = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ERROR
-
-_NO_LOGPROBS: list[float] = []  # shared placeholder; dropped when the step has no logprobs
 
 
 def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
@@ -38,16 +37,10 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
     if result.num_tokens is not None:
         return _apply_speculative(state, result, seqs)
     tokens = result.token_ids
-    logprobs = result.logprobs
-    top_ids, top_lps = result.top_token_ids, result.top_logprobs
-    deltas = state.deltas
-    if top_ids is not None:
-        deltas.pad_top()
-    # Hot loop (one pass per decoding sequence per step): bound methods, no helpers.
-    add_id, add_tokens = deltas.ids.append, deltas.tokens.append
-    add_reason, add_error = deltas.reasons.append, deltas.errors.append
-    add_logprobs = deltas.logprobs.append
-    rows_before = len(deltas.ids)  # every row the loop adds carries one kept token
+    # Hot loop (one pass per decoding sequence per step): locals only; the deltas' columns
+    # are filled after it, in bulk, from the result's own columns.
+    skipped: list[int] = []  # entries whose sequence finished before this result
+    finishes: list[tuple[int, FinishReason]] = []  # (delta row, reason)
     bs = state.config.block_size
     bm = state.block_manager
     finished_running = False
@@ -58,6 +51,7 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
         # token it produced is an extra one to discard. Its blocks were already freed,
         # which is safe: they can only be reused by plans sent after this one.
         if seq.status is FINISHED:
+            skipped.append(k)
             continue
         tok = tokens[k]
         token_ids = seq.token_ids
@@ -66,30 +60,21 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
         seq.last_token_s = now
         if seq.first_token_s is None:
             seq.first_token_s = now
-        reason = None
         if tok in seq.stop_tokens:
-            reason = STOP
+            finishes.append((k - len(skipped), STOP))
+            finished_running |= _finish(state, seq, STOP)
         elif length >= seq.max_len:
-            reason = LENGTH
-        add_id(seq.seq_id)
-        add_tokens([tok])
-        add_reason(reason)
-        add_error(None)
-        add_logprobs(_NO_LOGPROBS if logprobs is None else [logprobs[k]])
-        if top_ids is not None:
-            deltas.top_ids.append([top_ids[k]])
-            deltas.top_lps.append([top_lps[k]])
-        if reason is not None:
-            finished_running |= _finish(state, seq, reason)
-        elif (  # a block just filled with known tokens whose KV is written
-            length >= (full := (seq.num_hashed_blocks + 1) * bs)
-            and seq.num_computed >= full and seq.status is RUNNING
-        ):
-            bm.hash_full_blocks(seq)
+            finishes.append((k - len(skipped), LENGTH))
+            finished_running |= _finish(state, seq, LENGTH)
+        else:
+            # A block just filled with known tokens whose KV is written: into the prefix cache.
+            full = (seq.num_hashed_blocks + 1) * bs
+            if length >= full and seq.num_computed >= full and seq.status is RUNNING:
+                bm.hash_full_blocks(seq)
     if finished_running:
         state.running = [s for s in state.running if s.status is RUNNING]
-    state.stats.generated_tokens += len(deltas.ids) - rows_before
-    return deltas.take(result.step_id, logprobs is not None)
+    state.stats.generated_tokens += state.deltas.add_sampled(result, skipped, finishes)
+    return state.deltas.take(result.step_id, result.logprobs is not None)
 
 
 def _apply_speculative(state: SchedulerState, result: StepResult,
@@ -139,7 +124,7 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
         deltas.tokens.append(tokens[first:end])
         deltas.reasons.append(reason)
         deltas.errors.append(None)
-        deltas.logprobs.append(_NO_LOGPROBS if logprobs is None else logprobs[first:end])
+        deltas.logprobs.append(NO_LOGPROBS if logprobs is None else logprobs[first:end])
         if top_ids is not None:
             deltas.top_ids.append(top_ids[first:end])
             deltas.top_lps.append(top_lps[first:end])

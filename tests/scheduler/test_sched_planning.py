@@ -248,6 +248,25 @@ def test_logprobs_pass_through():
     assert deltas.logprobs == [[-0.5]]
 
 
+def test_a_result_rows_skip_the_finished_and_keep_logprobs_and_alternatives_aligned():
+    sched = make_scheduler()
+    for rid in (1, 2, 3):
+        sched.add_request(make_request(rid, 4, stop_token_ids=[42]))
+    plan = sched.schedule()
+    sched.abort([2])  # while its first token is being sampled: that token is dropped
+    deltas = sched.process_result(StepResult(
+        plan.step_id, [1, 2, 3], [7, 8, 42], [-0.1, -0.2, -0.3],
+        [[7, 5], [8, 6], [42, 4]], [[-0.1, -2.0], [-0.2, -3.0], [-0.3, -4.0]]))
+    assert deltas.request_ids == [2, 1, 3]  # the abort's own row, then the step's
+    assert deltas.token_ids == [[], [7], [42]]
+    assert deltas.finish_reasons == [FinishReason.ABORT, None, FinishReason.STOP]
+    assert deltas.errors == [None, None, None]
+    assert deltas.logprobs == [[], [-0.1], [-0.3]]
+    assert deltas.top_token_ids == [[], [[7, 5]], [[42, 4]]]
+    assert deltas.top_logprobs == [[], [[-0.1, -2.0]], [[-0.3, -4.0]]]
+    assert deltas.metrics_ids == [2, 3] and sorted(sched.seqs) == [1]
+
+
 def test_fail_all_reports_engine_dead():
     sched, worker = make_scheduler(), FakeWorker(64, 4)
     for i in range(3):
