@@ -91,8 +91,11 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
     bs = state.config.block_size
     running = state.running
     budget = batch.budget
-    add_id, add_num_new = batch.cached_ids.append, batch.num_new.append
-    add_blocks, add_sampled = batch.new_blocks.append, batch.sampled.append
+    ids, add_sampled = batch.cached_ids, batch.sampled.append
+    add_id = ids.append
+    # Most entries are a decode step: one token, no new block. Only the others are noted, as
+    # (row, num_new, new block ids), and the two columns are filled after the loop.
+    others: list[tuple[int, int, list[int]]] = []
     to_hash = state.to_hash
     prefill = 0
     spec_k = state.config.num_speculative_tokens
@@ -132,9 +135,11 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
             if alloc is None:
                 break
             blocks = alloc.new_block_ids
+        if n != 1 or blocks:
+            others.append((len(ids), n, blocks))
+            if n > 1:
+                to_hash.append(seq)
         add_id(seq.seq_id)
-        add_num_new(n)
-        add_blocks(blocks)
         if spec_k:
             batch.num_spec.append(k)
             seq.spec_inflight = ahead + k
@@ -147,8 +152,11 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
             add_sampled(seq)
             if spec_k:
                 batch.sampled_spec.append(k)
-        if n > 1:
-            to_hash.append(seq)
+    batch.num_new = [1] * len(ids)
+    batch.new_blocks = [_NO_NEW_BLOCKS] * len(ids)
+    for row, n, blocks in others:
+        batch.num_new[row] = n
+        batch.new_blocks[row] = blocks
     batch.budget = budget
     state.stats.prompt_tokens += prefill
 
