@@ -103,6 +103,20 @@ def _int_list(value: Any, where: str, memo: _Frame) -> list[int]:
     return value
 
 
+def _int_lists(value: Any, where: str, memo: _Frame) -> list[list[int]]:
+    # Inline rather than a call per row: a decode plan's new block ids are one (mostly empty)
+    # row per sequence.
+    if type(value) is not list:
+        raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
+    for row in value:
+        if type(row) is not list:
+            raise ProtocolError(f"{where}: expected a list, got {type(row).__name__}")
+        for item in row:
+            if type(item) is not int:
+                raise ProtocolError(f"{where}: expected a list of integers")
+    return value
+
+
 def _packed_ints(value: Any, where: str, memo: _Frame) -> array:
     if type(value) is not bytes:
         raise ProtocolError(
@@ -151,6 +165,8 @@ def _checker_for(annotation: Any) -> Checker:
         (item_type,) = typing.get_args(annotation)
         if item_type is int:
             return _int_list
+        if item_type == list[int]:
+            return _int_lists
         check_item = _checker_for(item_type)
 
         def check_list(value: Any, where: str, memo: _Frame) -> list:

@@ -1,6 +1,6 @@
 """Token ids and block tables travel as packed int32, and a SamplingParams shared by many new
 sequences travels once per frame: what a prefill plan and an AddRequest look like on the wire,
-and how the decoders refuse frames that misuse either."""
+and how the decoders refuse frames that misuse either (or the decode plan's block rows)."""
 
 from __future__ import annotations
 
@@ -122,4 +122,13 @@ def test_params_sent_in_full_are_checked_each_time():
     raw = msgpack.unpackb(p.encode(prefill_plan([PARAMS, GREEDY])))
     raw[3][1][6][0] = -1.0  # the second entry's temperature
     with pytest.raises(p.ProtocolError, match="temperature"):
+        PLAN_DECODER.decode(msgpack.packb(raw, use_bin_type=True))
+
+
+@pytest.mark.parametrize("rows", [[[], 5], [[], [1, "2"]], [[], [True]], [[], None], "[]"])
+def test_malformed_new_block_rows_are_refused(rows):
+    raw = msgpack.unpackb(p.encode(p.StepPlan(0, [], [], p.CachedSequences([1, 2], [1, 1],
+                                                                           [[], [9]]))))
+    raw[4][2] = rows
+    with pytest.raises(p.ProtocolError, match="CachedSequences.new_block_ids: expected a list"):
         PLAN_DECODER.decode(msgpack.packb(raw, use_bin_type=True))
