@@ -224,7 +224,7 @@ class _Schema:
 
 
 def _schema(cls: type) -> _Schema:
-    schema = cls.__dict__.get(SCHEMA_ATTR)
+    schema = getattr(cls, SCHEMA_ATTR)
     if schema is None:
         hints = typing.get_type_hints(cls)
         fields = [(f"{cls.__name__}.{f.name}", _checker_for(hints[f.name]))

@@ -81,7 +81,7 @@ class _StructEncoding:
 
 def _encoding(cls: type) -> _StructEncoding:
     """Built once per class from its annotations."""
-    encoding = cls.__dict__.get(ENCODERS_ATTR)
+    encoding = getattr(cls, ENCODERS_ATTR)
     if encoding is None:
         hints = typing.get_type_hints(cls)
         names = [f.name for f in dataclasses.fields(cls)]

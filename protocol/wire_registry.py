@@ -29,7 +29,9 @@ def struct(cls: type[T] | None = None, *, shared: bool = False) -> Any:
             raise TypeError(f"{cls.__name__} must be a dataclass")
         if shared and not cls.__dataclass_params__.frozen:
             raise TypeError(f"{cls.__name__} is shared between entries: it must be frozen")
-        setattr(cls, SCHEMA_ATTR, None)  # built lazily: annotations may name later classes
+        # Each marked class gets its own tables (plain class attributes: read on every struct
+        # of every frame), built lazily: annotations may name later classes.
+        setattr(cls, SCHEMA_ATTR, None)
         setattr(cls, ENCODERS_ATTR, None)
         setattr(cls, SHARED_ATTR, shared)
         return cls
