@@ -2,11 +2,13 @@
 
 A message is a dataclass registered with `@message(kind)`; it travels as the msgpack
 array `[kind, field0, field1, ...]`. Nested dataclasses registered with `@struct` travel
-as plain arrays of their fields, `IntEnum` fields as their integers. A `Decoder` is built
-for one socket with the message types that socket may carry; it checks the kind, the field
-count and every field's type (an enum's value too) against the dataclass annotations and
-refuses anything else. Nothing is ever unpickled:
-msgpack cannot express arbitrary objects, and extension types are refused.
+as plain arrays of their fields, `IntEnum` fields as their integers, `array` fields (token
+ids, block tables) as one bin of packed int32 (protocol.packed_ints). Encoding is
+protocol.wire_encoding; this module decodes. A `Decoder` is built for one socket with the
+message types that socket may carry; it checks the kind, the field count and every field's
+type (an enum's value too) against the dataclass annotations and refuses anything else.
+Nothing is ever unpickled: msgpack cannot express arbitrary objects, and extension types are
+refused.
 """
 
 from __future__ import annotations
@@ -15,10 +17,26 @@ import dataclasses
 import enum
 import types
 import typing
+from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgpack
+
+from protocol import packed_ints
+from protocol.wire_encoding import encode
+from protocol.wire_registry import (
+    SCHEMA_ATTR,
+    SHARED_ATTR,
+    _registered_kinds,
+    kind_of,
+    message,
+    struct,
+)
+
+__all__ = ["MAX_FRAME_BYTES", "Decoder", "ProtocolError", "encode", "kind_of", "message",
+           "peek_head", "struct", "_registered_kinds"]
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Frames above this size are refused before they are parsed."""
@@ -33,79 +51,31 @@ class ProtocolError(ValueError):
     """The request field at fault, when a field's own check refused the value."""
 
 
-_KIND_ATTR = "__wire_kind__"
-_SCHEMA_ATTR = "__wire_schema__"
-_registered_kinds: dict[int, type] = {}
-
-Checker = Callable[[Any, str], Any]
 
 
-def struct(cls: type[T]) -> type[T]:
-    """Mark a dataclass as nestable inside messages (encoded as an array of its fields)."""
-    if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"{cls.__name__} must be a dataclass")
-    setattr(cls, _SCHEMA_ATTR, None)  # built lazily: annotations may name later classes
-    return cls
+class _Frame:
+    """The shared structs decoded so far in one frame, in wire order: what a later reference
+    (an index) in the same frame stands for."""
+
+    __slots__ = ("shared",)
+
+    def __init__(self) -> None:
+        self.shared: list[Any] = []
 
 
-def message(kind: int) -> Callable[[type[T]], type[T]]:
-    """Register a dataclass as a top-level message with a one-byte kind."""
-    if not 0 <= kind <= 0x7F:
-        raise ValueError("a message kind is one positive fixint byte (0..127)")
-
-    def register(cls: type[T]) -> type[T]:
-        if kind in _registered_kinds:
-            raise ValueError(f"message kind {kind:#x} is used twice")
-        struct(cls)
-        setattr(cls, _KIND_ATTR, kind)
-        _registered_kinds[kind] = cls
-        return cls
-
-    return register
-
-
-def kind_of(cls: type) -> int:
-    return getattr(cls, _KIND_ATTR)
-
-
-# ---------------------------------------------------------------- encoding
-
-
-def _to_wire(value: Any) -> Any:
-    if hasattr(type(value), _SCHEMA_ATTR):
-        return [_to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)]
-    if isinstance(value, list | tuple):
-        # A list of structs, possibly with None among them (a column of optional errors):
-        # the first item that is not None tells. IntEnum values need nothing: msgpack packs
-        # them as the integers they are.
-        for item in value:
-            if item is not None:
-                if hasattr(type(item), _SCHEMA_ATTR):
-                    return [_to_wire(v) for v in value]
-                break
-    return value
-
-
-def encode(msg: Any) -> bytes:
-    """Encode a registered message as one msgpack frame."""
-    cls = type(msg)
-    kind = getattr(cls, _KIND_ATTR, None)
-    if kind is None:
-        raise TypeError(f"{cls.__name__} is not a registered message")
-    fields = [_to_wire(getattr(msg, f.name)) for f in dataclasses.fields(msg)]
-    return msgpack.packb([kind, *fields], use_bin_type=True)
+Checker = Callable[[Any, str, _Frame], Any]
 
 
 # ---------------------------------------------------------------- decoding
 
 
-def _check_int(value: Any, where: str) -> int:
+def _check_int(value: Any, where: str, memo: _Frame) -> int:
     if type(value) is not int:
         raise ProtocolError(f"{where}: expected an integer, got {type(value).__name__}")
     return value
 
 
-def _check_float(value: Any, where: str) -> float:
+def _check_float(value: Any, where: str, memo: _Frame) -> float:
     if type(value) is float:
         return value
     if type(value) is int:
@@ -114,7 +84,7 @@ def _check_float(value: Any, where: str) -> float:
 
 
 def _simple(expected: type) -> Checker:
-    def check(value: Any, where: str) -> Any:
+    def check(value: Any, where: str, memo: _Frame) -> Any:
         if type(value) is not expected:
             raise ProtocolError(
                 f"{where}: expected {expected.__name__}, got {type(value).__name__}"
@@ -124,7 +94,7 @@ def _simple(expected: type) -> Checker:
     return check
 
 
-def _int_list(value: Any, where: str) -> list[int]:
+def _int_list(value: Any, where: str, memo: _Frame) -> list[int]:
     if type(value) is not list:
         raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
     for item in value:
@@ -133,14 +103,51 @@ def _int_list(value: Any, where: str) -> list[int]:
     return value
 
 
+def _int_lists(value: Any, where: str, memo: _Frame) -> list[list[int]]:
+    # Inline rather than a call per row: a decode plan's new block ids are one (mostly empty)
+    # row per sequence.
+    if type(value) is not list:
+        raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
+    for row in value:
+        if type(row) is not list:
+            raise ProtocolError(f"{where}: expected a list, got {type(row).__name__}")
+        for item in row:
+            if type(item) is not int:
+                raise ProtocolError(f"{where}: expected a list of integers")
+    return value
+
+
+def _packed_ints(value: Any, where: str, memo: _Frame) -> array:
+    if type(value) is not bytes:
+        raise ProtocolError(
+            f"{where}: expected int32 values packed as bytes, got {type(value).__name__}")
+    try:
+        return packed_ints.unpack(value)
+    except ValueError as exc:
+        raise ProtocolError(f"{where}: {exc}") from None
+
+
 def _enum_checker(enum_type: type[enum.IntEnum]) -> Checker:
     members = {int(m): m for m in enum_type}
 
-    def check(value: Any, where: str) -> enum.IntEnum:
+    def check(value: Any, where: str, memo: _Frame) -> enum.IntEnum:
         member = members.get(value) if type(value) is int else None
         if member is None:
             raise ProtocolError(f"{where}: {value!r} is not a {enum_type.__name__}")
         return member
+
+    return check
+
+
+def _shared_checker(cls: type) -> Checker:
+    def check(value: Any, where: str, memo: _Frame) -> Any:
+        if type(value) is not int:  # in full, where the frame first carries it
+            built = _build(cls, value, where, memo)
+            memo.shared.append(built)
+            return built
+        if 0 <= value < len(memo.shared) and type(memo.shared[value]) is cls:
+            return memo.shared[value]
+        raise ProtocolError(f"{where}: {value} refers to no earlier {cls.__name__} of this frame")
 
     return check
 
@@ -153,19 +160,23 @@ def _checker_for(annotation: Any) -> Checker:
         if len(inner) != 1 or len(args) != 2:
             raise TypeError(f"only `X | None` unions are supported, not {annotation}")
         check_inner = _checker_for(inner[0])
-        return lambda v, where: None if v is None else check_inner(v, where)
+        return lambda v, where, memo: None if v is None else check_inner(v, where, memo)
     if origin is list:
         (item_type,) = typing.get_args(annotation)
         if item_type is int:
             return _int_list
+        if item_type == list[int]:
+            return _int_lists
         check_item = _checker_for(item_type)
 
-        def check_list(value: Any, where: str) -> list:
+        def check_list(value: Any, where: str, memo: _Frame) -> list:
             if type(value) is not list:
                 raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
-            return [check_item(item, where) for item in value]
+            return [check_item(item, where, memo) for item in value]
 
         return check_list
+    if annotation is array:
+        return _packed_ints
     if isinstance(annotation, type) and issubclass(annotation, enum.IntEnum):
         return _enum_checker(annotation)
     if annotation is int:
@@ -174,34 +185,72 @@ def _checker_for(annotation: Any) -> Checker:
         return _check_float
     if annotation in (str, bytes, bool):
         return _simple(annotation)
-    if isinstance(annotation, type) and hasattr(annotation, _SCHEMA_ATTR):
-        return lambda v, where: _build(annotation, v, where)
+    if isinstance(annotation, type) and hasattr(annotation, SCHEMA_ATTR):
+        if getattr(annotation, SHARED_ATTR):
+            return _shared_checker(annotation)
+        return lambda v, where, memo: _build(annotation, v, where, memo)
     raise TypeError(f"no wire encoding for field type {annotation!r}")
 
 
-def _schema(cls: type) -> list[tuple[str, Checker]]:
-    """(qualified field name, checker) per field, built once per class."""
-    schema = cls.__dict__.get(_SCHEMA_ATTR)
+def _usual_wire_type(annotation: Any) -> tuple[type, bool]:
+    """The msgpack type a field of this annotation usually arrives as, and whether a value of
+    that type still needs its checker (to convert it, or to look inside it)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):  # None takes the full path
+        (inner,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _usual_wire_type(inner)
+    if isinstance(annotation, type) and getattr(annotation, SHARED_ATTR, False):
+        return int, True  # mostly a reference to its first occurrence
+    if origin is list or (isinstance(annotation, type) and hasattr(annotation, SCHEMA_ATTR)):
+        return list, True
+    if annotation is array:
+        return bytes, True
+    if isinstance(annotation, type) and issubclass(annotation, enum.IntEnum):
+        return int, True
+    return annotation, False  # int, float, str, bytes, bool: the type is the whole check
+
+
+@dataclass(frozen=True, slots=True)
+class _Schema:
+    """How one class is checked, built once per class from its annotations."""
+
+    fields: list[tuple[str, Checker]]
+    """(qualified field name, checker) per field."""
+    usual_types: list[type]
+    """Each field's usual msgpack type: a frame whose values all have them skips the checkers
+    that the type alone settles (a float field sent as an int, a None, take the full path)."""
+    conversions: list[tuple[int, str, Checker]]
+    """(position, qualified name, checker) of the fields that still need theirs then."""
+
+
+def _schema(cls: type) -> _Schema:
+    schema = getattr(cls, SCHEMA_ATTR)
     if schema is None:
         hints = typing.get_type_hints(cls)
-        schema = [
-            (f"{cls.__name__}.{f.name}", _checker_for(hints[f.name]))
-            for f in dataclasses.fields(cls)
-        ]
-        setattr(cls, _SCHEMA_ATTR, schema)
+        fields = [(f"{cls.__name__}.{f.name}", _checker_for(hints[f.name]))
+                  for f in dataclasses.fields(cls)]
+        usual = [_usual_wire_type(hints[f.name]) for f in dataclasses.fields(cls)]
+        schema = _Schema(fields, [t for t, _ in usual],
+                         [(i, fields[i][0], fields[i][1])
+                          for i, (_, convert) in enumerate(usual) if convert])
+        setattr(cls, SCHEMA_ATTR, schema)
     return schema
 
 
-def _build(cls: type[T], values: Any, where: str) -> T:
+def _build(cls: type[T], values: Any, where: str, memo: _Frame) -> T:
     if type(values) is not list:
         raise ProtocolError(f"{where}: expected an array for {cls.__name__}")
     schema = _schema(cls)
-    if len(values) != len(schema):
-        raise ProtocolError(
-            f"{cls.__name__}: expected {len(schema)} fields, got {len(values)}"
-        )
     try:
-        args = [check(v, where) for (where, check), v in zip(schema, values)]
+        if list(map(type, values)) == schema.usual_types:
+            args = list(values)
+            for i, where, check in schema.conversions:
+                args[i] = check(args[i], where, memo)
+        else:
+            if len(values) != len(schema.fields):
+                raise ProtocolError(
+                    f"{cls.__name__}: expected {len(schema.fields)} fields, got {len(values)}")
+            args = [check(v, where, memo) for (where, check), v in zip(schema.fields, values)]
     except ProtocolError as exc:
         _qualify_field(exc, cls, values)
         raise
@@ -219,9 +268,9 @@ def _qualify_field(exc: ProtocolError, cls: type, values: list) -> None:
     """A nested struct refused one of its fields: name it from `cls` down ("params.top_p")."""
     if exc.field is None:
         return
-    for f, (where, check), v in zip(dataclasses.fields(cls), _schema(cls), values):
+    for f, (where, check), v in zip(dataclasses.fields(cls), _schema(cls).fields, values):
         try:
-            check(v, where)
+            check(v, where, _Frame())
         except ProtocolError:
             exc.field = f"{f.name}.{exc.field}"
             return
@@ -256,7 +305,7 @@ class Decoder:
         cls = self._by_kind.get(values[0])
         if cls is None:
             raise ProtocolError(f"message kind {values[0]:#x} is not accepted on this socket")
-        return _build(cls, values[1:], cls.__name__)
+        return _build(cls, values[1:], cls.__name__, _Frame())
 
 
 HEAD_BYTES = 4096

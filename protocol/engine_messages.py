@@ -5,6 +5,7 @@ to anyone who follows the engine's counters there (EngineStats)."""
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from dataclasses import dataclass, field
 
 import msgpack
@@ -12,6 +13,7 @@ import msgpack
 from protocol.codec import kind_of, message
 from protocol.metrics import RequestMetrics
 from protocol.outcomes import FinishReason
+from protocol.packed_ints import int32_array
 from protocol.sampling_params import SamplingParams
 
 
@@ -20,7 +22,9 @@ from protocol.sampling_params import SamplingParams
 class AddRequest:
     request_id: int
     """Assigned by the tokenizer; also the sequence id in the scheduler and the workers."""
-    prompt_token_ids: list[int]
+    prompt_token_ids: array
+    """Checked against the vocabulary by the tokenizer; packed int32 on the wire (any
+    iterable of ints is accepted here)."""
     params: SamplingParams
     eos_token_ids: list[int]
     client_request_id: str = ""
@@ -29,6 +33,10 @@ class AddRequest:
     arrival_time: float = 0.0
     """Wall clock (time.time()) when the tokenizer received the request; 0 when it was made
     inside the engine (the scheduler then counts from its own receipt)."""
+
+    def __post_init__(self) -> None:
+        if (values := int32_array(self.prompt_token_ids)) is not self.prompt_token_ids:
+            object.__setattr__(self, "prompt_token_ids", values)
 
 
 @message(0x11)

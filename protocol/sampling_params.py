@@ -74,7 +74,7 @@ def check_token_ids(name: str, ids: object, error: type[FieldError]) -> None:
             raise error(name, f"{name}[{i}] = {t} is not a token id (at most {MAX_TOKEN_ID})")
 
 
-@struct
+@struct(shared=True)
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temperature: float = 1.0

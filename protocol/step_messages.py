@@ -7,11 +7,13 @@ costs a few bytes per step whatever its length.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 from protocol.codec import message, struct
 from protocol.metrics import RequestMetrics
 from protocol.outcomes import FinishReason, RequestError
+from protocol.packed_ints import int32_array
 from protocol.sampling_params import SamplingParams
 
 OUT_OF_BAND_STEP = -1
@@ -24,15 +26,24 @@ class NewSequence:
     """A sequence the workers do not mirror yet, or one resumed after preemption."""
 
     seq_id: int
-    token_ids: list[int]
+    token_ids: array
     """Every known token: the prompt plus, after preemption, all tokens generated so far."""
     num_prompt_tokens: int
     num_computed: int
     """Tokens whose KV is already in the cache (a prefix-cache hit)."""
     num_new: int
     """Tokens to compute this step, starting at num_computed."""
-    block_table: list[int]
+    block_table: array
     params: SamplingParams
+    """Usually one object for many sequences: the codec sends and checks it once per plan."""
+
+    def __post_init__(self) -> None:
+        # A prefill plan is mostly these two columns: int32 arrays, packed on the wire. Any
+        # iterable of ints is accepted here.
+        if (values := int32_array(self.token_ids)) is not self.token_ids:
+            object.__setattr__(self, "token_ids", values)
+        if (values := int32_array(self.block_table)) is not self.block_table:
+            object.__setattr__(self, "block_table", values)
 
 
 @struct

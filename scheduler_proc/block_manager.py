@@ -102,21 +102,23 @@ class BlockManager:
         """Grow seq's block table to hold num_tokens tokens, starting with `prefix` when given
         (only for an empty table). Returns None, changing nothing, when the pool is short."""
         table = seq.block_table
-        assert not prefix.block_ids or not table, "a prefix hit starts an empty block table"
         hits = prefix.block_ids
-        num_new = self.blocks_for(num_tokens) - len(table) - len(hits)
-        ref_counts = self.ref_counts
-        free_hits = sum(1 for b in hits if ref_counts[b] == 0)
-        if num_new + free_hits > len(self.free_blocks):
-            return None
-        for b in hits:
-            if ref_counts[b] == 0:
-                del self.free_blocks[b]
-            ref_counts[b] += 1
-            table.append(b)
+        num_new = -(-num_tokens // self.block_size) - len(table) - len(hits)
         if hits:
+            assert not table, "a prefix hit starts an empty block table"
+            ref_counts = self.ref_counts
+            free_hits = sum(1 for b in hits if ref_counts[b] == 0)
+            if num_new + free_hits > len(self.free_blocks):
+                return None
+            for b in hits:
+                if ref_counts[b] == 0:
+                    del self.free_blocks[b]
+                ref_counts[b] += 1
+                table.append(b)
             seq.num_hashed_blocks = len(hits)
             seq.last_hash = prefix.last_hash
+        elif num_new > len(self.free_blocks):  # growing a table (a decode step's new block)
+            return None
         new_ids = [self._take_free_block() for _ in range(num_new)]
         table.extend(new_ids)
         return Allocation(new_ids, len(hits) * self.block_size)

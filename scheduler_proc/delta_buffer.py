@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from protocol import FinishReason, RequestError, RequestMetrics, TokenDeltas
+from protocol import FinishReason, RequestError, RequestMetrics, StepResult, TokenDeltas
+
+NO_LOGPROBS: list[float] = []
+"""The logprobs of a row whose step has none: one shared list, never mutated (the message
+leaves the column out)."""
 
 
 class DeltaBuffer:
     """Column buffers for one TokenDeltas message.
 
     Columns rather than row objects because the message is column-oriented on the wire, and
-    the result loop appends to them directly (bound `append`s) once per decoding sequence.
+    a step's result fills them from its own columns at once (add_sampled).
     """
 
     __slots__ = ("ids", "tokens", "reasons", "errors", "logprobs", "top_ids", "top_lps",
@@ -45,6 +49,38 @@ class DeltaBuffer:
         self.reasons.append(reason)
         self.errors.append(error)
         self.logprobs.append([] if logprob is None else [logprob])
+
+    def add_sampled(self, result: StepResult, skipped: list[int],
+                    finishes: list[tuple[int, FinishReason]]) -> int:
+        """A row per entry of a one-token-per-entry result, but the `skipped` entries: its id,
+        its token, and its logprob and alternatives when the step has them. `finishes` names
+        the rows (counted from the first one added) that finished and why. Returns how many
+        rows were added. Built from the result's columns at once: one call per step."""
+        ids, tokens = result.seq_ids, result.token_ids
+        logprobs, top_ids, top_lps = result.logprobs, result.top_token_ids, result.top_logprobs
+        if top_ids is not None:
+            self.pad_top()
+        entries: range | list[int] = range(len(ids))
+        if skipped:
+            gone = set(skipped)
+            entries = [k for k in entries if k not in gone]
+            ids = [ids[k] for k in entries]
+            tokens = [tokens[k] for k in entries]
+        start = len(self.ids)
+        self.ids.extend(ids)
+        self.tokens.extend([[t] for t in tokens])
+        self.reasons.extend([None] * len(ids))
+        for row, reason in finishes:
+            self.reasons[start + row] = reason
+        self.errors.extend([None] * len(ids))
+        if logprobs is None:
+            self.logprobs.extend([NO_LOGPROBS] * len(ids))
+        else:
+            self.logprobs.extend([[logprobs[k]] for k in entries])
+        if top_ids is not None:
+            self.top_ids.extend([[top_ids[k]] for k in entries])
+            self.top_lps.extend([[top_lps[k]] for k in entries])
+        return len(ids)
 
     def add_metrics(self, rid: int, metrics: RequestMetrics) -> None:
         """A request finished; its row (added before or after) is in the same message."""

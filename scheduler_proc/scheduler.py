@@ -78,7 +78,7 @@ class Scheduler:
             return
         req = with_resolved_max_tokens(req, state.config.max_model_len)
         seq = Sequence(req.request_id, req.prompt_token_ids, req.params, req.eos_token_ids,
-                       req.arrival_time)
+                       req.arrival_time, state.config.max_model_len)
         state.seqs[seq.seq_id] = seq
         state.waiting.append(seq)
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import enum
+import sys
 import time
+from array import array
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
+
+from protocol.packed_ints import int32_array
 
 if TYPE_CHECKING:
     from protocol import FinishReason, SamplingParams
@@ -35,6 +40,7 @@ class Sequence:
 
     __slots__ = (
         "seq_id",
+        "prompt_ids",
         "token_ids",
         "num_prompt_tokens",
         "num_computed",
@@ -44,9 +50,9 @@ class Sequence:
         "status",
         "finish_reason",
         "params",
-        "eos_ids",
-        "stop_ids",
+        "stop_tokens",
         "max_tokens",
+        "max_len",
         "on_worker",
         "num_hashed_blocks",
         "last_hash",
@@ -65,13 +71,16 @@ class Sequence:
     def __init__(
         self,
         seq_id: int,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Iterable[int],
         params: SamplingParams,
         eos_token_ids: list[int] | tuple[int, ...] = (),
         arrival_time: float = 0.0,
+        max_model_len: int | None = None,
     ) -> None:
         self.seq_id = seq_id
-        self.token_ids: list[int] = list(prompt_token_ids)
+        # The prompt as it arrived, packed: a new sequence's plan entry sends it as it is.
+        self.prompt_ids: array = int32_array(prompt_token_ids)
+        self.token_ids: list[int] = self.prompt_ids.tolist()
         self.num_prompt_tokens = len(self.token_ids)
         self.num_computed = 0
         # Tokens known when last admitted: those below it are prefill (the prompt, or what a
@@ -82,12 +91,16 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.params = params
-        # EOS is ignored on request; explicit stop token ids never are.
-        self.eos_ids: frozenset[int] = (
-            frozenset() if params.ignore_eos else frozenset(eos_token_ids)
-        )
-        self.stop_ids: frozenset[int] = frozenset(params.stop_token_ids)
+        # Sampling one of these finishes it (STOP): EOS unless ignored on request, and the
+        # request's stop token ids, which never are.
+        eos = () if params.ignore_eos else eos_token_ids
+        self.stop_tokens: frozenset[int] = frozenset((*eos, *params.stop_token_ids))
         self.max_tokens: int = params.max_tokens
+        # Reaching this length finishes it (LENGTH): max_tokens generated, or max_model_len.
+        max_len = sys.maxsize if max_model_len is None else max_model_len
+        if self.max_tokens is not None:
+            max_len = min(max_len, self.num_prompt_tokens + self.max_tokens)
+        self.max_len: int = max_len
         # True while the workers hold a mirror of this sequence: later plans then send deltas,
         # and dropping it must be announced in drop_seq_ids.
         self.on_worker = False

@@ -31,6 +31,8 @@ class PlanInFlight:
     step_id: int
     seqs: list[Sequence]
     """The sequences it samples for, in the order of its result."""
+    seq_ids: list[int]
+    """Their ids: a result that lists exactly these is matched by one comparison."""
     num_spec: list[int] = field(default_factory=list)
     """Proposals each of them may verify (aligned with seqs; empty when none speculates)."""
 

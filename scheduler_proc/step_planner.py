@@ -9,12 +9,17 @@ waiting ones are admitted with what budget is left.
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass, field
 
 from protocol import CachedSequences, NewSequence, StepPlan
+from protocol.packed_ints import int32_array
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import RUNNING, PlanInFlight, SchedulerState
+
+_NO_NEW_BLOCKS: list[int] = []
+"""The new block ids of the many entries that get none: one shared list, never mutated."""
 
 
 @dataclass(slots=True)
@@ -69,7 +74,11 @@ def plan_step(state: SchedulerState) -> StepPlan | None:
     state.trims = {}
     # Workers apply new_seqs before cached entries; results come back in that order.
     spec = [0] * len(batch.new_sampled) + batch.sampled_spec if any(batch.sampled_spec) else []
-    state.inflight.append(PlanInFlight(step_id, batch.new_sampled + batch.sampled, spec))
+    sampled_ids = (batch.cached_ids if len(batch.sampled) == len(batch.cached_ids)  # decoding
+                   else [s.seq_id for s in batch.sampled])
+    state.inflight.append(PlanInFlight(
+        step_id, batch.new_sampled + batch.sampled,
+        [s.seq_id for s in batch.new_sampled] + sampled_ids, spec))
     state.next_step_id = step_id + 1
     return plan
 
@@ -82,24 +91,29 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
     bs = state.config.block_size
     running = state.running
     budget = batch.budget
-    ids, num_new, new_blocks = batch.cached_ids, batch.num_new, batch.new_blocks
-    sampled, to_hash = batch.sampled, state.to_hash
+    ids, add_sampled = batch.cached_ids, batch.sampled.append
+    add_id = ids.append
+    # Most entries are a decode step: one token, no new block. Only the others are noted, as
+    # (row, num_new, new block ids), and the two columns are filled after the loop.
+    others: list[tuple[int, int, list[int]]] = []
+    to_hash = state.to_hash
     prefill = 0
     spec_k = state.config.num_speculative_tokens
 
-    i = 0
-    while i < len(running) and budget > 0:
-        seq = running[i]
-        target = len(seq.token_ids) + seq.num_pending
+    # Hot loop (one pass per running sequence per step): locals and bound methods only.
+    # Preemption pops the tail of `running`, which ends this iteration there.
+    for seq in running:
+        if budget <= 0:
+            break
+        pending = seq.num_pending
+        target = len(seq.token_ids) + pending
         ahead = seq.spec_inflight  # proposals in flight: accepted or not, unknown yet
         # Overlap hazard: a token still in flight that may end the sequence (max_tokens or
         # max_model_len reached, were every proposal in flight accepted) is not fed back; that
         # could only compute a token to discard, past the length the sequence was admitted
         # for. Without speculation (ahead == 0) such a token is certain to end it; with it,
         # the sequence waits one step for the result that tells.
-        if seq.num_pending and (target + ahead - seq.num_prompt_tokens >= seq.max_tokens
-                                or target + ahead >= max_model_len):
-            i += 1
+        if pending and target + ahead >= seq.max_len:
             continue
         computed = seq.num_computed
         n = target - computed
@@ -108,7 +122,7 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
         k = _spec_tokens(seq, spec_k, n, target, budget, max_model_len, bm) if spec_k else 0
         # The workers compute from their own count, which is up to `ahead` further on.
         reach = computed + ahead + n + k
-        blocks: list[int] = []
+        blocks = _NO_NEW_BLOCKS
         if reach > len(seq.block_table) * bs:
             alloc = bm.allocate(seq, reach)
             while alloc is None:
@@ -121,9 +135,11 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
             if alloc is None:
                 break
             blocks = alloc.new_block_ids
-        ids.append(seq.seq_id)
-        num_new.append(n)
-        new_blocks.append(blocks)
+        if n != 1 or blocks:
+            others.append((len(ids), n, blocks))
+            if n > 1:
+                to_hash.append(seq)
+        add_id(seq.seq_id)
         if spec_k:
             batch.num_spec.append(k)
             seq.spec_inflight = ahead + k
@@ -132,13 +148,15 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
             prefill += n
         seq.num_computed = computed + n
         if computed + n == target:
-            seq.num_pending += 1
-            sampled.append(seq)
+            seq.num_pending = pending + 1
+            add_sampled(seq)
             if spec_k:
                 batch.sampled_spec.append(k)
-        if n > 1:
-            to_hash.append(seq)
-        i += 1
+    batch.num_new = [1] * len(ids)
+    batch.new_blocks = [_NO_NEW_BLOCKS] * len(ids)
+    for row, n, blocks in others:
+        batch.num_new[row] = n
+        batch.new_blocks[row] = blocks
     batch.budget = budget
     state.stats.prompt_tokens += prefill
 
@@ -158,6 +176,14 @@ def _spec_tokens(seq: Sequence, spec_k: int, n: int, target: int, budget: int,
     k = min(spec_k, budget - 1, room, max_model_len - longest - 1,
             seq.max_tokens - (longest - seq.num_prompt_tokens) - 1)
     return k if k > 0 else 0
+
+
+def _known_tokens(seq: Sequence) -> array:
+    """Every token of a sequence sent in full, packed: its prompt as it arrived (no copy), and
+    after a preemption what it generated before (ids rank 0 sampled from the vocabulary)."""
+    if len(seq.token_ids) == seq.num_prompt_tokens:
+        return seq.prompt_ids
+    return seq.prompt_ids + int32_array(seq.token_ids[seq.num_prompt_tokens:])
 
 
 def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
@@ -190,11 +216,11 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
         batch.new_seqs.append(
             NewSequence(
                 seq.seq_id,
-                list(seq.token_ids),
+                _known_tokens(seq),
                 seq.num_prompt_tokens,
                 num_cached,
                 n,
-                list(seq.block_table),
+                int32_array(seq.block_table),  # a copy: the table grows after this plan
                 seq.params,
             )
         )

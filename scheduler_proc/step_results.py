@@ -11,12 +11,11 @@ from __future__ import annotations
 import time
 
 from protocol import ErrorKind, FinishReason, RequestError, StepResult, TokenDeltas
+from scheduler_proc.delta_buffer import NO_LOGPROBS
 from scheduler_proc.sequence import Sequence
-from scheduler_proc.state import FINISHED, RUNNING, SchedulerState
+from scheduler_proc.state import FINISHED, RUNNING, PlanInFlight, SchedulerState
 
 STOP, LENGTH, ERROR = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ERROR
-
-_NO_LOGPROBS: list[float] = []  # shared placeholder; dropped when the step has no logprobs
 
 
 def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
@@ -34,22 +33,15 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
         seq.spec_inflight -= k
     if result.failed_seq_ids:
         _fail_refused(state, result)
-    seqs = _match(seqs, result)
+    seqs = _match(plan, result)
     if result.num_tokens is not None:
         return _apply_speculative(state, result, seqs)
     tokens = result.token_ids
-    logprobs = result.logprobs
-    top_ids, top_lps = result.top_token_ids, result.top_logprobs
-    deltas = state.deltas
-    if top_ids is not None:
-        deltas.pad_top()
-    # Hot loop (one pass per decoding sequence per step): bound methods, no helpers.
-    add_id, add_tokens = deltas.ids.append, deltas.tokens.append
-    add_reason, add_error = deltas.reasons.append, deltas.errors.append
-    add_logprobs = deltas.logprobs.append
-    rows_before = len(deltas.ids)  # every row the loop adds carries one kept token
+    # Hot loop (one pass per decoding sequence per step): locals only; the deltas' columns
+    # are filled after it, in bulk, from the result's own columns.
+    skipped: list[int] = []  # entries whose sequence finished before this result
+    finishes: list[tuple[int, FinishReason]] = []  # (delta row, reason)
     bs = state.config.block_size
-    max_model_len = state.config.max_model_len
     bm = state.block_manager
     finished_running = False
     now = time.monotonic()  # every token of one result arrived together
@@ -59,6 +51,7 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
         # token it produced is an extra one to discard. Its blocks were already freed,
         # which is safe: they can only be reused by plans sent after this one.
         if seq.status is FINISHED:
+            skipped.append(k)
             continue
         tok = tokens[k]
         token_ids = seq.token_ids
@@ -67,30 +60,21 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
         seq.last_token_s = now
         if seq.first_token_s is None:
             seq.first_token_s = now
-        reason = None
-        if tok in seq.eos_ids or tok in seq.stop_ids:
-            reason = STOP
-        elif length - seq.num_prompt_tokens >= seq.max_tokens or length >= max_model_len:
-            reason = LENGTH
-        add_id(seq.seq_id)
-        add_tokens([tok])
-        add_reason(reason)
-        add_error(None)
-        add_logprobs(_NO_LOGPROBS if logprobs is None else [logprobs[k]])
-        if top_ids is not None:
-            deltas.top_ids.append([top_ids[k]])
-            deltas.top_lps.append([top_lps[k]])
-        if reason is not None:
-            finished_running |= _finish(state, seq, reason)
-        elif (
-            seq.status is RUNNING
-            and min(seq.num_computed, length) // bs > seq.num_hashed_blocks
-        ):
-            bm.hash_full_blocks(seq)
+        if tok in seq.stop_tokens:
+            finishes.append((k - len(skipped), STOP))
+            finished_running |= _finish(state, seq, STOP)
+        elif length >= seq.max_len:
+            finishes.append((k - len(skipped), LENGTH))
+            finished_running |= _finish(state, seq, LENGTH)
+        else:
+            # A block just filled with known tokens whose KV is written: into the prefix cache.
+            full = (seq.num_hashed_blocks + 1) * bs
+            if length >= full and seq.num_computed >= full and seq.status is RUNNING:
+                bm.hash_full_blocks(seq)
     if finished_running:
         state.running = [s for s in state.running if s.status is RUNNING]
-    state.stats.generated_tokens += len(deltas.ids) - rows_before
-    return deltas.take(result.step_id, logprobs is not None)
+    state.stats.generated_tokens += state.deltas.add_sampled(result, skipped, finishes)
+    return state.deltas.take(result.step_id, result.logprobs is not None)
 
 
 def _apply_speculative(state: SchedulerState, result: StepResult,
@@ -102,7 +86,6 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
     where no plan in flight can still write them, and the next plan tells the workers to cut
     their tables the same way (SchedulerState.trim)."""
     deltas, stats, bm = state.deltas, state.stats, state.block_manager
-    max_model_len = state.config.max_model_len
     tokens, logprobs = result.token_ids, result.logprobs
     top_ids, top_lps = result.top_token_ids, result.top_logprobs
     if top_ids is not None:
@@ -128,9 +111,9 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
             token_ids.append(tok)
             end += 1
             length = len(token_ids)
-            if tok in seq.eos_ids or tok in seq.stop_ids:
+            if tok in seq.stop_tokens:
                 reason = STOP
-            elif length - seq.num_prompt_tokens >= seq.max_tokens or length >= max_model_len:
+            elif length >= seq.max_len:
                 reason = LENGTH
         stats.generated_tokens += end - first
         if end > first:
@@ -141,7 +124,7 @@ def _apply_speculative(state: SchedulerState, result: StepResult,
         deltas.tokens.append(tokens[first:end])
         deltas.reasons.append(reason)
         deltas.errors.append(None)
-        deltas.logprobs.append(_NO_LOGPROBS if logprobs is None else logprobs[first:end])
+        deltas.logprobs.append(NO_LOGPROBS if logprobs is None else logprobs[first:end])
         if top_ids is not None:
             deltas.top_ids.append(top_ids[first:end])
             deltas.top_lps.append(top_lps[first:end])
@@ -182,7 +165,7 @@ def _fail_refused(state: SchedulerState, result: StepResult) -> None:
             ErrorKind.REQUEST_FAILED, f"the engine could not run this request: {error}"))
 
 
-def _match(seqs: list[Sequence], result: StepResult) -> list[Sequence]:
+def _match(plan: PlanInFlight, result: StepResult) -> list[Sequence]:
     """The planned sequences in the order of the result (normally identical).
 
     A planned sequence may be missing only if the workers refused it (it is finished by
@@ -195,7 +178,8 @@ def _match(seqs: list[Sequence], result: StepResult) -> list[Sequence]:
     if counts is None and len(result.token_ids) != len(ids):
         raise ValueError(f"step {result.step_id}: {len(ids)} sequences, "
                          f"{len(result.token_ids)} tokens")
-    if len(ids) == len(seqs) and all(s.seq_id == i for s, i in zip(seqs, ids, strict=True)):
+    seqs = plan.seqs
+    if ids == plan.seq_ids:
         return seqs
     by_id = {s.seq_id: s for s in seqs}
     try:

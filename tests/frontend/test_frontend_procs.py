@@ -65,7 +65,7 @@ def test_generate_echoes_the_prompt(pipe, client, tokenizer):
     assert (out.finish_reason, out.prompt_tokens, out.completion_tokens) == ("length", n, n)
     assert out.logprobs is None
     added = pipe.scheduler.added[-1]
-    assert added.prompt_token_ids == tokenizer.encode(PROMPT)
+    assert added.prompt_token_ids.tolist() == tokenizer.encode(PROMPT)
     assert added.eos_token_ids == [tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 

@@ -26,11 +26,14 @@ from frontend.engine.pipeline import Pipeline
 from protocol import (
     AbortRequests,
     AddRequest,
+    CachedSequences,
     EngineDead,
     FinishReason,
+    NewSequence,
     SamplingParams,
     Shutdown,
     StartupFailed,
+    StepPlan,
     StepResult,
     encode,
 )
@@ -228,13 +231,26 @@ def ipc_pipeline(tiny_qwen3_dir):
         yield pipeline
 
 
+def _bad_token_bins() -> list[bytes]:
+    """An AddRequest and a StepPlan whose packed int32 token ids are not whole int32s, and an
+    AddRequest whose ids come as a list (the old form) with one past int32."""
+    request = msgpack.unpackb(encode(AddRequest(7, [1, 2], SamplingParams(), [0])))
+    torn, listed = list(request), list(request)
+    torn[2], listed[2] = torn[2][:-1], [1, 2**40]
+    plan = msgpack.unpackb(encode(StepPlan(
+        0, [], [NewSequence(7, [1, 2], 2, 0, 2, [0], SamplingParams())],
+        CachedSequences([], [], []))))
+    plan[3][0][1] = plan[3][0][1] + b"\x01"
+    return [msgpack.packb(m, use_bin_type=True) for m in (torn, listed, plan)]
+
+
 def _garbage(name: str) -> list[bytes]:
     wrong_kind = encode(AddRequest(0, [1], SamplingParams(), [0]))
     if name == "scheduler_in":
         wrong_kind = encode(StepResult(1, [0], [1], None))
     return [b"", b"\x00" * 7, b"\xc1", b"not msgpack at all", msgpack.packb({"kind": 1}),
             msgpack.packb([0x7F, 1, 2]), msgpack.packb([0x21, "x"]), wrong_kind,
-            os.urandom(512)]
+            *_bad_token_bins(), os.urandom(512)]
 
 
 def test_garbage_and_unexpected_kinds_on_every_internal_socket_are_dropped(ipc_pipeline):

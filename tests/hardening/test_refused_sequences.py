@@ -1,7 +1,8 @@
 """The worker's mirror refuses one sequence, and the scheduler fails that request alone.
 
-The worker here is the real SequenceTable with a stand-in model (it samples last token + 1),
-so the contract between the two is what runs: refusal, skipping the continuations planned
+The worker here is the real SequenceTable, fed each plan through the wire codec (token ids
+arrive packed as int32), with a stand-in model (it samples last token + 1), so the contract
+between the two is what runs: refusal, skipping the continuations planned
 before the scheduler heard of it (overlap), the drop that ends it, and the freed blocks.
 """
 
@@ -14,6 +15,7 @@ from gpu_workers.mirror import SequenceTable
 from protocol import (
     AddRequest,
     CachedSequences,
+    Decoder,
     ErrorKind,
     FinishReason,
     NewSequence,
@@ -22,11 +24,13 @@ from protocol import (
     StepPlan,
     StepResult,
     TokenDeltas,
+    encode,
 )
 from scheduler_proc import Scheduler, SchedulerConfig
 
 VOCAB, BLOCKS, BLOCK_SIZE = 50, 32, 4
 PARAMS = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+WIRE = Decoder(StepPlan)
 
 
 class MirrorWorker:
@@ -36,6 +40,7 @@ class MirrorWorker:
 
     def execute(self, plan: StepPlan) -> StepResult:
         t = self.table
+        plan = WIRE.decode(encode(plan))  # as a worker gets it: token ids packed as int32
         ids, rows, new = t.apply(plan)
         end = t.num_computed[rows] + new
         t.num_computed[rows] = end
@@ -82,8 +87,8 @@ def run(requests: list[AddRequest], overlap: bool) -> tuple[dict, dict, Schedule
 
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("bad_prompt, why", [
-    ([1, VOCAB + 3, 2], "outside the vocabulary"), ([4, 2**40], "outside the vocabulary"),
-    ([-1, 3], "outside the vocabulary"),
+    ([1, VOCAB + 3, 2], "outside the vocabulary"), ([4, 2**31 - 1], "outside the vocabulary"),
+    ([-1, 3], "outside the vocabulary"), ([-(2**31), 3], "outside the vocabulary"),
 ])
 def test_a_refused_sequence_fails_its_request_alone(overlap, bad_prompt, why):
     good = [AddRequest(1, [1, 2, 3, 4, 5, 6], PARAMS, []),

@@ -85,7 +85,9 @@ def _inject(pipeline: Pipeline, request: AddRequest) -> None:
 
 def _attack_alongside_a_healthy_request(pipeline: Pipeline, client: Client,
                                         reference: list[int]) -> None:
-    bad = {10**9: [1, TINY_VOCAB + 5, 2], 10**9 + 1: [1, 2**40]}
+    # The ids an AddRequest can carry are int32s (one past int32 cannot be put in one, and a
+    # frame that has one is refused by the scheduler's decoder: test_internal_links).
+    bad = {10**9: [1, TINY_VOCAB + 5, 2], 10**9 + 1: [1, 2**31 - 1], 10**9 + 2: [-7, 3]}
     watcher = DeltaWatcher(pipeline.endpoints.deltas_pub)
     try:
         stream = client.stream(PROMPT, params=GREEDY)
@@ -106,9 +108,10 @@ def _attack_alongside_a_healthy_request(pipeline: Pipeline, client: Client,
 
 
 def test_a_sequence_no_worker_can_run_fails_alone(pipeline, client, reference):
-    """Token ids past the vocabulary and past int32 passed every check before the worker's
-    (here by skipping the tokenizer): the worker refuses that sequence only, the scheduler
-    fails its request with the reason and frees its blocks, and the rest goes on."""
+    """Token ids past the vocabulary (up to the largest int32) or negative passed every check
+    before the worker's (here by skipping the tokenizer), packed as int32 like every prompt:
+    the worker refuses that sequence only, the scheduler fails its request with the reason
+    and frees its blocks, and the rest goes on."""
     _attack_alongside_a_healthy_request(pipeline, client, reference)
 
 

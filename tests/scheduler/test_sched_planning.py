@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 from fake_worker import Collector, FakeWorker, drive, make_request, reference_generate
 
-from protocol import ErrorKind, FinishReason, RequestError, StepResult, encode
+from protocol import (
+    AddRequest,
+    CachedSequences,
+    Decoder,
+    ErrorKind,
+    FinishReason,
+    RequestError,
+    StepPlan,
+    StepResult,
+    encode,
+)
 from scheduler_proc import Scheduler, SchedulerConfig
 
 
@@ -32,6 +42,16 @@ def test_config_validation():
     SchedulerConfig(4, 4, max_model_len=16).check_pool_fits_model_len()
 
 
+def test_a_prompt_goes_to_the_workers_packed_as_it_arrived():
+    sched = make_scheduler()
+    req = Decoder(AddRequest).decode(encode(make_request(1, 6, max_tokens=5)))
+    sched.add_request(req)
+    [ns] = sched.schedule().new_seqs
+    assert ns.token_ids is req.prompt_token_ids  # neither unpacked nor packed again
+    got = Decoder(StepPlan).decode(encode(StepPlan(0, [], [ns], CachedSequences([], [], []))))
+    assert got.new_seqs[0].token_ids.tolist() == sched.seqs[1].token_ids
+
+
 def test_first_plan_sends_sequence_in_full_then_deltas():
     sched, worker = make_scheduler(), FakeWorker(64, 4)
     req = make_request(1, 6, max_tokens=5)
@@ -40,7 +60,7 @@ def test_first_plan_sends_sequence_in_full_then_deltas():
     assert plan.step_id == 0 and plan.drop_seq_ids == []
     [ns] = plan.new_seqs
     assert (ns.seq_id, ns.token_ids, ns.num_prompt_tokens) == (1, req.prompt_token_ids, 6)
-    assert (ns.num_computed, ns.num_new, ns.block_table) == (0, 6, [0, 1])
+    assert (ns.num_computed, ns.num_new, list(ns.block_table)) == (0, 6, [0, 1])
     assert plan.cached.seq_ids == []
     assert deltas.request_ids == [1] and len(deltas.token_ids[0]) == 1
     sizes = []
@@ -226,6 +246,25 @@ def test_logprobs_pass_through():
     plan = sched.schedule()
     deltas = sched.process_result(StepResult(plan.step_id, [1], [3], [-0.5]))
     assert deltas.logprobs == [[-0.5]]
+
+
+def test_a_result_rows_skip_the_finished_and_keep_logprobs_and_alternatives_aligned():
+    sched = make_scheduler()
+    for rid in (1, 2, 3):
+        sched.add_request(make_request(rid, 4, stop_token_ids=[42]))
+    plan = sched.schedule()
+    sched.abort([2])  # while its first token is being sampled: that token is dropped
+    deltas = sched.process_result(StepResult(
+        plan.step_id, [1, 2, 3], [7, 8, 42], [-0.1, -0.2, -0.3],
+        [[7, 5], [8, 6], [42, 4]], [[-0.1, -2.0], [-0.2, -3.0], [-0.3, -4.0]]))
+    assert deltas.request_ids == [2, 1, 3]  # the abort's own row, then the step's
+    assert deltas.token_ids == [[], [7], [42]]
+    assert deltas.finish_reasons == [FinishReason.ABORT, None, FinishReason.STOP]
+    assert deltas.errors == [None, None, None]
+    assert deltas.logprobs == [[], [-0.1], [-0.3]]
+    assert deltas.top_token_ids == [[], [[7, 5]], [[42, 4]]]
+    assert deltas.top_logprobs == [[], [[-0.1, -2.0]], [[-0.3, -4.0]]]
+    assert deltas.metrics_ids == [2, 3] and sorted(sched.seqs) == [1]
 
 
 def test_fail_all_reports_engine_dead():
