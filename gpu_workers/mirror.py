@@ -209,10 +209,7 @@ class SequenceTable:
             raise SequenceRejected(f"it has {n} tokens, more than max_model_len")
         vocab = self.vocab_size
         limit = _INT32_LIMIT if vocab is None else min(vocab, _INT32_LIMIT)
-        try:
-            tokens = np.asarray(seq.token_ids, np.int64)
-        except OverflowError:
-            tokens = np.asarray([min(max(t, -1), limit) for t in seq.token_ids], np.int64)
+        tokens = np.asarray(seq.token_ids, np.int64)  # int32 by construction (NewSequence)
         outside = (tokens < 0) | (tokens >= limit)
         if outside.any():
             bad = seq.token_ids[int(np.flatnonzero(outside)[0])]
