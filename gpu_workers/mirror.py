@@ -116,7 +116,32 @@ class SequenceTable:
             ids.append(seq.seq_id)
             rows.append(row)
             new.append(seq.num_new)
+        self._continue(plan, ids, rows, new)
+        rows_a = np.asarray(rows, np.int64)
+        new_a = np.asarray(new, np.int64)
+        self.step_spec = self._spec_caps(plan, ids)
+        if len(rows_a):
+            end = self.num_computed[rows_a] + new_a
+            if np.any(new_a < 1) or np.any(end > self.num_tokens[rows_a]):
+                raise MirrorError(f"plan {plan.step_id} computes tokens the worker does not know")
+            if self.block_size is not None and np.any(
+                    end + self.step_spec > self.num_blocks[rows_a] * self.block_size):
+                raise MirrorError(f"plan {plan.step_id} computes past a block table")
+        return ids, rows_a, new_a
+
+    def _continue(self, plan: StepPlan, ids: list[int], rows: list[int],
+                  new: list[int]) -> None:
+        """Append the plan's continuing sequences to the step's entries, their new blocks to
+        their tables. Most decode steps add no block to any of them and name only rows the
+        mirror holds: those take one lookup per sequence, not a loop of checks."""
         cached = plan.cached
+        found = [self.rows.get(sid) for sid in cached.seq_ids]
+        if (None not in found and not any(cached.new_block_ids)
+                and len(found) == len(cached.num_new) == len(cached.new_block_ids)):
+            ids += cached.seq_ids
+            rows += found
+            new += cached.num_new
+            return
         for sid, n, blocks in zip(cached.seq_ids, cached.num_new, cached.new_block_ids,
                                   strict=True):
             row = self.rows.get(sid)
@@ -134,17 +159,6 @@ class SequenceTable:
             ids.append(sid)
             rows.append(row)
             new.append(n)
-        rows_a = np.asarray(rows, np.int64)
-        new_a = np.asarray(new, np.int64)
-        self.step_spec = self._spec_caps(plan, ids)
-        if len(rows_a):
-            end = self.num_computed[rows_a] + new_a
-            if np.any(new_a < 1) or np.any(end > self.num_tokens[rows_a]):
-                raise MirrorError(f"plan {plan.step_id} computes tokens the worker does not know")
-            if self.block_size is not None and np.any(
-                    end + self.step_spec > self.num_blocks[rows_a] * self.block_size):
-                raise MirrorError(f"plan {plan.step_id} computes past a block table")
-        return ids, rows_a, new_a
 
     def _trim(self, plan: StepPlan) -> None:
         """Cut block tables as the scheduler did after speculative results: the blocks past
