@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from gpu_workers.layers.attention import AttentionBatch
-from gpu_workers.static_inputs import StaticInputs
-from gpu_workers.token_layout import PART_NAMES
+from gpu_workers.static_inputs import StaticInputs, into_static
+from gpu_workers.token_layout import layout_inputs
 
 SampleFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(hidden [R, H], inverse temperatures [R] float32, seeds [R] int64) -> token ids [R]."""
@@ -144,12 +144,7 @@ class DecodeGraphs:
             bs: int) -> torch.Tensor:
         """Replay the graph of size bs on inputs already padded to bs entries: built into
         its static inputs (layout(bs)), or anywhere else, then copied there."""
-        v = self.inputs[bs].views
-        given = (input_ids, positions, a.slot_mapping, a.cu_seqlens_q, a.seq_lens_k,
-                 a.cu_seqlens_k, a.block_tables.reshape(-1))
-        for name, src in zip(PART_NAMES, given, strict=True):
-            if src.data_ptr() != v[name].data_ptr():
-                v[name].copy_(src)
+        into_static(self.inputs[bs].views, layout_inputs(input_ids, positions, a))
         self.graphs[bs].replay()
         return self.outputs[bs]
 

@@ -8,17 +8,34 @@ Layout (gpu_workers.token_layout.pad_ragged): the step's entries keep their ragg
 empty entries fill the entry bucket, and one last entry holds the padding tokens (its own
 prefill over block 0 of the cache: slot -1 stores nothing and its outputs are never read).
 The Triton attention kernel finds each query tile's entry on the device (no host maximum),
-so one captured graph serves every step of its bucket.
+so one captured graph serves every step of its bucket. Each bucket reads static inputs of its
+own (gpu_workers.static_inputs), which the step's batch is built into with one host copy.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
+import numpy as np
 import torch
 
+from gpu_workers.cuda_graphs import record
 from gpu_workers.layers.attention import AttentionBatch
+from gpu_workers.static_inputs import StaticInputs, into_static
+from gpu_workers.token_layout import layout_inputs
 
 ENTRY_BUCKETS = (1, 2, 4)
 TOKEN_BUCKETS = (128, 256, 512, 1024, 2048)
+
+
+def prefill_capacities(entries: int, tokens: int, block_width: int) -> dict[str, int]:
+    """The segments of one bucket's static inputs: its entries plus the padding entry, its
+    tokens, the logits rows and sampling parameters (one per token at most, when entries
+    verify proposals), and the in-flight tokens to patch in."""
+    s = entries + 1
+    return dict(ids=tokens, positions=tokens, slots=tokens, cu_q=s + 1, seq_lens=s, cu_k=s + 1,
+                tables=s * block_width, logits=tokens, top_k=tokens, temperature=tokens,
+                top_p=tokens, min_p=tokens, patch_to=tokens, patch_from=tokens)
 
 
 class PrefillGraphs:
@@ -28,15 +45,10 @@ class PrefillGraphs:
         self.entry_sizes = [s for s in ENTRY_BUCKETS if s <= max_entries]
         self.token_sizes = [t for t in TOKEN_BUCKETS if t <= max_tokens]
         self.max_model_len = max_model_len
-        s, t = (max(self.entry_sizes, default=0) + 1, max(self.token_sizes, default=0))
-        i32 = dict(dtype=torch.int32, device=device)
-        self.ids = torch.zeros(t, **i32)
-        self.positions = torch.zeros(t, **i32)
-        self.slots = torch.full((t,), -1, **i32)
-        self.cu_q = torch.zeros(s + 1, **i32)
-        self.seq_lens = torch.zeros(s, **i32)
-        self.cu_k = torch.zeros(s + 1, **i32)
-        self.tables = torch.zeros(s, block_width, **i32)
+        self.block_width = block_width
+        self.inputs = {(s, t): StaticInputs(prefill_capacities(s, t, block_width), device)
+                       for t in self.token_sizes for s in self.entry_sizes}
+        """Per bucket, the static inputs its graph reads."""
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -47,48 +59,47 @@ class PrefillGraphs:
         return None if s is None or t is None else (s, t)
 
     def layout(self, key: tuple[int, int]) -> dict:
-        """How gpu_workers.batch lays a step out for the graph of `key`."""
-        return dict(prefill_pad=key)
+        """How gpu_workers.batch lays a step out for the graph of `key`, and where."""
+        return dict(prefill_pad=key, into=self.inputs[key])
 
     def _attn(self, key: tuple[int, int]) -> AttentionBatch:
-        s, t = key[0] + 1, key[1]  # + the padding entry
+        v, s, t = self.inputs[key].views, key[0] + 1, key[1]  # + the padding entry
         return AttentionBatch(
-            slot_mapping=self.slots[:t], block_tables=self.tables[:s],
-            cu_seqlens_q=self.cu_q[:s + 1], seq_lens_k=self.seq_lens[:s],
-            cu_seqlens_k=self.cu_k[:s + 1], max_seqlen_q=t, max_seqlen_k=self.max_model_len,
-            decode=False)
+            slot_mapping=v["slots"], block_tables=v["tables"].view(s, self.block_width),
+            cu_seqlens_q=v["cu_q"], seq_lens_k=v["seq_lens"], cu_seqlens_k=v["cu_k"],
+            max_seqlen_q=t, max_seqlen_k=self.max_model_len, decode=False)
+
+    def _padding_step(self, key: tuple[int, int]) -> None:
+        """Fill a bucket's inputs with a valid step to capture on: every token in the
+        padding entry, storing nothing."""
+        s, t = key
+        staged = self.inputs[key].stage()
+        bounds = np.array([0] * (s + 1) + [t], np.int32)
+        staged.put("slots", np.full(t, -1, np.int32))
+        staged.put("cu_q", bounds)
+        staged.put("cu_k", bounds)
+        staged.put("seq_lens", np.array([0] * s + [t], np.int32))
+        staged.send()
 
     def capture(self, pool=None) -> None:
         """Capture every bucket, largest first (into `pool` when given)."""
         for t in reversed(self.token_sizes):
             for s in reversed(self.entry_sizes):
-                # A valid step to capture on: every token in the padding entry.
-                for cu in (self.cu_q, self.cu_k):
-                    cu[:s + 1].zero_()
-                    cu[s + 1] = t
-                self.seq_lens[:s].zero_()
-                self.seq_lens[s] = t
-                attn = self._attn((s, t))
-                self.model(self.ids[:t], self.positions[:t], attn)  # warm-up
+                key = (s, t)
+                self._padding_step(key)
+                attn, v = self._attn(key), self.inputs[key].views
+                self.model(v["ids"], v["positions"], attn)  # warm-up
                 torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self.model(self.ids[:t], self.positions[:t], attn)
+                graph, out = record(partial(self.model, v["ids"], v["positions"], attn), pool)
                 pool = graph.pool() if pool is None else pool
-                self.graphs[(s, t)] = graph
-                self.outputs[(s, t)] = out
+                self.graphs[key] = graph
+                self.outputs[key] = out
         torch.cuda.synchronize()
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, a: AttentionBatch,
             key: tuple[int, int]) -> torch.Tensor:
-        """Replay the graph of `key` on inputs laid out for it (token_layout.pad_ragged)."""
-        s, t = key[0] + 1, key[1]
-        self.ids[:t].copy_(input_ids)
-        self.positions[:t].copy_(positions)
-        self.slots[:t].copy_(a.slot_mapping)
-        self.cu_q[:s + 1].copy_(a.cu_seqlens_q)
-        self.seq_lens[:s].copy_(a.seq_lens_k)
-        self.cu_k[:s + 1].copy_(a.cu_seqlens_k)
-        self.tables[:s].copy_(a.block_tables)
+        """Replay the graph of `key` on inputs laid out for it (token_layout.pad_ragged):
+        built into its static inputs (layout(key)), or copied there."""
+        into_static(self.inputs[key].views, layout_inputs(input_ids, positions, a))
         self.graphs[key].replay()
         return self.outputs[key]

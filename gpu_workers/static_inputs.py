@@ -95,3 +95,12 @@ def send_named(arrays: dict[str, np.ndarray], device: torch.device,
     for name, values in arrays.items():
         staged.put(name, values)
     return staged.send()
+
+
+def into_static(views: dict[str, torch.Tensor], given: dict[str, torch.Tensor]) -> None:
+    """Copy each given input into the static segment of its name, unless it is that segment
+    already (a batch built into the static inputs needs no copy)."""
+    for name, src in given.items():
+        dst = views[name]
+        if src.data_ptr() != dst.data_ptr():
+            dst.copy_(src)

@@ -24,6 +24,14 @@ PART_NAMES = ("ids", "positions", "slots", "cu_q", "seq_lens", "cu_k", "tables")
 """TokenLayout.parts() in order: the names of a graph's static input segments."""
 
 
+def layout_inputs(input_ids: torch.Tensor, positions: torch.Tensor,
+                  attn: AttentionBatch) -> dict[str, torch.Tensor]:
+    """A step's device inputs by the names of TokenLayout's parts (PART_NAMES)."""
+    return dict(ids=input_ids, positions=positions, slots=attn.slot_mapping,
+                cu_q=attn.cu_seqlens_q, seq_lens=attn.seq_lens_k, cu_k=attn.cu_seqlens_k,
+                tables=attn.block_tables.reshape(-1))
+
+
 def entry_offsets(num_new: np.ndarray, q_per_seq: int | None = None) -> np.ndarray:
     """Where each entry's tokens start in a step's input ids: packed, or q_per_seq apart in
     a CUDA graph's layout (lay_out's `offsets`, known before the layout is made)."""

@@ -212,3 +212,34 @@ def test_entry_offsets_are_the_layouts_with_proposals_too(tiny_qwen3_dir):
     padded = build_batch(table, rows, run_new, BLOCK_SIZE, CPU, num_verify=num_verify,
                          pad_to=4, q_per_seq=4)
     assert entry_offsets(run_new, 4).tolist() == padded.token_offsets.tolist()
+
+
+def test_prefill_graphs_read_the_batch_built_into_their_inputs(tiny_qwen3_dir, monkeypatch):
+    """A prefill step through PrefillGraphs with the eager stand-in for capture: the replay
+    reads the step built into its bucket's inputs and computes what the ragged step does."""
+    import gpu_workers.cuda_graphs as cuda_graphs
+    from gpu_workers.prefill_graphs import PrefillGraphs
+
+    monkeypatch.setattr(cuda_graphs, "record", _record_eagerly)
+    monkeypatch.setattr("gpu_workers.prefill_graphs.record", _record_eagerly)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    runner = make_runner(tiny_qwen3_dir, attention_backend="triton")
+    table, width = runner.table, runner.config.max_blocks_per_seq
+    graphs = PrefillGraphs(runner.model, 2, 128, width, runner.config.max_model_len, CPU)
+    rng = np.random.default_rng(2)
+    seqs = [NewSequence(i, rng.integers(3, 600, n).tolist(), n, 0, n, [i], SamplingParams())
+            for i, n in enumerate([9, 30])]
+    _, rows, num_new = table.apply(StepPlan(0, [], seqs, CachedSequences([], [], [])))
+    with torch.inference_mode():
+        graphs.capture()
+        key = graphs.bucket(2, 39)
+        assert key == (2, 128)
+        batch = build_batch(table, rows, num_new, BLOCK_SIZE, CPU, block_width=width,
+                            **graphs.layout(key))
+        assert batch.input_ids.data_ptr() == graphs.inputs[key].views["ids"].data_ptr()
+        ragged = build_batch(table, rows, num_new, BLOCK_SIZE, CPU, block_width=width)
+        want = runner.model(ragged.input_ids, ragged.positions, ragged.attn)
+        got = graphs.run(batch.input_ids, batch.positions, batch.attn, key)
+    torch.testing.assert_close(got.index_select(0, batch.logits_indices),
+                               want.index_select(0, ragged.logits_indices), atol=1e-4,
+                               rtol=1e-4)
