@@ -16,7 +16,7 @@ import torch
 from gpu_workers.token_layout import upload
 
 ALIGN = 4
-"""Segments start 16 bytes apart (int32 units): Triton specialises kernels on pointer
+"""Segments start on 16-byte boundaries (4 int32): Triton specialises kernels on pointer
 alignment, and int64 segments (seeds) need 8."""
 
 
