@@ -83,8 +83,8 @@ class TokenLayout:
 def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: np.ndarray,
             block_size: int, width: int | None = None, pad_to: int | None = None,
             q_per_seq: int = 1) -> TokenLayout:
-    if pad_to is not None and q_per_seq == 1:
-        assert bool(np.all(num_new == 1)) and pad_to >= len(rows)
+    if pad_to is not None and q_per_seq == 1 and bool(np.all(num_new == 1)):
+        assert pad_to >= len(rows)
         width = width or int(start.max() + block_size) // block_size
         return _lay_out_decode(table, rows, start, block_size, width, pad_to)
     n = len(rows)
