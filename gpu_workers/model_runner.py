@@ -238,10 +238,11 @@ class ModelRunner:
                                      self.config.ngram_size)
             run_new = num_new + spec.num_verify
         graphs, key, width = None, None, None
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" or self.graphs is not None:
             # A static block-table width: Triton specialises kernels on integer arguments such
             # as the table's row stride and derives the decode split count from it, so a width
-            # following the longest context would recompile kernels in the middle of serving.
+            # following the longest context would recompile kernels in the middle of serving
+            # (and a graph's inputs have that width).
             width = self.config.max_blocks_per_seq
             if self.graphs is not None and table is self.table:
                 graphs, key = self.graphs.select(num_new, run_new)

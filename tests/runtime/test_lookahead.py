@@ -77,10 +77,13 @@ def requests(seed: int, n: int = 14) -> list[AddRequest]:
 
 
 def generate(model_dir: str, reqs: list[AddRequest], worker_cls, kv_bytes: int,
-             **runner_kw) -> dict:
+             attach=None, **runner_kw) -> dict:
+    """attach(runner), when given, changes the runner before it runs (graphs, sampler)."""
     runner = make_runner(model_dir, **{"max_model_len": MAX_MODEL_LEN, "kv_cache_bytes": kv_bytes,
                                        "max_num_seqs": 8, "max_num_batched_tokens": 64,
                                        **runner_kw})
+    if attach is not None:
+        attach(runner)
     sched = Scheduler(SchedulerConfig(runner.num_kv_blocks, runner.config.block_size,
                                       max_num_seqs=8, max_num_batched_tokens=64,
                                       max_model_len=MAX_MODEL_LEN, overlap=True))
@@ -100,6 +103,68 @@ def test_lookahead_equals_step_by_step(tiny_qwen3_dir, kv_bytes):
     assert ahead == sync
     assert all(reason is not None for _, reason in ahead.values())
     assert (resent > 0) == (kv_bytes < 1 << 20)  # the tight pool preempts and re-sends
+
+
+def test_graph_steps_with_lookahead_on_the_cpu(tiny_qwen3_dir, monkeypatch):
+    """The CUDA-graph paths with capture stood in by eager replays (test_static_inputs):
+    decode and prefill steps built into static inputs, tokens drawn by the sampling graph,
+    the in-flight token patched into a graph's static ids. Lookahead equals step by step,
+    and greedy and seeded requests get the tokens of the runner without graphs."""
+    import torch
+    from test_static_inputs import _record_eagerly
+
+    import gpu_workers.cuda_graphs as cuda_graphs
+    import gpu_workers.model_runner as model_runner
+    import gpu_workers.prefill_graphs as prefill_graphs
+    from gpu_workers.graph_sampling import graph_sample_fn
+    from gpu_workers.step_graphs import StepGraphs
+
+    for module in (cuda_graphs, prefill_graphs):
+        monkeypatch.setattr(module, "record", _record_eagerly)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    replays, drawn, patched = [], [], []
+    patch = model_runner.patch_in_flight
+
+    def counted_patch(batch, in_flight) -> None:
+        if batch.extra and "patch_to" in batch.extra:
+            patched.append(batch.input_ids.data_ptr())
+        patch(batch, in_flight)
+
+    monkeypatch.setattr(model_runner, "patch_in_flight", counted_patch)
+
+    def one_pass(runner) -> None:
+        runner.sampler.one_pass = True
+
+    def with_graphs(runner) -> None:
+        one_pass(runner)
+        with torch.inference_mode():
+            runner.graphs = StepGraphs(runner.model, runner.config, runner.device,
+                                       lambda text: None,
+                                       graph_sample_fn(runner.model, runner.sampler, 1))
+        for graphs in (runner.graphs.decode, runner.graphs.prefill):
+            run = graphs.run
+            graphs.run = lambda *args, run=run: replays.append(args[-1]) or run(*args)
+        sample = runner.graphs.decode.sample_step
+        runner.graphs.decode.sample_step = lambda *a: drawn.append(a) or sample(*a)
+        static_ids.update(i.views["ids"].data_ptr()
+                          for i in runner.graphs.decode.inputs.values())
+
+    static_ids: set[int] = set()
+    reqs = requests(5)
+    # The runner's limits admit a 128-token prefill graph; the scheduler's stay as they are.
+    kw = dict(max_model_len=128, max_num_batched_tokens=128)
+    plain, _ = generate(tiny_qwen3_dir, reqs, SyncWorker, 1 << 20, attach=one_pass, **kw)
+    sync, _ = generate(tiny_qwen3_dir, reqs, SyncWorker, 1 << 20, attach=with_graphs, **kw)
+    ahead, _ = generate(tiny_qwen3_dir, reqs, LookaheadWorker, 1 << 20, attach=with_graphs,
+                        **kw)
+    assert ahead == sync
+    assert any(isinstance(key, int) for key in replays)  # decode graphs ran
+    assert any(isinstance(key, tuple) for key in replays)  # prefill graphs ran
+    assert drawn  # steps sampled inside their graph
+    assert static_ids & set(patched)  # in-flight tokens patched into a graph's static ids
+    for r in reqs:
+        if r.params.temperature == 0 or r.params.seed is not None:
+            assert sync[r.request_id] == plain[r.request_id], r.request_id
 
 
 @pytest.mark.gpu
