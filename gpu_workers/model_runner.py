@@ -252,8 +252,7 @@ class ModelRunner:
                                                                  num_new, self.sampler)
         extra = dict(drawn or {})
         if in_flight is not None:
-            offsets = entry_offsets(run_new, layout.get("q_per_seq") if "pad_to" in layout
-                                    else None)
+            offsets = entry_offsets(run_new, layout.get("q_per_seq"))  # None: packed
             extra |= pending_patch(table, rows, start, num_new, offsets)
         batch = build_batch(table, rows, run_new, self.config.block_size, self.device,
                             block_width=width,
