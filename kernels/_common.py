@@ -5,6 +5,9 @@ Triton is optional so that the pure-torch references (the CPU path) import every
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 
 try:
@@ -21,6 +24,35 @@ except ImportError:  # pragma: no cover - CPU-only installs without Triton
 def jit(fn):
     """`triton.jit` when Triton exists; otherwise the plain function (never launched)."""
     return triton.jit(fn) if HAS_TRITON else fn
+
+
+PDL_ENABLED = os.environ.get("NANOPIPE_PDL", "1") != "0"
+"""Programmatic dependent launch for the decode path's kernels; NANOPIPE_PDL=0 turns it off."""
+
+
+@functools.cache
+def _has_pdl(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def use_pdl(t: torch.Tensor) -> bool:
+    """Whether a kernel on t's device launches before its predecessor ends (Hopper on).
+
+    A decode step at batch 1 is ~200 short kernels in a row; with PDL each one is launched
+    while the one before runs, reads its weights, and waits (`pdl_wait`) only before touching
+    what the step computed. Every kernel launched this way must call `pdl_wait` in all its
+    programs: the next kernel's wait covers only its direct predecessor.
+    """
+    return PDL_ENABLED and HAS_TRITON and t.is_cuda and _has_pdl(t.device.index or 0)
+
+
+@jit
+def pdl_wait(PDL: tl.constexpr):
+    """Waits for the kernels before this one (their writes visible), then lets the next
+    kernel launch. A no-op without PDL (and in the interpreter, which never sets it)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 def cdiv(a: int, b: int) -> int:

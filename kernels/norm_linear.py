@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._common import cdiv, check, jit, next_pow2, require_triton, tl
+from kernels._common import cdiv, check, jit, next_pow2, pdl_wait, require_triton, tl, use_pdl
 from kernels.rms_norm import add_rms_norm_ref, rms_norm_ref
 from kernels.skinny_linear import (
     BLOCK_N,
@@ -30,8 +30,13 @@ from kernels.skinny_linear import (
 def _norm_linear_kernel(x_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, res_out_ptr, M, N, K, eps,
                         stride_x, stride_r, stride_w, stride_o, stride_ro,
                         HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW: tl.constexpr,
+                        PDL: tl.constexpr):
     pid = tl.program_id(0)
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    # No step writes a weight: the first tile is read before waiting for the kernel before.
+    w = weight_tile(w_ptr, n, tl.arange(0, BLOCK_K), N, K, stride_w)
+    pdl_wait(PDL)
     m = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, ROW)
     row_mask = (m[:, None] < M) & (cols[None, :] < K)
@@ -44,11 +49,9 @@ def _norm_linear_kernel(x_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, res_out_ptr,
     sf = s.to(tl.float32)
     inv = tl.rsqrt(tl.sum(sf * sf, axis=1) / K + eps)
 
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        w = weight_tile(w_ptr, n, k, N, K, stride_w)
         x = row_tile(x_ptr, m, k, M, K, stride_x)
         if HAS_RESIDUAL:
             r = row_tile(res_ptr, m, k, M, K, stride_r)
@@ -57,6 +60,7 @@ def _norm_linear_kernel(x_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, res_out_ptr,
         g = tl.load(norm_w_ptr + k, mask=k < K, other=0.0).to(tl.float32)
         x = (y * g[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
         acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        w = weight_tile(w_ptr, n, k + BLOCK_K, N, K, stride_w)  # past K: masked, not read
     store_tile(out_ptr, acc, m, n, M, N, stride_o)
 
 
@@ -83,7 +87,8 @@ def norm_linear_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weig
         x, res, norm_weight, weight, out, res_out, m, n, k, eps, x.stride(0), res.stride(0),
         weight.stride(0), out.stride(0), res_out.stride(0), HAS_RESIDUAL=residual is not None,
         BLOCK_M=next_pow2(m), BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, next_pow2(k)),
-        ROW=next_pow2(k), num_warps=warps, num_stages=stages)
+        ROW=next_pow2(k), PDL=use_pdl(x), num_warps=warps, num_stages=stages,
+        launch_pdl=use_pdl(x))
     return out, res_out
 
 

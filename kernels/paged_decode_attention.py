@@ -27,7 +27,17 @@ from kernels._attn_common import (
     check_triton_layout,
     dot_precision,
 )
-from kernels._common import cdiv, check, jit, next_pow2, require_triton, tl, use_triton
+from kernels._common import (
+    cdiv,
+    check,
+    jit,
+    next_pow2,
+    pdl_wait,
+    require_triton,
+    tl,
+    use_pdl,
+    use_triton,
+)
 
 MAX_SPLITS = 64
 
@@ -40,8 +50,9 @@ def _decode_split_kernel(
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, QLEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -99,8 +110,9 @@ def _decode_split_kernel(
 @jit
 def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, num_heads, num_splits, stride_ob, stride_oh,
-    SPLITS_P: tl.constexpr, HEAD_DIM: tl.constexpr,
+    SPLITS_P: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, SPLITS_P)
@@ -178,6 +190,7 @@ def paged_decode_attention_triton(
     check(1 <= num_splits <= max_seqlen_k, f"num_splits must be in [1, {max_seqlen_k}]")
     num_splits = min(num_splits, cdiv(max_seqlen_k, block_n))  # a split holds whole tiles
     num_warps, num_stages, rows = _launch_config(q, group * q_per_seq, num_splits > 1)
+    pdl = use_pdl(q)
     if num_splits > 1:
         part_out = torch.empty(q.shape[0], num_heads, num_splits, head_dim,
                                dtype=torch.float32, device=q.device)
@@ -193,14 +206,14 @@ def paged_decode_attention_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, QLEN=q_per_seq, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype), PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(q.shape[0], num_heads)](
             part_out, part_lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
-            SPLITS_P=next_pow2(num_splits), HEAD_DIM=head_dim,
-            num_warps=4,
+            SPLITS_P=next_pow2(num_splits), HEAD_DIM=head_dim, PDL=pdl,
+            num_warps=4, launch_pdl=pdl,
         )
     return out
 

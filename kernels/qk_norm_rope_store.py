@@ -18,8 +18,10 @@ from kernels._common import (
     check_same_device,
     jit,
     next_pow2,
+    pdl_wait,
     require_triton,
     tl,
+    use_pdl,
     use_triton,
 )
 from kernels.rms_norm import rms_norm_ref
@@ -34,8 +36,9 @@ def _qk_norm_rope_store_kernel(
     stride_qkv, stride_qt, stride_qh, stride_cs,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, HAS_NORM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     # One program per (token, head) where heads 0..H-1 are q and H..H+Hkv-1 are k; the
     # packed layout puts k's heads right after q's, so head h starts at column h * D.
     t = tl.program_id(0).to(tl.int64)
@@ -167,7 +170,8 @@ def qk_norm_rope_store_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=next_pow2(half), BLOCK_SIZE=block_size,
-        HAS_NORM=has_norm, num_warps=1 if head_dim <= 128 else 2,
+        HAS_NORM=has_norm, PDL=use_pdl(qkv), num_warps=1 if head_dim <= 128 else 2,
+        launch_pdl=use_pdl(qkv),
     )
     return q
 

@@ -21,8 +21,10 @@ from kernels._common import (
     check,
     jit,
     next_pow2,
+    pdl_wait,
     require_triton,
     tl,
+    use_pdl,
     use_triton,
 )
 from kernels.activation import silu_and_mul
@@ -55,13 +57,15 @@ def store_tile(out_ptr, acc, m, n, M, N, stride_o):
 @jit
 def _skinny_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o,
                    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    # No step writes a weight: the first tile is read before waiting for the kernel before.
+    w = weight_tile(w_ptr, n, tl.arange(0, BLOCK_K), N, K, stride_w)
+    pdl_wait(PDL)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        w = weight_tile(w_ptr, n, k, N, K, stride_w)
         x = row_tile(x_ptr, m, k, M, K, stride_x)
         if GATED:  # x rows are [gate | up]: silu(gate) * up, rounded as silu_and_mul stores it
             gate = x.to(tl.float32)
@@ -69,6 +73,7 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, st
             x = (gate * tl.sigmoid(gate) * up).to(x_ptr.dtype.element_ty)
         x = x.to(tl.float32)
         acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        w = weight_tile(w_ptr, n, k + BLOCK_K, N, K, stride_w)  # past K: masked, not read
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     store_tile(out_ptr, acc, m, n, M, N, stride_o)
@@ -107,7 +112,7 @@ def skinny_linear_triton(x: torch.Tensor, weight: torch.Tensor,
         x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0),
         weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, GATED=gated,
         BLOCK_M=next_pow2(m), BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, next_pow2(k)),
-        num_warps=warps, num_stages=stages)
+        PDL=use_pdl(x), num_warps=warps, num_stages=stages, launch_pdl=use_pdl(x))
     return out
 
 
