@@ -21,11 +21,12 @@ memory left after a profiling run)."""
 ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
 
 
-def plans_in_flight(overlap: bool) -> int:
+def plans_in_flight(overlap: bool, plans_ahead: int = 1) -> int:
     """Plans the scheduler sends before the oldest one's result is back.
 
-    With overlap it plans step N+1 while N runs, so a sequence that step N finishes may
-    still be computed by plan N+1 (its extra token is discarded): workers size their
-    buffers with that headroom, taken from this number rather than from constants of theirs.
+    With overlap it plans step N+1 while N runs (and N+2 too with plans_ahead=2), so a
+    sequence that step N finishes may still be computed by the plans after N (their extra
+    tokens are discarded): workers size their buffers with that headroom, taken from this
+    number rather than from constants of theirs.
     """
-    return 2 if overlap else 1
+    return 1 + plans_ahead if overlap else 1

@@ -24,6 +24,8 @@ class SchedulerConfig:
     max_model_len: int = field(kw_only=True)  # required; keyword-only as it follows defaults
     enable_prefix_caching: bool = True
     overlap: bool = True
+    plans_ahead: int = 1
+    """With overlap: steps planned ahead of the results (protocol.limits.plans_in_flight)."""
     num_speculative_tokens: int = 0
     """Speculation: proposals a decoding entry may verify per step (0: off). Works with
     overlap: a plan sent before the previous result sizes blocks and length caps as if every
@@ -36,6 +38,7 @@ class SchedulerConfig:
             "max_num_seqs",
             "max_num_batched_tokens",
             "max_model_len",
+            "plans_ahead",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -43,10 +46,12 @@ class SchedulerConfig:
 
         if self.num_speculative_tokens < 0:
             raise ValueError("SchedulerConfig.num_speculative_tokens must be >= 0")
+        if self.plans_ahead > 1 and self.num_speculative_tokens:
+            raise ValueError("SchedulerConfig.plans_ahead > 1 does not go with speculation")
 
     @property
     def max_plans_in_flight(self) -> int:
-        return plans_in_flight(self.overlap)
+        return plans_in_flight(self.overlap, self.plans_ahead)
 
     @property
     def kv_capacity_tokens(self) -> int:

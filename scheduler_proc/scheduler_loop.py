@@ -176,7 +176,7 @@ class SchedulerLoop:
                     self.outbox.put((self.to_workers, plan))
                     self.plans_in_flight += 1
                     was_busy = True
-                    # Overlap: go straight on to plan N+1 while N runs (max_in_flight == 2).
+                    # Overlap: go straight on to plan N+1 (and N+2: plans_ahead) while N runs.
                     continue
             if was_busy and self.plans_in_flight == 0 and not sched.has_unfinished():
                 was_busy = False

@@ -104,6 +104,11 @@ class EngineConfig:
     worker_lookahead: bool = option(
         True, "workers wait for each step's tokens to reach the host before launching the next",
         flags=("--no-worker-lookahead",))
+    plans_ahead: int = option(
+        1, "steps the scheduler plans ahead of the results it has (with overlap): 2 plans step "
+        "N+2 while N runs, so a step's result need not come back before the step after next "
+        "is launched, at one more discarded step per finished sequence; needs worker "
+        "lookahead, not with speculative decoding", minimum=1, maximum=2, metavar="K")
     speculative: str | None = option(
         None, "speculative decoding: ngram proposes the tokens that followed the last "
         "--ngram-size tokens earlier in the sequence, draft runs --draft-model K steps to "
@@ -138,6 +143,14 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_options(self)
         self._check_nodes()
+        if self.plans_ahead > 1 and not (self.overlap and self.worker_lookahead):
+            raise ConfigError("EngineConfig", "plans_ahead",
+                              "> 1 needs overlap and worker lookahead (a worker that "
+                              "launches a step before the previous one's tokens are back)")
+        if self.plans_ahead > 1 and self.speculative is not None:
+            raise ConfigError("EngineConfig", "plans_ahead",
+                              "> 1 does not go with speculative decoding (a step's accepted "
+                              "tokens decide the next plan's positions)")
         if self.speculative == "draft" and self.draft_model is None:
             raise ConfigError("EngineConfig", "draft_model",
                               "is required with speculative='draft' (--draft-model DIR)")
@@ -258,7 +271,7 @@ class EngineConfig:
 
     @property
     def max_plans_in_flight(self) -> int:
-        return plans_in_flight(self.overlap)
+        return plans_in_flight(self.overlap, self.plans_ahead)
 
     def resolved(self, name: str) -> Any:
         """Field `name` as the processes get it: `resolved_<name>` where there is one."""

@@ -56,7 +56,9 @@ def _other_value(f: dataclasses.Field, opt, typ):
     if typ is bool:
         return not f.default
     if typ is int:
-        return 4321 if opt.maximum is None else int(opt.maximum) - 1
+        if opt.maximum is None:
+            return 4321
+        return next(v for v in (int(opt.maximum) - 1, int(opt.maximum)) if v != f.default)
     if typ is float:
         return 0.5
     return "/some/model" if f.name == "model" else "10.0.0.7"

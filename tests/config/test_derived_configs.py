@@ -10,6 +10,7 @@ import pytest
 
 from frontend.actors.detokenizer import DetokenizerConfig
 from frontend.engine.config import ENGINE_FIELDS, EngineConfig
+from frontend.engine.options import ConfigError
 from gpu_workers.config import WorkerConfig
 from protocol.limits import BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS
 from scheduler_proc.config import SchedulerConfig
@@ -79,18 +80,29 @@ def test_hand_built_defaults_agree_with_the_engines_cpu_defaults(cls, required, 
             assert getattr(by_hand, f.name) == getattr(derived, f.name), f"{cls.__name__}.{f.name}"
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_overlap_headroom_is_one_number_the_worker_receives(model_dir, overlap):
+@pytest.mark.parametrize("overlap,plans_ahead,plans", [(True, 1, 2), (True, 2, 3), (False, 1, 1)])
+def test_overlap_headroom_is_one_number_the_worker_receives(model_dir, overlap, plans_ahead,
+                                                             plans):
     engine = EngineConfig(model=model_dir, max_model_len=100, block_size=16, max_num_seqs=8,
-                          overlap=overlap, worker_lookahead=True)
+                          overlap=overlap, worker_lookahead=True, plans_ahead=plans_ahead)
     worker, sched = engine.worker_config("x"), engine.scheduler_config(64)
-    plans = sched.max_plans_in_flight
-    assert plans == (2 if overlap else 1) == worker.max_plans_in_flight
+    assert sched.max_plans_in_flight == plans == worker.max_plans_in_flight
     assert worker.lookahead is overlap  # lookahead needs overlap
     # A sequence may be computed by every plan sent after the one that finished it.
     assert worker.max_seq_tokens == 100 + plans
     assert worker.max_blocks_per_seq == 7 + plans - 1
     assert worker.mirror_rows >= plans * 8
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(overlap=False), "needs overlap and worker lookahead"),
+    (dict(worker_lookahead=False), "needs overlap and worker lookahead"),
+    (dict(speculative="ngram"), "does not go with speculative decoding"),
+    (dict(plans_ahead=3), "must be in 1..2")])
+def test_planning_two_steps_ahead_is_refused_where_it_cannot_work(model_dir, kw, why):
+    with pytest.raises(ConfigError, match=why) as err:
+        EngineConfig(model=model_dir, **{"plans_ahead": 2, **kw})
+    assert err.value.field == "plans_ahead"
 
 
 def test_detokenizer_config_needs_max_model_len():

@@ -61,16 +61,18 @@ def test_offline_llm_overlap_on_and_off_match_transformers(arch, request):
     model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
     expected = _expected(model_dir)
     outputs = {}
-    for mode in ("overlap", "lookahead", "off"):
+    for mode in ("overlap", "lookahead", "two ahead", "off"):
         # Small token budget and KV pool: chunked prefill and preemption are exercised too.
-        cfg = tiny_engine(model_dir, overlap=mode != "off", worker_lookahead=mode == "lookahead",
+        cfg = tiny_engine(model_dir, overlap=mode != "off",
+                          worker_lookahead=mode in ("lookahead", "two ahead"),
+                          plans_ahead=2 if mode == "two ahead" else 1,
                           max_num_batched_tokens=32)
         with LLM(**cfg) as llm:
             outputs[mode] = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     # Everything but the timings (metrics) agrees.
     same = {mode: [{k: v for k, v in o.items() if k != "metrics"} for o in outs]
             for mode, outs in outputs.items()}
-    assert same["overlap"] == same["lookahead"] == same["off"]
+    assert same["overlap"] == same["lookahead"] == same["two ahead"] == same["off"]
     assert [o["token_ids"] for o in outputs["overlap"]] == expected
 
 

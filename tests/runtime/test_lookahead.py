@@ -20,6 +20,7 @@ from scheduler_proc import Scheduler, SchedulerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
 from fake_worker import Collector, drive  # noqa: E402
+from lookahead_driver import drive_lookahead  # noqa: E402
 
 MAX_MODEL_LEN = 96
 
@@ -103,6 +104,33 @@ def test_lookahead_equals_step_by_step(tiny_qwen3_dir, kv_bytes):
     assert ahead == sync
     assert all(reason is not None for _, reason in ahead.values())
     assert (resent > 0) == (kv_bytes < 1 << 20)  # the tight pool preempts and re-sends
+
+
+@pytest.mark.parametrize("kv_bytes", [1 << 20, 12 * 8192])
+def test_planning_two_steps_ahead_equals_step_by_step(tiny_qwen3_dir, kv_bytes):
+    """plans_ahead=2: the scheduler sends plan N+2 before result N, the worker launches it
+    while N+1 runs; the block tables agree after each launch, every request finishes, and
+    greedy and seeded requests give step by step's tokens. (Unseeded ones draw from the
+    engine's generator, whose draws follow the batches, which differ: a finished sequence is
+    computed once more and admissions come a step later.)"""
+    reqs = requests(kv_bytes + 1)
+    sync, _ = generate(tiny_qwen3_dir, reqs, SyncWorker, kv_bytes)
+    runner = make_runner(tiny_qwen3_dir, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=kv_bytes,
+                         max_num_seqs=8, max_num_batched_tokens=64, max_plans_in_flight=3)
+    sched = Scheduler(SchedulerConfig(runner.num_kv_blocks, runner.config.block_size,
+                                      max_num_seqs=8, max_num_batched_tokens=64,
+                                      max_model_len=MAX_MODEL_LEN, plans_ahead=2))
+    assert sched.config.max_plans_in_flight == 3
+    for r in reqs:
+        sched.add_request(r)
+    out = drive_lookahead(sched, runner).outputs
+    got = {rid: (o.token_ids, o.finish_reason) for rid, o in out.items()}
+    assert got.keys() == sync.keys() and all(reason is not None for _, reason in got.values())
+    deterministic = [r.request_id for r in reqs
+                     if r.params.temperature == 0.0 or r.params.seed is not None]
+    assert len(deterministic) >= len(reqs) // 2
+    assert {rid: got[rid] for rid in deterministic} == {rid: sync[rid] for rid in deterministic}
+    assert not runner._unsettled
 
 
 def test_graph_steps_with_lookahead_on_the_cpu(tiny_qwen3_dir, monkeypatch):

@@ -11,6 +11,7 @@ hit, a block reused too early, or a block table that is too short.
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 
 import xxhash
@@ -166,29 +167,30 @@ def drive(
     check: bool = True,
     hook=None,
 ) -> Collector:
-    """Run until nothing is left, the way the process loop does (overlap: plan N+1 is sent
-    before result N is processed). `hook(sched, step)` runs while a result is outstanding."""
+    """Run until nothing is left, the way the process loop does (overlap: plans N+1 and, with
+    plans_ahead=2, N+2 are sent before result N is processed). `hook(sched, step)` runs while
+    a result is outstanding."""
     overlap = sched.config.overlap if overlap is None else overlap
+    depth = sched.config.max_plans_in_flight if overlap else 1
     collector = collector or Collector()
     collector.add(sched.pop_deltas())
-    outstanding: StepResult | None = None
+    outstanding: deque[StepResult] = deque()
     for step in range(max_steps):
         plan = sched.schedule()
-        result = worker.execute(plan) if plan is not None else None
-        if not overlap and result is not None:
-            outstanding, result = result, None
+        if plan is not None:
+            outstanding.append(worker.execute(plan))
         if hook is not None:
             hook(sched, step)
             collector.add(sched.pop_deltas())
-        if outstanding is not None:
-            collector.add(sched.process_result(outstanding))
+        idle = plan is None and not outstanding
+        if outstanding and (len(outstanding) >= depth or plan is None):
+            collector.add(sched.process_result(outstanding.popleft()))
         collector.add(sched.pop_deltas())
         if check:
             sched.check_integrity()
-        if plan is None and outstanding is None:
+        if idle:
             assert not sched.has_unfinished(), "scheduler stuck with unfinished requests"
             return collector
-        outstanding = result
     raise AssertionError("did not finish within max_steps")
 
 

@@ -23,9 +23,10 @@ def workload(seed: int, n: int = 24):
     return reqs
 
 
-def run(reqs, overlap, num_blocks, caching=True, batched=24):
+def run(reqs, overlap, num_blocks, caching=True, batched=24, plans_ahead=1):
     cfg = SchedulerConfig(num_blocks, 4, max_num_seqs=8, max_num_batched_tokens=batched,
-                          max_model_len=32, enable_prefix_caching=caching, overlap=overlap)
+                          max_model_len=32, enable_prefix_caching=caching, overlap=overlap,
+                          plans_ahead=plans_ahead)
     sched, worker = Scheduler(cfg), FakeWorker(num_blocks, 4)
     for r in reqs:
         sched.add_request(r)
@@ -36,9 +37,10 @@ def run(reqs, overlap, num_blocks, caching=True, batched=24):
 
 @pytest.mark.parametrize("num_blocks", [8, 12, 40])
 @pytest.mark.parametrize("caching", [True, False])
-def test_overlap_on_and_off_give_identical_outputs(num_blocks, caching):
+@pytest.mark.parametrize("plans_ahead", [1, 2])
+def test_overlap_on_and_off_give_identical_outputs(num_blocks, caching, plans_ahead):
     reqs = workload(num_blocks)
-    on, worker = run(reqs, True, num_blocks, caching)
+    on, worker = run(reqs, True, num_blocks, caching, plans_ahead=plans_ahead)
     off, _ = run(reqs, False, num_blocks, caching)
     assert on == off
     if num_blocks == 8:  # this pool forces preemptions and resumptions

@@ -1,7 +1,10 @@
 """Property test: random adds, steps, aborts and finishes keep every invariant, and every
-request that is not aborted ends exactly as the fake model says, overlap on or off."""
+request that is not aborted ends exactly as the fake model says, overlap off, on, or planning
+two steps ahead of the results."""
 
 from __future__ import annotations
+
+from collections import deque
 
 from fake_worker import Collector, FakeWorker, drive, make_request, reference_generate
 from hypothesis import HealthCheck, given, settings
@@ -35,32 +38,29 @@ ops = st.lists(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     ops=ops,
-    overlap=st.booleans(),
+    ahead=st.sampled_from([0, 1, 2]),  # steps planned ahead of the results (0: no overlap)
     caching=st.booleans(),
     num_blocks=st.integers(10, 24),
     batched=st.sampled_from([4, 9, 64]),
     max_seqs=st.integers(1, 6),
 )
-def test_random_operations_keep_invariants(ops, overlap, caching, num_blocks, batched, max_seqs):
+def test_random_operations_keep_invariants(ops, ahead, caching, num_blocks, batched, max_seqs):
     cfg = SchedulerConfig(num_blocks, BLOCK, max_num_seqs=max_seqs,
                           max_num_batched_tokens=batched, max_model_len=MAX_LEN,
-                          enable_prefix_caching=caching, overlap=overlap)
+                          enable_prefix_caching=caching, overlap=ahead > 0,
+                          plans_ahead=max(ahead, 1))
     sched, worker = Scheduler(cfg), FakeWorker(num_blocks, BLOCK)
     c = Collector()
-    outstanding: StepResult | None = None
+    outstanding: deque[StepResult] = deque()
     reqs = {}
     aborted = set()
 
     def one_step():
-        nonlocal outstanding
         plan = sched.schedule()
-        result = worker.execute(plan) if plan is not None else None
-        if not overlap and result is not None:
-            c.add(sched.process_result(result))
-            result = None
-        if outstanding is not None:
-            c.add(sched.process_result(outstanding))
-        outstanding = result
+        if plan is not None:
+            outstanding.append(worker.execute(plan))
+        if outstanding and (len(outstanding) >= cfg.max_plans_in_flight or plan is None):
+            c.add(sched.process_result(outstanding.popleft()))
 
     for op in ops:
         kind = op[0]
@@ -82,8 +82,8 @@ def test_random_operations_keep_invariants(ops, overlap, caching, num_blocks, ba
         c.add(sched.pop_deltas())
         sched.check_integrity()
 
-    if outstanding is not None:
-        c.add(sched.process_result(outstanding))
+    while outstanding:
+        c.add(sched.process_result(outstanding.popleft()))
     drive(sched, worker, c)
     sched.check_integrity()
     assert sched.block_manager.num_free == num_blocks
