@@ -2,6 +2,7 @@
 result and the next step's plan, with a worker that answers every plan at once.
 
     python scripts/bench_step_loop.py [--seqs 1] [--steps 2000] [--repeats 5]
+    python scripts/bench_step_loop.py --device-us 600 --launch-us 340 --plans-ahead 1
 
 The real scheduler process (scheduler_proc.scheduler_loop) runs with overlap off, so every
 step is one round trip: plan to the worker, result back, the result processed, the next
@@ -10,6 +11,13 @@ sequence) and the detokenizer (it drains the token deltas). The time per step is
 step costs beyond the device's own time at small batches: two ZeroMQ hops, the codec on
 both sides and the scheduler's work, the floor under batch-1 TPOT. Printed: the median of
 --repeats runs of --steps steps, and their spread.
+
+With --device-us and --launch-us the worker is modelled instead: each launch spins the host
+for the launch time, each step ends on a simulated device the device time after the later of
+its launch and the previous step's end, and with --plans-ahead 1 or 2 (overlap on) the worker
+serves plans the way gpu_workers.worker_proc does with lookahead: a plan that arrives before
+the step in flight ends is launched first. The time per step then says whether the control
+plane keeps such a device busy (it cannot go below the device time).
 """
 
 from __future__ import annotations
@@ -40,25 +48,67 @@ BLOCK_SIZE = 16
 
 
 class FakeWorker:
-    """Rank 0 of a worker that samples token 7 for every sequence of a plan at once."""
+    """Rank 0 of a worker that samples token 7 for every sequence of a plan, either at once or
+    on a simulated device (device_s per step, launch_s of host work per launch)."""
 
-    def __init__(self, ctx: zmq.Context, ep: Endpoints) -> None:
+    def __init__(self, ctx: zmq.Context, ep: Endpoints, device_s: float = 0.0,
+                 launch_s: float = 0.0, lookahead: bool = False) -> None:
         self.steps = MessageSocket(ctx, zmq.PULL, ep.worker_steps[0], bind=True,
                                    accepts=(StepPlan, Shutdown))
         self.results = MessageSocket(ctx, zmq.PUSH, ep.step_results, bind=False)
         self.detok = MessageSocket(ctx, zmq.PULL, ep.detok_in, bind=True,
                                    accepts=(TokenDeltas,))
+        self.device_s, self.launch_s, self.lookahead = device_s, launch_s, lookahead
+        self.device_free = 0.0  # when the simulated device finishes its queued steps
+        self.in_flight: tuple[StepPlan, float] | None = None  # a plan and when it ends
 
     def serve(self, steps: int) -> float:
-        """Answer `steps` plans; the seconds they took."""
+        """Send `steps` results; the seconds they took."""
         start = time.perf_counter()
-        for _ in range(steps):
-            plan = self.steps.recv()
-            ids = [s.seq_id for s in plan.new_seqs] + list(plan.cached.seq_ids)
-            self.results.send(StepResult(plan.step_id, ids, [7] * len(ids), None))
-            while self.detok.poll(0):
-                self.detok.recv()
+        sent = 0
+        while sent < steps:
+            if self.in_flight is not None and not self._plan_before(self.in_flight[1]):
+                sent += self._finish(self.in_flight)
+                self.in_flight = None
+                continue
+            launched = self._launch(self.steps.recv())
+            if self.in_flight is not None:
+                sent += self._finish(self.in_flight)
+            self.in_flight = launched
+            if not self.lookahead:
+                sent += self._finish(launched)
+                self.in_flight = None
         return time.perf_counter() - start
+
+    def _plan_before(self, deadline: float) -> bool:
+        """Whether the next plan arrives before `deadline` (polled without sleeping)."""
+        while time.perf_counter() < deadline:
+            if self.steps.poll(0):
+                return True
+        return self.steps.poll(0)
+
+    def _launch(self, plan: StepPlan) -> tuple[StepPlan, float]:
+        now = _spin(self.launch_s)
+        self.device_free = max(now, self.device_free) + self.device_s
+        return plan, self.device_free
+
+    def _finish(self, launched: tuple[StepPlan, float]) -> int:
+        plan, ends = launched
+        _spin(ends - time.perf_counter())
+        ids = [s.seq_id for s in plan.new_seqs] + list(plan.cached.seq_ids)
+        self.results.send(StepResult(plan.step_id, ids, [7] * len(ids), None))
+        while self.detok.poll(0):
+            self.detok.recv()
+        return 1
+
+
+def _spin(seconds: float) -> float:
+    """Busy the host for `seconds` (a launch's host work, or waiting on the device)."""
+    end = time.perf_counter() + seconds
+    now = time.perf_counter()
+    while now < end:
+        now = time.perf_counter()
+    return now
 
 
 def main() -> None:
@@ -67,15 +117,22 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device-us", type=float, default=0.0,
+                    help="simulated device time per step (0: the worker answers at once)")
+    ap.add_argument("--launch-us", type=float, default=0.0,
+                    help="host time the simulated worker spends launching a step")
+    ap.add_argument("--plans-ahead", type=int, default=0, choices=(0, 1, 2),
+                    help="0: overlap off; 1 or 2: overlap on, the worker with lookahead")
     args = ap.parse_args()
     total = args.repeats * args.steps + 16
+    ahead = args.plans_ahead
     config = SchedulerConfig(args.seqs * (-(-(total + 64) // BLOCK_SIZE) + 1), BLOCK_SIZE,
                              max_num_seqs=max(args.seqs, 1), max_model_len=total + 64,
-                             overlap=False)
+                             overlap=ahead > 0, plans_ahead=max(ahead, 1))
     ep = Endpoints.ipc(1)
     ctx = zmq.Context()
     control = MessageSocket(ctx, zmq.PULL, ep.control, bind=True, accepts=(Ready, StartupFailed))
-    worker = FakeWorker(ctx, ep)
+    worker = FakeWorker(ctx, ep, args.device_us * 1e-6, args.launch_us * 1e-6, ahead > 0)
     scheduler = mp.get_context("spawn").Process(target=run_scheduler, args=(config, ep, 1),
                                                 daemon=True)
     scheduler.start()
@@ -90,7 +147,10 @@ def main() -> None:
         worker.serve(16)  # the prefill and a few decode steps
         per_step = [worker.serve(args.steps) / args.steps for _ in range(args.repeats)]
         med = statistics.median(per_step)
-        print(f"{args.seqs} decoding sequence(s), overlap off: {med * 1e6:.1f} µs per step "
+        mode = f"{ahead} plan(s) ahead, worker lookahead" if ahead else "overlap off"
+        if args.device_us or args.launch_us:
+            mode += f", device {args.device_us:g} µs and launch {args.launch_us:g} µs a step"
+        print(f"{args.seqs} decoding sequence(s), {mode}: {med * 1e6:.1f} µs per step "
               f"(median of {args.repeats} runs of {args.steps} steps; "
               f"{min(per_step) * 1e6:.1f}-{max(per_step) * 1e6:.1f})", flush=True)
     finally:
