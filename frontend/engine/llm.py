@@ -146,14 +146,30 @@ class LLM:
 
 def _params_per_request(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
                         count: int, what: str) -> list[SamplingParams]:
+    """One SamplingParams per request; a dict of its fields stands for one. Checked here: a
+    wrong type would otherwise fail deep in the request's encoding."""
     if sampling_params is None:
         sampling_params = SamplingParams()
-    if isinstance(sampling_params, SamplingParams):
-        return [sampling_params] * count
-    params = list(sampling_params)
-    if len(params) != count:
+    if isinstance(sampling_params, SamplingParams | Mapping):
+        return [_as_params(sampling_params, "sampling_params")] * count
+    if isinstance(sampling_params, str) or not isinstance(sampling_params, Sequence):
+        raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got "
+                        f"{type(sampling_params).__name__}")
+    if len(sampling_params) != count:
         raise ValueError(f"sampling_params must be one or one per {what}")
-    return params
+    return [_as_params(p, f"sampling_params[{i}]") for i, p in enumerate(sampling_params)]
+
+
+def _as_params(value: Any, where: str) -> SamplingParams:
+    if isinstance(value, SamplingParams):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return SamplingParams(**value)
+        except TypeError as exc:  # an unknown field
+            raise TypeError(f"{where}: {exc}") from None
+    raise TypeError(f"{where} must be a SamplingParams (or a dict of its fields), got "
+                    f"{type(value).__name__}")
 
 
 def _as_conversations(value: Conversation | Sequence[Conversation]) -> list[list[dict[str, str]]]:

@@ -67,6 +67,21 @@ def test_chat_takes_one_sampling_params_per_conversation(llm):
         llm.chat([HELLO, HELLO], [GREEDY], use_tqdm=False)
 
 
+def test_sampling_params_may_be_a_dict_and_a_wrong_type_is_named(llm):
+    as_dict = {"temperature": 0, "max_tokens": 3, "ignore_eos": True}
+    [a, b] = llm.chat([HELLO, HELLO], as_dict, use_tqdm=False)
+    [c] = llm.chat(HELLO, SamplingParams(**as_dict), use_tqdm=False)
+    assert a["token_ids"] == b["token_ids"] == c["token_ids"] and len(c["token_ids"]) == 3
+    for bad, message in [({"temprature": 0}, "unexpected keyword argument 'temprature'"),
+                         ([GREEDY, "greedy"], r"sampling_params\[1\] must be a SamplingParams"),
+                         ("greedy", "must be a SamplingParams or a list of them")]:
+        with pytest.raises(TypeError, match=message):
+            llm.chat([HELLO, HELLO], bad, use_tqdm=False)
+    # A dict of two fields for two prompts is one SamplingParams, not one per prompt.
+    assert len(llm.generate(["a", "b"], {"max_tokens": 2, "temperature": 0},
+                            use_tqdm=False)) == 2
+
+
 @pytest.mark.parametrize(("bad", "error", "message"), [
     ([], TypeError, "non-empty list"),
     ("hi", TypeError, "non-empty list"),
