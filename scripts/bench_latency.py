@@ -124,7 +124,7 @@ def bench_direct(engine_cfg, reqs: list[list[int]], warm: list[int], max_tokens:
 
     t0 = time.perf_counter()
     runner = ModelRunner(engine_cfg.worker_config(None))
-    sched_cfg = dataclasses.replace(engine_cfg, overlap=False).scheduler_config(
+    sched_cfg = dataclasses.replace(engine_cfg, overlap=False, plans_ahead=1).scheduler_config(
         runner.num_kv_blocks)
     scheduler = Scheduler(sched_cfg)
     startup = time.perf_counter() - t0
@@ -248,6 +248,8 @@ def main() -> None:
     ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True,
                     help="workers launch the next step before this one's tokens reach the host "
                     "(default on, as in the engine)")
+    ap.add_argument("--plans-ahead", type=int, default=1, choices=(1, 2),
+                    help="steps the pipeline's scheduler plans ahead of the results")
     ap.add_argument("--hop-iters", type=int, default=5000)
     ap.add_argument("--hop-plan-seqs", type=int, default=256)
     args = ap.parse_args()
@@ -271,6 +273,7 @@ def main() -> None:
                         enforce_eager=args.enforce_eager)
     engine_cfg = dataclasses.replace(
         base, overlap=args.overlap, worker_lookahead=args.worker_lookahead,
+        plans_ahead=args.plans_ahead,
         max_num_batched_tokens=max(base.resolved_max_num_batched_tokens, max_model_len))
     reqs = prompts(args.reps, args.prompt_len, mc.vocab_size, first_seed=1)
     warm_p, warm_d = prompts(2, args.prompt_len, mc.vocab_size, first_seed=1_000_000)
@@ -315,7 +318,8 @@ def main() -> None:
         workload="W4", device=device, model=args.make_random or os.path.basename(
             os.path.normpath(args.model)),
         prompt_len=args.prompt_len, max_tokens=args.max_tokens, reps=args.reps,
-        overlap=args.overlap, block_size=engine_cfg.resolved_block_size,
+        overlap=args.overlap, plans_ahead=args.plans_ahead,
+        block_size=engine_cfg.resolved_block_size,
         pipeline=pipe, direct=direct,
         overhead_tpot_us=round(tpot_over * 1e3, 2), overhead_tpot_ratio=round(tpot_ratio, 4),
         overhead_ttft_ms=round(ttft_over, 3),

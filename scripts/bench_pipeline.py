@@ -1,6 +1,6 @@
 """W1 offline throughput through the whole pipeline (tokenizer, scheduler, workers,
-detokenizer, client) in several modes: overlap scheduling on, off, and on with worker
-lookahead ("ahead").
+detokenizer, client) in several modes: overlap scheduling on, off, on with worker
+lookahead ("ahead"), and that with the scheduler two plans ahead ("ahead2": --plans-ahead 2).
 
     python scripts/bench_pipeline.py --make-random qwen3-0.6b      # on the GPU machine
     python scripts/bench_pipeline.py --make-random qwen3-0.6b --modes ahead,on
@@ -40,9 +40,11 @@ from gpu_workers import ModelConfig
 
 
 def run_mode(model_dir: str, args: argparse.Namespace, mode: str, work) -> dict:
-    """mode: "off" (no overlap), "on" (scheduler overlap), "ahead" (and worker lookahead)."""
+    """mode: "off" (no overlap), "on" (scheduler overlap), "ahead" (and worker lookahead),
+    "ahead2" (and the scheduler planning two steps ahead of the results)."""
     llm = LLM(model_dir, device=args.device, overlap=mode != "off",
-              worker_lookahead=mode == "ahead", max_num_seqs=args.max_num_seqs,
+              worker_lookahead=mode in ("ahead", "ahead2"), plans_ahead=1 + (mode == "ahead2"),
+              max_num_seqs=args.max_num_seqs,
               max_model_len=args.max_input_len + args.max_output_len,
               max_num_batched_tokens=args.max_num_batched_tokens,
               enforce_eager=args.enforce_eager)
@@ -61,7 +63,8 @@ def main() -> None:
     add_w1_shape(ap)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--modes", default="on,off",
-                    help="comma-separated: on (overlap), off, ahead (overlap + worker lookahead)")
+                    help="comma-separated: on (overlap), off, ahead (overlap + worker "
+                    "lookahead), ahead2 (and two plans ahead)")
     ap.add_argument("--nano-vllm", metavar="DIR", help="a nano-vLLM checkout to run W1 with too")
     ap.add_argument("--plot", metavar="OUT.png", help="write a figure of the results")
     ap.add_argument("--profile-json", metavar="FILE",
@@ -76,6 +79,9 @@ def main() -> None:
     mc = ModelConfig.from_dir(model_dir)
     if peer is not None and mc.model_type != "qwen3":
         ap.error(f"--nano-vllm runs Qwen3 models only; this one is {mc.model_type}")
+    unknown = set(args.modes.split(",")) - {"on", "off", "ahead", "ahead2"}
+    if unknown:
+        ap.error(f"unknown --modes {sorted(unknown)}: on, off, ahead, ahead2")
     work = w1_workload(args.num_seqs, args.max_input_len, args.max_output_len, mc.vocab_size)
     bound_s, parts = hardware_bound_s(mc, param_count(model_dir), work)
     results = {}

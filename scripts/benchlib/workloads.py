@@ -22,12 +22,15 @@ def w1_workload(num_seqs: int = 256, max_in: int = 1024, max_out: int = 1024,
     """W1 offline throughput (nano-vLLM's bench.py): (prompt, max_tokens) per sequence.
 
     The defaults are the workload itself: 142,827 prompt tokens, 133,966 output tokens. A
-    vocabulary of at most ID_CAP ids (tiny test models) gets the ids folded into it.
+    vocabulary of at most ID_CAP ids (tiny test models) gets the ids folded into it. Lengths
+    are drawn from 100 up (from the maximum itself where that is below 100: smoke runs).
     """
+    if max_in < 1 or max_out < 1:
+        raise ValueError("the W1 maximum lengths must be >= 1")
     random.seed(0)
-    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, max_in))]
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(min(100, max_in), max_in))]
                for _ in range(num_seqs)]
-    max_tokens = [random.randint(100, max_out) for _ in range(num_seqs)]
+    max_tokens = [random.randint(min(100, max_out), max_out) for _ in range(num_seqs)]
     work = list(zip(prompts, max_tokens, strict=True))
     if vocab_size is not None and vocab_size <= ID_CAP:
         work = [([t % vocab_size for t in p], m) for p, m in work]

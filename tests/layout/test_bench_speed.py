@@ -123,3 +123,29 @@ def test_profile_host_says_when_w1_ends_before_the_last_step(tiny_qwen3_dir):
                       "--num-seqs", "1", "--max-input-len", "100", "--max-output-len", "100",
                       "--at", "150", "--kv-cache-bytes", str(4 << 20), ok=False)
     assert done.returncode != 0 and "W1 finished before the last measured step" in done.stderr
+
+
+def test_bench_pipeline_runs_a_smoke_w1_two_plans_ahead(tiny_qwen3_dir):
+    """Maximum lengths under W1's 100 (the docstring's CPU smoke run) and the ahead2 mode."""
+    out = run_script("scripts/bench_pipeline.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                     "--num-seqs", "4", "--max-input-len", "40", "--max-output-len", "12",
+                     "--modes", "ahead2").stdout
+    (result,) = json_lines(out)
+    assert result["mode"] == "ahead2" and 4 <= result["output_tokens"] <= 48
+    bad = run_script("scripts/bench_pipeline.py", "--model", tiny_qwen3_dir, "--modes", "fast",
+                      ok=False)
+    assert bad.returncode == 2 and "unknown --modes ['fast']" in bad.stderr
+
+
+def test_bench_step_loop_models_a_device_it_cannot_outrun():
+    """With a simulated device the steps take at least the device time each (the first may
+    have started before the timed window), whatever the plans ahead; the modelled worker
+    serves every plan (the run ends)."""
+    for ahead in ("1", "2"):
+        out = run_script("scripts/bench_step_loop.py", "--steps", "60", "--repeats", "1",
+                         "--device-us", "2000", "--launch-us", "300", "--plans-ahead",
+                         ahead).stdout
+        line = out.strip().splitlines()[-1]
+        assert f"{ahead} plan(s) ahead, worker lookahead" in line
+        per_step_us = float(line.split(": ")[1].split(" µs")[0])
+        assert per_step_us >= 2000 * 59 / 60
