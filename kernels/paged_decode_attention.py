@@ -169,8 +169,10 @@ def paged_decode_attention_triton(
     max_seqlen_k: int | None = None,
     num_splits: int | None = None,
     q_per_seq: int = 1,
+    block_n: int | None = None,
 ) -> torch.Tensor:
-    """`max_seqlen_k` defaults to the block-table capacity (static, so CUDA-graph safe)."""
+    """`max_seqlen_k` defaults to the block-table capacity (static, so CUDA-graph safe);
+    `block_n` (keys per tile, a power of two >= 16) is a benchmark's knob."""
     require_triton()
     num_seqs = _num_seqs(q, q_per_seq)
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens_k, num_seqs)
@@ -184,7 +186,10 @@ def paged_decode_attention_triton(
     if max_seqlen_k is None:
         max_seqlen_k = block_tables.shape[1] * block_size
     max_seqlen_k = max(max_seqlen_k, 1)
-    block_n = _tile(q)
+    if block_n is None:
+        block_n = _tile(q)
+    check(block_n >= 16 and block_n & (block_n - 1) == 0,
+          f"block_n must be a power of two >= 16, got {block_n}")
     if num_splits is None:
         num_splits = _choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k, block_n)
     check(1 <= num_splits <= max_seqlen_k, f"num_splits must be in [1, {max_seqlen_k}]")

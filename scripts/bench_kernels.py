@@ -48,7 +48,8 @@ def bench(fn, iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
-def make_cache(seq_lens: list[int], block_size: int, width: int = 0):
+def make_cache(seq_lens: list[int], block_size: int, width: int = 0, kv_heads: int = HKV,
+               head_dim: int = D):
     """A paged cache holding these contexts; the block table is `width` blocks wide when that is
     wider than the longest context needs (a CUDA graph's table is as wide as max_model_len)."""
     nblocks = [-(-n // block_size) for n in seq_lens]
@@ -59,7 +60,7 @@ def make_cache(seq_lens: list[int], block_size: int, width: int = 0):
     for b, n in enumerate(nblocks):
         table[b, :n] = perm[used:used + n].to(torch.int32)
         used += n
-    shape = (total, block_size, HKV, D)
+    shape = (total, block_size, kv_heads, head_dim)
     k_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
     v_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
     return k_cache, v_cache, table.cuda()
@@ -74,19 +75,22 @@ def try_flash_attn():
 
 
 def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa,
-                 capacity: int = 0, splits: tuple[int, ...] = ()) -> None:
+                 capacity: int = 0, splits: tuple[int, ...] = (), heads=(H, HKV, D),
+                 tiles: tuple[int, ...] = ()) -> None:
     """capacity: the block table's width in tokens, as a decode graph sizes it (0: the longest
     context); every case then runs from a CUDA graph, as in a decode step. `splits`: also time
-    these fixed numbers of splits."""
+    these fixed numbers of splits; `tiles`: these keys per tile (block_n); `heads`: (q heads,
+    kv heads, head dim)."""
+    h, hkv, d = heads
     rng = random.Random(0)
     lens = [rng.randint(lo, hi) for _ in range(batch)]
-    k_cache, v_cache, table = make_cache(lens, block_size, -(-capacity // block_size))
+    k_cache, v_cache, table = make_cache(lens, block_size, -(-capacity // block_size), hkv, d)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, H, D, dtype=DTYPE, device="cuda")
-    scale = D**-0.5
-    kv_bytes = sum(lens) * HKV * D * 2 * q.element_size() + 2 * q.numel() * q.element_size()
+    q = torch.randn(batch, h, d, dtype=DTYPE, device="cuda")
+    scale = d**-0.5
+    kv_bytes = sum(lens) * hkv * d * 2 * q.element_size() + 2 * q.numel() * q.element_size()
     print(f"decode: batch {batch}, context {lo}-{hi} (mean {sum(lens) / batch:.0f}), "
-          f"block {block_size}, KV read {kv_bytes / 1e6:.1f} MB"
+          f"heads {h}/{hkv}x{d}, block {block_size}, KV read {kv_bytes / 1e6:.1f} MB"
           + (f", table for {capacity} tokens, graphed" if capacity else ""))
     cases = {
         "triton decode (auto split)": lambda: paged_decode_attention_triton(
@@ -98,6 +102,10 @@ def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa,
         cases[f"triton decode ({n} splits)"] = functools.partial(
             paged_decode_attention_triton, q, k_cache, v_cache, table, seq_lens, scale,
             num_splits=n)
+    for n in tiles:
+        cases[f"triton decode ({n}-key tiles)"] = functools.partial(
+            paged_decode_attention_triton, q, k_cache, v_cache, table, seq_lens, scale,
+            block_n=n)
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
     cases["triton unified paged_attention"] = lambda: paged_attention_triton(
         q, k_cache, v_cache, table, cu, seq_lens, scale)
@@ -269,6 +277,10 @@ def main() -> None:
     # W1 at full load: ~150 sequences whose contexts spread from 200 to 2,000 tokens.
     bench_decode(153, 200, 2000, args.block_size, args.iters, fa, capacity=4096,
                  splits=(2, 3, 4, 6, 8))
+    # W1 on the SmolLM2-135M shape (9 q heads on 3 kv heads of 64; flash-attn's build here
+    # has head dim 128 only): ~190 sequences.
+    bench_decode(190, 200, 2000, args.block_size, args.iters, None, capacity=4096,
+                 splits=(2, 4), heads=(9, 3, 64), tiles=(32, 128))
     bench_decode(16, 4000, 4200, args.block_size, args.iters, fa, splits=(8, 16, 32, 64))
     bench_decode(2, 30000, 32000, args.block_size, args.iters, fa, splits=(16, 32, 64))
     for batch, lo, hi in ((1, 500, 700), (1, 1024, 1152), (8, 500, 700)):  # few sequences

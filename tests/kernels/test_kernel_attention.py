@@ -80,6 +80,18 @@ def test_decode_triton_split_k_matches_ref(num_splits, heads, paged_case):
     torch.testing.assert_close(out, paged_decode_attention_ref(*args), **TOL)
 
 
+@pytest.mark.parametrize("block_n", [32, 64])
+def test_decode_tiles_wider_than_a_block_match_ref(block_n, paged_case):
+    """block_n, the benchmark's knob: tiles of several 16-token blocks, split or not."""
+    case = paged_case([1] * 4, [0, 9, 70, 129], 9, 3, 16, 4)  # SmolLM2's 3 q heads a kv head
+    args = decode_args(case)
+    for splits in (1, 3):
+        out = paged_decode_attention_triton(*args, num_splits=splits, block_n=block_n)
+        torch.testing.assert_close(out, paged_decode_attention_ref(*args), **TOL)
+    with pytest.raises(ValueError, match="power of two"):
+        paged_decode_attention_triton(*args, block_n=48)
+
+
 def test_decode_split_k_with_max_seqlen_and_empty_sequence(paged_case):
     case = paged_case([1] * 3, [40, 0, 17], 4, 2, 16, 16)
     case["seq_lens_k"][1] = 0  # a padded batch slot
