@@ -233,7 +233,8 @@ def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int
             config.check_pool_fits_model_len()
             loop = SchedulerLoop(config, endpoints, world_size, rt)
             return Started(loop.serve, f"kv_blocks={config.num_kv_blocks} "
-                           f"block_size={config.block_size} overlap={config.overlap}",
+                           f"block_size={config.block_size} overlap={config.overlap} "
+                           f"plans_in_flight={config.max_plans_in_flight}",
                            num_kv_blocks=config.num_kv_blocks)
 
         try:
