@@ -134,6 +134,8 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--plans-ahead", type=int, default=1, choices=(1, 2),
+                    help="steps the scheduler plans ahead of the results (2 needs lookahead)")
     ap.add_argument("--plot", metavar="OUT.png", help="write a figure of the results")
     args = ap.parse_args()
     lo, hi = args.prompt_len_range
@@ -147,7 +149,8 @@ def main() -> None:
     model = resolve_model_dir(args, args.device or default_device(), tokenizer=True)
     config = EngineConfig(model=model, device=args.device, max_num_seqs=args.max_num_seqs,
                           max_model_len=hi + args.max_tokens,
-                          worker_lookahead=args.worker_lookahead)
+                          worker_lookahead=args.worker_lookahead,
+                          plans_ahead=args.plans_ahead)
     print(f"W2 serving: {config.model_name} on {config.resolved_device}, "
           f"{args.num_requests} requests per rate, prompts {lo}-{hi} tokens, "
           f"{args.max_tokens} output tokens each; {time.strftime('%Y-%m-%d')}", flush=True)
