@@ -118,10 +118,15 @@ class FakeWorker:
                 assert self.kv[self._slot(m, pos)] == m.prefix_id(pos), (
                     f"seq {sid}: stale KV at position {pos}"
                 )
-        for _, m, n in entries:
+        for sid, m, n in entries:
             for pos in range(m.num_computed, m.num_computed + n):
                 self.kv[self._slot(m, pos)] = m.prefix_id(pos)
             m.num_computed += n
+            # A token sampled at the length the request asked for ends it: computing it would
+            # run past what the sequence was admitted for (the overlap hazard).
+            limit = m.params.max_tokens
+            assert limit is None or m.num_computed < m.num_prompt_tokens + limit, (
+                f"seq {sid}: computed {m.num_computed} tokens, past its max_tokens")
         ids, toks = [], []
         for sid, m, _ in entries:
             if m.num_computed == len(m.token_ids):

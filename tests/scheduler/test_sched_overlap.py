@@ -91,9 +91,12 @@ def test_finish_revealed_while_next_step_in_flight():
     assert c.outputs[1].token_ids == ref[: k + 1]
 
 
-def test_length_finish_is_not_overscheduled():
-    """A token in flight that reaches max_tokens is not fed back in another step."""
-    sched = Scheduler(SchedulerConfig(16, 4, max_model_len=64, overlap=True))
+@pytest.mark.parametrize("plans_ahead", [1, 2])
+def test_length_finish_is_not_overscheduled(plans_ahead):
+    """A token in flight that reaches max_tokens is not fed back in another step (the fake
+    worker also refuses any step computed past a request's max_tokens)."""
+    sched = Scheduler(SchedulerConfig(16, 4, max_model_len=64, overlap=True,
+                                      plans_ahead=plans_ahead))
     worker = FakeWorker(16, 4)
     sched.add_request(make_request(1, 5, max_tokens=4, ignore_eos=True))
     out = drive(sched, worker).outputs[1]
@@ -102,9 +105,12 @@ def test_length_finish_is_not_overscheduled():
     assert len(steps_with_seq) == 4  # prefill + 3 decodes, one per generated token
 
 
-def test_abort_between_schedule_and_result():
-    """Abort arrives while two plans are unanswered: nothing is freed twice or leaked."""
-    sched = Scheduler(SchedulerConfig(16, 4, max_model_len=64, overlap=True))
+@pytest.mark.parametrize("plans_ahead", [1, 2])
+def test_abort_between_schedule_and_result(plans_ahead):
+    """Abort arrives while two (or three) plans are unanswered: nothing is freed twice or
+    leaked."""
+    sched = Scheduler(SchedulerConfig(16, 4, max_model_len=64, overlap=True,
+                                      plans_ahead=plans_ahead))
     worker = FakeWorker(16, 4)
     sched.add_request(make_request(1, 6, max_tokens=10, ignore_eos=True))
     sched.add_request(make_request(2, 6, max_tokens=10, ignore_eos=True))
