@@ -26,8 +26,11 @@ def jit(fn):
     return triton.jit(fn) if HAS_TRITON else fn
 
 
-PDL_ENABLED = os.environ.get("NANOPIPE_PDL", "1") != "0"
-"""Programmatic dependent launch for the decode path's kernels; NANOPIPE_PDL=0 turns it off."""
+PDL_ENABLED = (os.environ.get("NANOPIPE_PDL", "1") != "0"
+               and os.environ.get("TRITON_INTERPRET") != "1"  # it cannot run the wait
+               and hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait"))
+"""Programmatic dependent launch for the decode path's kernels (Triton 3.4 on);
+NANOPIPE_PDL=0 turns it off."""
 
 
 @functools.cache
@@ -43,7 +46,13 @@ def use_pdl(t: torch.Tensor) -> bool:
     what the step computed. Every kernel launched this way must call `pdl_wait` in all its
     programs: the next kernel's wait covers only its direct predecessor.
     """
-    return PDL_ENABLED and HAS_TRITON and t.is_cuda and _has_pdl(t.device.index or 0)
+    return PDL_ENABLED and t.is_cuda and _has_pdl(t.device.index or 0)
+
+
+def launch_pdl(on: bool) -> dict[str, bool]:
+    """The launch option that goes with PDL=on; none without it (Triton before 3.4 knows no
+    launch_pdl and refuses it even when False)."""
+    return {"launch_pdl": True} if on else {}
 
 
 @jit

@@ -13,7 +13,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._common import cdiv, check, jit, next_pow2, pdl_wait, require_triton, tl, use_pdl
+from kernels._common import (
+    cdiv,
+    check,
+    jit,
+    launch_pdl,
+    next_pow2,
+    pdl_wait,
+    require_triton,
+    tl,
+    use_pdl,
+)
 from kernels.rms_norm import add_rms_norm_ref, rms_norm_ref
 from kernels.skinny_linear import (
     BLOCK_N,
@@ -83,12 +93,12 @@ def norm_linear_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weig
         return out, res_out
     res = x if residual is None else residual
     warps, stages = launch_options(m, n, k)
+    pdl = use_pdl(x)
     _norm_linear_kernel[(cdiv(n, BLOCK_N),)](
         x, res, norm_weight, weight, out, res_out, m, n, k, eps, x.stride(0), res.stride(0),
         weight.stride(0), out.stride(0), res_out.stride(0), HAS_RESIDUAL=residual is not None,
         BLOCK_M=next_pow2(m), BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, next_pow2(k)),
-        ROW=next_pow2(k), PDL=use_pdl(x), num_warps=warps, num_stages=stages,
-        launch_pdl=use_pdl(x))
+        ROW=next_pow2(k), PDL=pdl, num_warps=warps, num_stages=stages, **launch_pdl(pdl))
     return out, res_out
 
 

@@ -31,6 +31,7 @@ from kernels._common import (
     cdiv,
     check,
     jit,
+    launch_pdl,
     next_pow2,
     pdl_wait,
     require_triton,
@@ -212,13 +213,13 @@ def paged_decode_attention_triton(
         GROUP=group, QLEN=q_per_seq, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype), PDL=pdl,
-        num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
+        num_warps=num_warps, num_stages=num_stages, **launch_pdl(pdl),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(q.shape[0], num_heads)](
             part_out, part_lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
             SPLITS_P=next_pow2(num_splits), HEAD_DIM=head_dim, PDL=pdl,
-            num_warps=4, launch_pdl=pdl,
+            num_warps=4, **launch_pdl(pdl),
         )
     return out
 

@@ -17,6 +17,7 @@ from kernels._common import (
     check_index_dtype,
     check_same_device,
     jit,
+    launch_pdl,
     next_pow2,
     pdl_wait,
     require_triton,
@@ -162,6 +163,7 @@ def qk_norm_rope_store_triton(
         return q
     half = head_dim // 2
     dummy = cos_sin  # never read when HAS_NORM is off
+    pdl = use_pdl(qkv)
     _qk_norm_rope_store_kernel[(t, num_heads + num_kv_heads)](
         qkv, q, positions, cos_sin, q_weight if has_norm else dummy,
         k_weight if has_norm else dummy, k_cache, v_cache, slot_mapping, eps,
@@ -170,8 +172,7 @@ def qk_norm_rope_store_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=next_pow2(half), BLOCK_SIZE=block_size,
-        HAS_NORM=has_norm, PDL=use_pdl(qkv), num_warps=1 if head_dim <= 128 else 2,
-        launch_pdl=use_pdl(qkv),
+        HAS_NORM=has_norm, PDL=pdl, num_warps=1 if head_dim <= 128 else 2, **launch_pdl(pdl),
     )
     return q
 

@@ -20,6 +20,7 @@ from kernels._common import (
     cdiv,
     check,
     jit,
+    launch_pdl,
     next_pow2,
     pdl_wait,
     require_triton,
@@ -108,11 +109,12 @@ def skinny_linear_triton(x: torch.Tensor, weight: torch.Tensor,
     if m == 0 or n == 0:
         return out
     warps, stages = launch_options(m, n, k)
+    pdl = use_pdl(x)
     _skinny_kernel[(cdiv(n, BLOCK_N),)](
         x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0),
         weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, GATED=gated,
         BLOCK_M=next_pow2(m), BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, next_pow2(k)),
-        PDL=use_pdl(x), num_warps=warps, num_stages=stages, launch_pdl=use_pdl(x))
+        PDL=pdl, num_warps=warps, num_stages=stages, **launch_pdl(pdl))
     return out
 
 
