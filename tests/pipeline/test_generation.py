@@ -91,9 +91,11 @@ def test_offline_llm_returns_logprobs_when_asked(tiny_llama_dir):
         assert len(top) == 3 and top[0][0] == token and top[0][1] == pytest.approx(lp, abs=1e-5)
 
 
-def test_tensor_parallel_2_matches_transformers(tiny_qwen3_dir, capfd):
+@pytest.mark.parametrize("plans_ahead", [1, 2])
+def test_tensor_parallel_2_matches_transformers(tiny_qwen3_dir, capfd, plans_ahead):
     expected = _expected(tiny_qwen3_dir)
-    cfg = tiny_engine(tiny_qwen3_dir, tensor_parallel_size=2, worker_lookahead=True)
+    cfg = tiny_engine(tiny_qwen3_dir, tensor_parallel_size=2, worker_lookahead=True,
+                      plans_ahead=plans_ahead)
     with LLM(**cfg) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=True)
     assert [o["token_ids"] for o in outputs] == expected
