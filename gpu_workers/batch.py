@@ -101,6 +101,21 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
                      extra={name: views[name] for name in extra} if extra else None)
 
 
+def seeded_draws(table: SequenceTable, rows: np.ndarray, random: np.ndarray,
+                 steps: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """(index into rows, seed) for each random row of a seeded request: the seed of the token
+    it draws now, so a seeded request draws the same tokens however it is batched, sampled
+    inside a graph or not. steps: verified positions draw as their tokens would unspeculated."""
+    seeded = []
+    for i in np.flatnonzero(random & (table.seed[rows] >= 0)):
+        r = rows[i]
+        generated = int(table.num_tokens[r] - table.num_prompt[r])
+        if steps is not None:
+            generated += int(steps[i])
+        seeded.append((int(i), row_seed(int(table.seed[r]), generated)))
+    return seeded
+
+
 def _sampling_batch(table: SequenceTable, logit_rows: np.ndarray, sample_rows: np.ndarray,
                     steps: np.ndarray | None, views: dict[str, torch.Tensor],
                     device: torch.device) -> SamplingBatch:
@@ -109,13 +124,7 @@ def _sampling_batch(table: SequenceTable, logit_rows: np.ndarray, sample_rows: n
     temp, top_k = table.temperature[logit_rows], table.top_k[logit_rows]
     greedy = temp == 0
     random_rows = ~greedy
-    seeded = []
-    for i in np.flatnonzero(random_rows & (table.seed[logit_rows] >= 0)):
-        r = logit_rows[i]
-        generated = int(table.num_tokens[r] - table.num_prompt[r])
-        if steps is not None:  # a verified position draws as its token would unspeculated
-            generated += int(steps[i])
-        seeded.append((int(i), row_seed(int(table.seed[r]), generated)))
+    seeded = seeded_draws(table, logit_rows, random_rows, steps)
     return SamplingBatch(
         temperature=views["temperature"].view(torch.float32), top_k=views["top_k"],
         top_p=views["top_p"].view(torch.float32), min_p=views["min_p"].view(torch.float32),

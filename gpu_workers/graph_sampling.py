@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gpu_workers.batch import seeded_draws
 from gpu_workers.cuda_graphs import DecodeGraphs, SampleFn
 from gpu_workers.mirror import SequenceTable
-from gpu_workers.sampler import Sampler, row_seed
+from gpu_workers.sampler import Sampler
 from kernels.sampling import sample_from_logits
 
 
@@ -63,7 +64,6 @@ def sample_inputs(table: SequenceTable, rows: np.ndarray, sampler: Sampler
     inv = np.zeros(len(rows), np.float32)
     np.divide(1.0, temp, out=inv, where=random)
     seeds = sampler.draw_seeds(len(rows))
-    for i in np.flatnonzero(random & (table.seed[rows] >= 0)):
-        r = rows[i]
-        seeds[i] = row_seed(int(table.seed[r]), int(table.num_tokens[r] - table.num_prompt[r]))
+    for i, seed in seeded_draws(table, rows, random):
+        seeds[i] = seed
     return {"inv_temperature": inv.view(np.int32), "seeds": seeds.view(np.int32)}
