@@ -276,11 +276,11 @@ def main() -> None:
     bench_decode(256, 500, 700, args.block_size, args.iters, fa, splits=(2,))
     # W1 at full load: ~150 sequences whose contexts spread from 200 to 2,000 tokens.
     bench_decode(153, 200, 2000, args.block_size, args.iters, fa, capacity=4096,
-                 splits=(2, 3, 4, 6, 8))
+                 splits=(2, 3, 4, 6, 8), tiles=(64,))
     # W1 on the SmolLM2-135M shape (9 q heads on 3 kv heads of 64; flash-attn's build here
     # has head dim 128 only): ~190 sequences.
     bench_decode(190, 200, 2000, args.block_size, args.iters, None, capacity=4096,
-                 splits=(2, 4), heads=(9, 3, 64), tiles=(32, 128))
+                 splits=(2, 4), heads=(9, 3, 64), tiles=(32, 64))
     bench_decode(16, 4000, 4200, args.block_size, args.iters, fa, splits=(8, 16, 32, 64))
     bench_decode(2, 30000, 32000, args.block_size, args.iters, fa, splits=(16, 32, 64))
     for batch, lo, hi in ((1, 500, 700), (1, 1024, 1152), (8, 500, 700)):  # few sequences

@@ -51,6 +51,20 @@ def test_paged_decode_real_shape(batch, lo, hi, num_splits, paged_case):
     torch.testing.assert_close(out, paged_decode_attention_ref(*args), **BF16)
 
 
+@pytest.mark.parametrize("num_splits", [None, 1, 5])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 4, 256)])
+def test_paged_decode_other_head_dims(heads, kv_heads, head_dim, num_splits, paged_case):
+    """The keys per tile follow the head dim (128 up to dim 128, 64 above, where 128-key
+    K/V stages would not fit in shared memory): each size compiles and is exact."""
+    ctx = torch.randint(200, 2000, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    case = paged_case([1] * len(ctx), ctx, heads, kv_heads, head_dim, BS, dtype=torch.bfloat16,
+                      device="cuda")
+    args = (case["q"], case["k_cache"], case["v_cache"], case["block_tables"],
+            case["seq_lens_k"], case["scale"])
+    out = paged_decode_attention_triton(*args, num_splits=num_splits)
+    torch.testing.assert_close(out, paged_decode_attention_ref(*args), **BF16)
+
+
 def test_small_ops_real_shape():
     dev, t = "cuda", 777
     x = torch.randn(t, 1024, device=dev, dtype=torch.bfloat16)
