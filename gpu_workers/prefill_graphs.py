@@ -1,8 +1,12 @@
-"""CUDA graphs for small prefill steps: a few sequences, up to a couple of thousand tokens.
+"""CUDA graphs for steps that prefill up to a couple of thousand tokens, alone or beside
+decoding sequences.
 
 A 1,024-token prefill of a small model runs ~250 kernels whose Python launches take longer
-than the GPU does (W4's time to first token is host-bound). These graphs, one per (entries,
-tokens) bucket, sharing the decode graphs' memory pool, replay such a step in one launch.
+than the GPU does (W4's time to first token is host-bound). Under load a new prompt joins a
+step of running sequences, and that whole step would be launched op by op: every running
+sequence waits for it (the tail of the inter-token latency) and so does the new prompt's
+first token. These graphs, one per (entries, tokens) bucket, sharing the decode graphs'
+memory pool, replay such a step in one launch.
 
 Layout (gpu_workers.token_layout.pad_ragged): the step's entries keep their ragged layout;
 empty entries fill the entry bucket, and one last entry holds the padding tokens (its own
@@ -24,8 +28,15 @@ from gpu_workers.layers.attention import AttentionBatch
 from gpu_workers.static_inputs import StaticInputs, into_static
 from gpu_workers.token_layout import layout_inputs
 
-ENTRY_BUCKETS = (1, 2, 4)
-TOKEN_BUCKETS = (128, 256, 512, 1024, 2048)
+TOKEN_BUCKETS = (128, 256, 512, 768, 1024, 1536, 2048)
+
+
+def entry_buckets(max_entries: int) -> list[int]:
+    """Powers of four up to max_entries, and max_entries itself: an empty entry costs one
+    attention program that exits at once, so the entry buckets can be coarse (the token
+    buckets are what pays for padding)."""
+    sizes = [4**i for i in range(max_entries.bit_length()) if 4**i < max_entries]
+    return sizes + [max_entries]
 
 
 def prefill_capacities(entries: int, tokens: int, block_width: int) -> dict[str, int]:
@@ -42,21 +53,23 @@ class PrefillGraphs:
     def __init__(self, model: torch.nn.Module, max_entries: int, max_tokens: int,
                  block_width: int, max_model_len: int, device: torch.device) -> None:
         self.model = model
-        self.entry_sizes = [s for s in ENTRY_BUCKETS if s <= max_entries]
+        self.entry_sizes = entry_buckets(max_entries)
         self.token_sizes = [t for t in TOKEN_BUCKETS if t <= max_tokens]
         self.max_model_len = max_model_len
         self.block_width = block_width
         self.inputs = {(s, t): StaticInputs(prefill_capacities(s, t, block_width), device)
-                       for t in self.token_sizes for s in self.entry_sizes}
-        """Per bucket, the static inputs its graph reads."""
+                       for t in self.token_sizes for s in self.entry_sizes if s <= t}
+        """Per bucket, the static inputs its graph reads (every entry holds a token)."""
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
 
     def bucket(self, entries: int, tokens: int) -> tuple[int, int] | None:
         """The smallest captured (entries, tokens) that holds a step, or None."""
         s = next((x for x in self.entry_sizes if x >= entries), None)
-        t = next((x for x in self.token_sizes if x >= tokens), None)
-        return None if s is None or t is None else (s, t)
+        if s is None:
+            return None
+        t = next((x for x in self.token_sizes if x >= max(tokens, s)), None)  # s <= t
+        return None if t is None else (s, t)
 
     def layout(self, key: tuple[int, int]) -> dict:
         """How gpu_workers.batch lays a step out for the graph of `key`, and where."""
@@ -83,17 +96,15 @@ class PrefillGraphs:
 
     def capture(self, pool=None) -> None:
         """Capture every bucket, largest first (into `pool` when given)."""
-        for t in reversed(self.token_sizes):
-            for s in reversed(self.entry_sizes):
-                key = (s, t)
-                self._padding_step(key)
-                attn, v = self._attn(key), self.inputs[key].views
-                self.model(v["ids"], v["positions"], attn)  # warm-up
-                torch.cuda.synchronize()
-                graph, out = record(partial(self.model, v["ids"], v["positions"], attn), pool)
-                pool = graph.pool() if pool is None else pool
-                self.graphs[key] = graph
-                self.outputs[key] = out
+        for key in sorted(self.inputs, key=lambda k: (k[1], k[0]), reverse=True):
+            self._padding_step(key)
+            attn, v = self._attn(key), self.inputs[key].views
+            self.model(v["ids"], v["positions"], attn)  # warm-up
+            torch.cuda.synchronize()
+            graph, out = record(partial(self.model, v["ids"], v["positions"], attn), pool)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[key] = graph
+            self.outputs[key] = out
         torch.cuda.synchronize()
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, a: AttentionBatch,

@@ -33,7 +33,7 @@ def _generate(runner, prompts, max_tokens):
     return out
 
 
-def test_prefill_graphs_match_eager(tiny_qwen3_dir, monkeypatch):
+def _count_replays(monkeypatch) -> list:
     from gpu_workers.prefill_graphs import PrefillGraphs
 
     keys = []
@@ -44,9 +44,36 @@ def test_prefill_graphs_match_eager(tiny_qwen3_dir, monkeypatch):
         return run(self, ids, positions, attn, key)
 
     monkeypatch.setattr(PrefillGraphs, "run", counted)
+    return keys
+
+
+def _late_arrival(runner, prompts, late, max_tokens):
+    """The prompts decode for three steps, then `late` joins them: a mixed step."""
+    planner = Planner(BLOCK_SIZE, runner.num_kv_blocks)
+    for i, p in enumerate(prompts):
+        planner.add(i, p, max_tokens)
+    for _ in range(3):
+        planner.apply(runner.execute(planner.plan()))
+    planner.add(len(prompts), late, max_tokens)
+    return planner.run(runner)
+
+
+def test_prefill_graphs_match_eager(tiny_qwen3_dir, monkeypatch):
+    keys = _count_replays(monkeypatch)
     prompts = random_prompts(5, [1, 7, 16, 17, 100, 129, 300, 64, 3])
     eager = _generate(_runner(tiny_qwen3_dir, enforce_eager=True), prompts, 8)
     assert not keys
     graphed = _generate(_runner(tiny_qwen3_dir), prompts, 8)
     assert graphed == eager
     assert {(4, 128), (4, 512)} <= set(keys)
+
+
+def test_a_prompt_joining_decoding_sequences_replays_a_graph(tiny_qwen3_dir, monkeypatch):
+    keys = _count_replays(monkeypatch)
+    prompts = random_prompts(6, [5, 9, 30, 12, 40, 7, 18, 22, 3, 11])
+    late = random_prompts(7, [300])[0]
+    eager = _late_arrival(_runner(tiny_qwen3_dir, enforce_eager=True), prompts, late, 8)
+    assert not keys
+    graphed = _late_arrival(_runner(tiny_qwen3_dir), prompts, late, 8)
+    assert graphed == eager
+    assert (16, 512) in keys  # ten decoding rows and the 300-token prompt

@@ -243,3 +243,51 @@ def test_prefill_graphs_read_the_batch_built_into_their_inputs(tiny_qwen3_dir, m
     torch.testing.assert_close(got.index_select(0, batch.logits_indices),
                                want.index_select(0, ragged.logits_indices), atol=1e-4,
                                rtol=1e-4)
+
+
+def test_a_mixed_step_replays_a_prefill_graph_too(tiny_qwen3_dir, monkeypatch):
+    """New prompts joining decoding sequences make one step of five entries: it has a prefill
+    graph's bucket (not eager launches) and computes what the ragged step does."""
+    from gpu_workers.prefill_graphs import PrefillGraphs
+
+    monkeypatch.setattr("gpu_workers.prefill_graphs.record", _record_eagerly)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    runner = _decoding_runner(tiny_qwen3_dir)
+    table, width = runner.table, runner.config.max_blocks_per_seq
+    graphs = PrefillGraphs(runner.model, 6, 128, width, runner.config.max_model_len, CPU)
+    rng = np.random.default_rng(3)
+    new = [NewSequence(3 + i, rng.integers(3, 600, n).tolist(), n, 0, n, [20 + 4 * i,
+                                                                        21 + 4 * i],
+                       SamplingParams()) for i, n in enumerate([25, 17])]
+    _, rows, num_new = table.apply(StepPlan(1, [], new, CachedSequences([0, 1, 2], [1] * 3,
+                                                                        [[], [], []])))
+    assert sorted(num_new.tolist()) == [1, 1, 1, 17, 25]
+    with torch.inference_mode():
+        graphs.capture()
+        key = graphs.bucket(len(rows), int(num_new.sum()))
+        assert key == (6, 128)
+        batch = build_batch(table, rows, num_new, BLOCK_SIZE, CPU, block_width=width,
+                            **graphs.layout(key))
+        ragged = build_batch(table, rows, num_new, BLOCK_SIZE, CPU, block_width=width)
+        want = runner.model(ragged.input_ids, ragged.positions, ragged.attn)
+        got = graphs.run(batch.input_ids, batch.positions, batch.attn, key)
+    torch.testing.assert_close(got.index_select(0, batch.logits_indices),
+                               want.index_select(0, ragged.logits_indices), atol=1e-4,
+                               rtol=1e-4)
+
+
+def test_prefill_buckets_hold_every_step_up_to_the_largest():
+    """Entry buckets are coarse (an empty entry costs nothing), token buckets fine; a bucket
+    never has more entries than tokens, and a step past the largest runs eagerly."""
+    from gpu_workers.prefill_graphs import PrefillGraphs, entry_buckets
+
+    assert entry_buckets(256) == [1, 4, 16, 64, 256]
+    assert entry_buckets(6) == [1, 4, 6]
+    graphs = PrefillGraphs(torch.nn.Identity(), 256, 2048, 4, 1024, CPU)
+    assert all(s <= t for s, t in graphs.inputs)
+    assert graphs.bucket(1, 1024) == (1, 1024)
+    assert graphs.bucket(1, 1030) == (1, 1536)
+    assert graphs.bucket(11, 210) == (16, 256)  # ten decoding rows and a 200-token prompt
+    assert graphs.bucket(100, 120) == (256, 256)
+    assert graphs.bucket(256, 2048) == (256, 2048)
+    assert graphs.bucket(3, 2049) is None
