@@ -7,7 +7,9 @@ through the whole pipeline (AsyncClient -> tokenizer -> scheduler -> workers -> 
 
 Per rate: TTFT (arrival to first streamed text) and inter-token latency (the gap between
 two deltas, divided by the tokens the later one carried) at p50 and p99, output tok/s over
-the span from the first arrival to the last finish, and how many requests completed. Every
+the span from the first arrival to the last finish, and how many requests completed; the
+TTFT's median split from the requests' own metrics: queued in the scheduler, and from the
+first step's planning to the first token at the scheduler. Every
 request sends seeded random token ids (lengths uniform in --prompt-len-range) and asks for
 exactly --max-tokens greedy tokens (ignore_eos). Arrivals are seeded, so a rerun replays
 the same schedule. Human lines, then one JSON line per rate.
@@ -45,6 +47,10 @@ class Trace:
     tokens: int = 0
     gaps: list[float] = field(default_factory=list)
     """Per-token inter-token latencies (seconds)."""
+    queued: float | None = None
+    """Seconds the request waited in the scheduler before its first step (its metrics)."""
+    scheduled: float | None = None
+    """Seconds from its first step's planning to its first token at the scheduler."""
     error: str | None = None
 
 
@@ -62,6 +68,10 @@ async def one_request(client: AsyncClient, start: float, trace: Trace, prompt: l
     try:
         async for delta in client.stream(prompt_token_ids=prompt, params=params):
             now = time.perf_counter()
+            m = delta.metrics
+            if m is not None and m.ttft_s is not None and trace.queued is None:
+                trace.queued = m.queue_time_s or 0.0
+                trace.scheduled = m.ttft_s - trace.queued
             if not delta.token_ids:
                 continue
             if trace.first is None:
@@ -93,6 +103,8 @@ async def run_rate(client: AsyncClient, rate: float, args: argparse.Namespace,
     itl = [g for tr in ok for g in tr.gaps]
     span = max(tr.done for tr in traces) - start
     produced = sum(tr.tokens for tr in traces)
+    queued = [tr.queued for tr in ok if tr.queued is not None]
+    scheduled = [tr.scheduled for tr in ok if tr.scheduled is not None]
     return dict(rate_req_s=rate, requests=len(traces), completed=len(ok),
                 errors=[tr.error for tr in traces if tr.error][:3],
                 output_tokens=produced, seconds=round(span, 3),
@@ -101,7 +113,9 @@ async def run_rate(client: AsyncClient, rate: float, args: argparse.Namespace,
                 ttft_ms_p99=round(percentile(ttft, 0.99) * 1e3, 2),
                 itl_ms_p50=round(percentile(itl, 0.5) * 1e3, 2),
                 itl_ms_p99=round(percentile(itl, 0.99) * 1e3, 2),
-                mean_ttft_ms=round(statistics.fmean(ttft) * 1e3, 2) if ttft else None)
+                mean_ttft_ms=round(statistics.fmean(ttft) * 1e3, 2) if ttft else None,
+                queued_ms_p50=round(percentile(queued, 0.5) * 1e3, 2),
+                scheduled_to_first_ms_p50=round(percentile(scheduled, 0.5) * 1e3, 2))
 
 
 async def serve_all(config: EngineConfig, args: argparse.Namespace) -> list[dict]:
@@ -116,7 +130,9 @@ async def serve_all(config: EngineConfig, args: argparse.Namespace) -> list[dict
                 print(f"rate {rate:g} req/s: {r['completed']}/{r['requests']} completed, "
                       f"{r['output_tok_s']:.1f} output tok/s; TTFT p50 {r['ttft_ms_p50']:.1f} ms "
                       f"p99 {r['ttft_ms_p99']:.1f} ms; ITL p50 {r['itl_ms_p50']:.2f} ms "
-                      f"p99 {r['itl_ms_p99']:.2f} ms", flush=True)
+                      f"p99 {r['itl_ms_p99']:.2f} ms; TTFT split p50: queued "
+                      f"{r['queued_ms_p50']:.1f} ms, scheduled to first token "
+                      f"{r['scheduled_to_first_ms_p50']:.1f} ms", flush=True)
                 emit(**r)
             return results
 

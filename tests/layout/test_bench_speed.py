@@ -53,6 +53,9 @@ def test_bench_serving_plots_each_rate(tiny_qwen3_dir, tmp_path):
     results = json_lines(out)
     assert [r["rate_req_s"] for r in results] == [20, 40]
     assert all(r["completed"] == 3 for r in results)
+    for r in results:  # the TTFT's split, from the requests' own metrics, fits inside it
+        assert 0 <= r["queued_ms_p50"] and 0 < r["scheduled_to_first_ms_p50"]
+        assert r["queued_ms_p50"] + r["scheduled_to_first_ms_p50"] <= r["ttft_ms_p99"]
     assert png.read_bytes().startswith(PNG_MAGIC)
 
 
