@@ -227,13 +227,20 @@ def test_prefill_graphs_read_the_batch_built_into_their_inputs(tiny_qwen3_dir, m
     table, width = runner.table, runner.config.max_blocks_per_seq
     graphs = PrefillGraphs(runner.model, 2, 128, width, runner.config.max_model_len, CPU)
     rng = np.random.default_rng(2)
-    seqs = [NewSequence(i, rng.integers(3, 600, n).tolist(), n, 0, n, [i], SamplingParams())
-            for i, n in enumerate([9, 30])]
+    seqs = [NewSequence(i, rng.integers(3, 600, n).tolist(), n, 0, n, [2 * i, 2 * i + 1],
+                        SamplingParams()) for i, n in enumerate([9, 30])]
     _, rows, num_new = table.apply(StepPlan(0, [], seqs, CachedSequences([], [], [])))
+    assert num_new.tolist() == [9, 30]
+    assert _replay_equals_ragged(runner, graphs, rows, num_new) == (2, 128)
+
+
+def _replay_equals_ragged(runner, graphs, rows, num_new) -> tuple[int, int]:
+    """Capture (eagerly), build the step into its bucket's inputs, replay, and compare the
+    sampled rows with the ragged step's; the bucket it used."""
+    table, width = runner.table, runner.config.max_blocks_per_seq
     with torch.inference_mode():
         graphs.capture()
-        key = graphs.bucket(2, 39)
-        assert key == (2, 128)
+        key = graphs.bucket(len(rows), int(num_new.sum()))
         batch = build_batch(table, rows, num_new, BLOCK_SIZE, CPU, block_width=width,
                             **graphs.layout(key))
         assert batch.input_ids.data_ptr() == graphs.inputs[key].views["ids"].data_ptr()
@@ -243,6 +250,7 @@ def test_prefill_graphs_read_the_batch_built_into_their_inputs(tiny_qwen3_dir, m
     torch.testing.assert_close(got.index_select(0, batch.logits_indices),
                                want.index_select(0, ragged.logits_indices), atol=1e-4,
                                rtol=1e-4)
+    return key
 
 
 def test_a_mixed_step_replays_a_prefill_graph_too(tiny_qwen3_dir, monkeypatch):
@@ -262,18 +270,7 @@ def test_a_mixed_step_replays_a_prefill_graph_too(tiny_qwen3_dir, monkeypatch):
     _, rows, num_new = table.apply(StepPlan(1, [], new, CachedSequences([0, 1, 2], [1] * 3,
                                                                         [[], [], []])))
     assert sorted(num_new.tolist()) == [1, 1, 1, 17, 25]
-    with torch.inference_mode():
-        graphs.capture()
-        key = graphs.bucket(len(rows), int(num_new.sum()))
-        assert key == (6, 128)
-        batch = build_batch(table, rows, num_new, BLOCK_SIZE, CPU, block_width=width,
-                            **graphs.layout(key))
-        ragged = build_batch(table, rows, num_new, BLOCK_SIZE, CPU, block_width=width)
-        want = runner.model(ragged.input_ids, ragged.positions, ragged.attn)
-        got = graphs.run(batch.input_ids, batch.positions, batch.attn, key)
-    torch.testing.assert_close(got.index_select(0, batch.logits_indices),
-                               want.index_select(0, ragged.logits_indices), atol=1e-4,
-                               rtol=1e-4)
+    assert _replay_equals_ragged(runner, graphs, rows, num_new) == (6, 128)
 
 
 def test_prefill_buckets_hold_every_step_up_to_the_largest():
