@@ -59,7 +59,9 @@ class PrefillGraphs:
                  block_width: int, max_model_len: int, device: torch.device) -> None:
         self.model = model
         self.entry_sizes = entry_buckets(min(max_entries, MAX_ENTRIES))
-        self.token_sizes = [t for t in TOKEN_BUCKETS if t <= max_tokens]
+        self.token_sizes = [t for t in TOKEN_BUCKETS if t < max_tokens]
+        if max_tokens <= TOKEN_BUCKETS[-1]:  # a step as large as the limits allow fits too
+            self.token_sizes.append(max_tokens)
         self.max_model_len = max_model_len
         self.block_width = block_width
         self.inputs = {(s, t): StaticInputs(prefill_capacities(s, t, block_width), device)

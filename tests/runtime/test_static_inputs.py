@@ -289,3 +289,7 @@ def test_prefill_buckets_hold_every_step_up_to_the_largest():
     assert graphs.bucket(16, 16) == (16, 128)
     assert graphs.bucket(17, 300) is None
     assert graphs.bucket(3, 2049) is None
+    # max_model_len 1,000: its longest prompt has a bucket of its own, not eager launches
+    short = PrefillGraphs(torch.nn.Identity(), 256, 1000, 4, 1000, CPU)
+    assert short.token_sizes == [128, 256, 512, 768, 1000]
+    assert short.bucket(1, 999) == (1, 1000)
