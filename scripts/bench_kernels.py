@@ -20,6 +20,7 @@ import random
 
 import torch
 import torch.nn.functional as F
+from benchlib.cuda_timing import LAYERS, bench, bench_graphed, make_cache
 
 from kernels.activation import silu_and_mul_triton
 from kernels.paged_attention import paged_attention_triton
@@ -30,40 +31,8 @@ from kernels.rotary import apply_rotary_triton, build_rope_cache
 from kernels.store_kv import store_kv_triton
 
 H, HKV, D = 16, 8, 128
-HIDDEN, INTER, LAYERS = 1024, 3072, 28
+HIDDEN, INTER = 1024, 3072
 DTYPE = torch.bfloat16
-
-
-def bench(fn, iters: int) -> float:
-    """Mean milliseconds per call over `iters`, after warm-up."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
-
-
-def make_cache(seq_lens: list[int], block_size: int, width: int = 0, kv_heads: int = HKV,
-               head_dim: int = D):
-    """A paged cache holding these contexts; the block table is `width` blocks wide when that is
-    wider than the longest context needs (a CUDA graph's table is as wide as max_model_len)."""
-    nblocks = [-(-n // block_size) for n in seq_lens]
-    total = sum(nblocks)
-    perm = torch.randperm(total)
-    table = torch.zeros(len(seq_lens), max(max(nblocks), width), dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(nblocks):
-        table[b, :n] = perm[used:used + n].to(torch.int32)
-        used += n
-    shape = (total, block_size, kv_heads, head_dim)
-    k_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
-    v_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
-    return k_cache, v_cache, table.cuda()
 
 
 def try_flash_attn():
@@ -144,18 +113,6 @@ def bench_prefill(seq_len: int, num_seqs: int, block_size: int, iters: int, fa) 
     for name, fn in cases.items():
         ms = bench(fn, iters)
         print(f"  {name:34s} {ms * 1e3:8.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s")
-
-
-def bench_graphed(fn, iters: int, reps: int = LAYERS) -> float:
-    """Mean microseconds per call of `fn`, replayed `reps` times per CUDA graph (one per layer,
-    as in a captured decode step), so launch gaps count as they do there."""
-    fn()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return bench(graph.replay, iters) * 1e3 / reps
 
 
 def bench_gemv(iters: int) -> None:

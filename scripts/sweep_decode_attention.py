@@ -16,7 +16,7 @@ import functools
 import random
 
 import torch
-from bench_kernels import bench_graphed, make_cache
+from benchlib.cuda_timing import bench_graphed, make_cache
 
 from kernels.paged_decode_attention import paged_decode_attention_triton
 
