@@ -1,7 +1,7 @@
 """What the benchmarks share: workloads, random prompts, random-weight models of real shapes,
 the hardware bound, how results are printed, and their common command-line options
-(benchlib.cli); the kernel benchmarks' CUDA timing (benchlib.cuda_timing, imported by name:
-it needs a GPU).
+(benchlib.cli); the kernel benchmarks' CUDA timing (benchlib.cuda_timing, for scripts
+that run on a GPU).
 
 Scripts run as `python scripts/bench_x.py` find this package beside them; no script imports
 another script or anything under tests/.
