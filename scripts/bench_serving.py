@@ -9,10 +9,10 @@ Per rate: TTFT (arrival to first streamed text) and inter-token latency (the gap
 two deltas, divided by the tokens the later one carried) at p50 and p99, output tok/s over
 the span from the first arrival to the last finish, and how many requests completed; the
 TTFT's median split from the requests' own metrics: queued in the scheduler, and from the
-first step's planning to the first token at the scheduler. Every
-request sends seeded random token ids (lengths uniform in --prompt-len-range) and asks for
-exactly --max-tokens greedy tokens (ignore_eos). Arrivals are seeded, so a rerun replays
-the same schedule. Human lines, then one JSON line per rate.
+first step's planning to the first token at the scheduler. Every request sends seeded random
+token ids (lengths uniform in --prompt-len-range) and asks for exactly --max-tokens greedy
+tokens (ignore_eos). Arrivals are seeded, so a rerun replays the same schedule. Human lines,
+then one JSON line per rate.
 
 --make-random SHAPE   random bf16 weights of qwen3-0.6b, qwen3-8b or smollm2-135m (the
                       embedded model's shape), built on the device
