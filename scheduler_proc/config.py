@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from protocol.limits import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, plans_in_flight
 
+GPU_RESULT_SPIN_S = 5e-3
+"""The step loop's spin on a GPU: about a decode step, like the worker's."""
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
@@ -26,6 +29,10 @@ class SchedulerConfig:
     overlap: bool = True
     plans_ahead: int = 1
     """With overlap: steps planned ahead of the results (protocol.limits.plans_in_flight)."""
+    result_spin_s: float = 0.0
+    """How long the step loop polls without sleeping while a step's result is due. On a GPU
+    host this takes the wake-up off the chain that paces small-batch decoding; on a CPU
+    run it would take a core from the workers' compute, so it stays 0 there."""
     num_speculative_tokens: int = 0
     """Speculation: proposals a decoding entry may verify per step (0: off). Works with
     overlap: a plan sent before the previous result sizes blocks and length caps as if every
@@ -44,6 +51,9 @@ class SchedulerConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be a positive int, got {value!r}")
 
+        if not 0.0 <= self.result_spin_s <= 1.0:
+            raise ValueError("SchedulerConfig.result_spin_s must be in [0, 1] seconds, "
+                             f"got {self.result_spin_s!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError("SchedulerConfig.num_speculative_tokens must be >= 0")
         if self.plans_ahead > 1 and self.num_speculative_tokens:

@@ -10,8 +10,8 @@ Given a `stats` source, it also publishes the engine's counters (EngineStats) ev
 STATS_INTERVAL_S, with each heartbeat and greeting, and once more before the goodbye: this
 thread reads them, so the step loop pays nothing per step for being watched.
 
-A thread of its own owns the XPUB: the scheduler's writer thread hands it frames through an
-inproc PUSH (`sink`), and neither the step loop nor the writer ever waits on a watcher.
+A thread of its own owns the XPUB: the step loop hands it frames through an inproc PUSH
+(`sink`) and never waits on a watcher.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class DeltasPublisher:
         inproc = f"inproc://deltas-publisher-{next(_ids)}"
         self._frames = MessageSocket(ctx, zmq.PULL, inproc, bind=True)
         self.sink = MessageSocket(ctx, zmq.PUSH, inproc, bind=False)
-        """Where the writer thread sends encoded frames to publish (its only user)."""
+        """Where the step loop sends encoded frames to publish (its only user)."""
         self._lock = threading.Lock()
         self._running: dict[int, str] = {}  # request id -> client request id
         self._goodbye: WatchGoodbye | None = None
@@ -86,7 +86,7 @@ class DeltasPublisher:
                     self._running.pop(request_id, None)
 
     def close(self, reason: str, engine_dead: bool) -> None:
-        """Publish the goodbye and stop. Call once the writer thread, the sink's user, is gone."""
+        """Publish the goodbye and stop. Call once the step loop, the sink's user, is done."""
         if self._goodbye is not None:
             return
         self._goodbye = WatchGoodbye(reason, engine_dead)

@@ -1,9 +1,11 @@
 """The scheduler process: sockets, the READY handshake and the overlapped step loop.
 
-Socket I/O runs in two background threads: a reader decodes everything arriving (requests,
-aborts, step results, engine-dead notices) into one queue, and a writer sends plans and
-token deltas from another. The loop itself never blocks on ZeroMQ (a PUSH with no peer
-connected yet would block a send), only on its inbox queue.
+One thread owns every socket: it takes what has arrived (step results first, then requests,
+aborts and engine-dead notices), plans, and sends. A step's result reaches the next plan with
+no thread hand-off in between; at small batches that chain paces decoding, and each hand-off
+between threads costs a wake-up. Sends never block (scheduler_proc.outbox). While a result
+is due the loop polls without sleeping for `result_spin_s` (a wake-up from a blocking poll
+takes tens of µs or more on an idle host), then blocks.
 
 Overlap: with plan N in flight the loop sends plan N+1 before it processes result N, so
 the workers never wait for the scheduler; at most one plan is queued ahead of the one
@@ -13,8 +15,7 @@ executing. Scheduler documents what that means for sequence state.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
+import time
 
 import zmq
 
@@ -31,7 +32,6 @@ from protocol import (
     Shutdown,
     StepResult,
     TokenDeltas,
-    encode,
 )
 from protocol.actor_start import from_plain, read_start
 from protocol.engine_messages import WatchGoodbye
@@ -39,40 +39,14 @@ from protocol.process_runtime import ProcessRuntime, Started, actor_process, sta
 from protocol.sockets import MessageSocket
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.deltas_publisher import DeltasPublisher
+from scheduler_proc.outbox import FLUSH_RETRY_S, Outbox
 from scheduler_proc.scheduler import Scheduler
 
 log = logging.getLogger("nanopipe.scheduler")
 
 POLL_MS = 100
-
-
-def _reader(socks: list[MessageSocket], inbox: queue.SimpleQueue, done: threading.Event) -> None:
-    poller = zmq.Poller()
-    for s in socks:
-        poller.register(s.socket, zmq.POLLIN)
-    by_socket = {s.socket: s for s in socks}
-    while not done.is_set():
-        for zsock, _ in poller.poll(POLL_MS):
-            sock = by_socket[zsock]
-            while True:
-                try:
-                    inbox.put(sock.recv(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
-                except ProtocolError as exc:
-                    log.warning("scheduler: dropped a bad frame: %s", exc)
-
-
-def _writer(outbox: queue.SimpleQueue) -> None:
-    """Sends (sockets, message) pairs in order; None stops it. Encodes once per message."""
-    while (item := outbox.get()) is not None:
-        socks, msg = item
-        frame = encode(msg)
-        for sock in socks:
-            try:
-                sock.send_bytes(frame)
-            except zmq.ZMQError as exc:  # a peer gone at shutdown; the launcher handles death
-                log.warning("scheduler: send failed: %s", exc)
+CLOSE_DRAIN_S = 1.0
+"""How long closing waits for frames that no peer could take yet (the workers' Shutdown)."""
 
 
 def _dead(reason: str) -> RequestError:
@@ -93,20 +67,14 @@ class SchedulerLoop:
         self.results_in = self._sock(ctx, zmq.PULL, endpoints.step_results, True, (StepResult,))
         self.publisher = DeltasPublisher(ctx, endpoints.deltas_pub, security=self._keys,
                                          stats=self.sched.stats)
-        self.deltas_pub = self.publisher.sink  # the writer's way to the attached watchers
+        self.deltas_pub = self.publisher.sink  # the way to the attached watchers
         self.to_detok = self._sock(ctx, zmq.PUSH, endpoints.detok_in, False)
         self.to_workers = [self._sock(ctx, zmq.PUSH, a, endpoints.scheduler_binds_steps)
                            for a in endpoints.worker_steps[:world_size]]
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._done = threading.Event()
-        self._threads = [
-            threading.Thread(target=_reader, args=([self.requests_in, self.results_in],
-                                                   self.inbox, self._done),
-                             name="scheduler-reader", daemon=True),
-            threading.Thread(target=_writer, args=(self.outbox,), name="scheduler-writer",
-                             daemon=True),
-        ]
+        self.outbox = Outbox()
+        self._poller = zmq.Poller()
+        for sock in (self.results_in, self.requests_in):
+            self._poller.register(sock.socket, zmq.POLLIN)
         self.plans_in_flight = 0
         self.dead_reason: str | None = None
         self.shutdown = False
@@ -120,7 +88,7 @@ class SchedulerLoop:
 
     def _emit(self, deltas: TokenDeltas | None) -> None:
         if deltas is not None and deltas.request_ids:
-            self.outbox.put(((self.to_detok, self.deltas_pub), deltas))
+            self.outbox.send((self.to_detok, self.deltas_pub), deltas)
             self.publisher.forget_finished(deltas)
 
     def _handle(self, msg: object) -> None:
@@ -131,8 +99,8 @@ class SchedulerLoop:
                 self._emit(sched.process_result(msg))
         elif isinstance(msg, AddRequest):
             # Watchers learn the client's name of a request before any of its tokens.
-            self.outbox.put(((self.deltas_pub,), self.publisher.announce(
-                msg.request_id, msg.client_request_id)))
+            self.outbox.send((self.deltas_pub,), self.publisher.announce(
+                msg.request_id, msg.client_request_id))
             if self.dead_reason is not None:
                 self._emit(TokenDeltas(OUT_OF_BAND_STEP, [msg.request_id], [[]],
                                        [FinishReason.ERROR], [_dead(self.dead_reason)], None))
@@ -153,27 +121,21 @@ class SchedulerLoop:
             log.error("scheduler: engine dead: %s", reason)
             self._emit(self.sched.fail_all(_dead(reason)))
             self.publisher.dead_reason = reason
-            self.outbox.put(((self.deltas_pub,), WatchGoodbye(reason, engine_dead=True)))
+            self.outbox.send((self.deltas_pub,), WatchGoodbye(reason, engine_dead=True))
 
     # ------------------------------------------------------------ loop
 
     def run(self) -> None:
-        for t in self._threads:
-            t.start()
         max_in_flight = self.config.max_plans_in_flight
         sched = self.sched
         was_busy = False
         while not self.shutdown and self.rt.stop_reason is None:
             # Take everything already here: results first free blocks for the next plan.
-            try:
-                while True:
-                    self._handle(self.inbox.get_nowait())
-            except queue.Empty:
-                pass
+            self._take_arrived()
             if self.dead_reason is None and self.plans_in_flight < max_in_flight:
                 plan = sched.schedule()
                 if plan is not None:
-                    self.outbox.put((self.to_workers, plan))
+                    self.outbox.send(self.to_workers, plan)
                     self.plans_in_flight += 1
                     was_busy = True
                     # Overlap: go straight on to plan N+1 (and N+2: plans_ahead) while N runs.
@@ -181,12 +143,32 @@ class SchedulerLoop:
             if was_busy and self.plans_in_flight == 0 and not sched.has_unfinished():
                 was_busy = False
                 self._check_idle()
-            try:
-                self._handle(self.inbox.get(timeout=POLL_MS / 1000))
-            except queue.Empty:
-                pass
+            self._wait()
         if self.shutdown:
-            self.outbox.put((self.to_workers, Shutdown("scheduler shutting down")))
+            self.outbox.send(self.to_workers, Shutdown("scheduler shutting down"))
+
+    def _take_arrived(self) -> None:
+        for sock in (self.results_in, self.requests_in):
+            while True:
+                try:
+                    msg = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except ProtocolError as exc:
+                    log.warning("scheduler: dropped a bad frame: %s", exc)
+                    continue
+                self._handle(msg)
+
+    def _wait(self) -> None:
+        """Until something arrives, POLL_MS at most (the stop flag is checked between)."""
+        self.outbox.flush()
+        if self.plans_in_flight and self.config.result_spin_s > 0:
+            spin_until = time.perf_counter() + self.config.result_spin_s
+            while time.perf_counter() < spin_until:
+                if self._poller.poll(0):
+                    return
+        timeout_s = FLUSH_RETRY_S if self.outbox.has_waiting else POLL_MS / 1000
+        self._poller.poll(timeout_s * 1000)
 
     def _check_idle(self) -> None:
         try:
@@ -215,10 +197,8 @@ class SchedulerLoop:
             raise
 
     def close(self) -> None:
-        self._done.set()
-        self.outbox.put(None)
-        for t in self._threads:
-            t.join(timeout=2.0)
+        if not self.outbox.drain(CLOSE_DRAIN_S):
+            log.warning("scheduler: closing with frames no peer took")
         self.publisher.close(*self._goodbye())
         for sock in reversed(self._socks):
             sock.close()
@@ -241,7 +221,7 @@ def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int
             start_and_serve(rt, endpoints, start)
         finally:
             if loop is not None:
-                loop.close()  # its threads and sockets, before the runtime ends the context
+                loop.close()  # its sockets and publisher thread, before the context ends
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ result and the next step's plan, with a worker that answers every plan at once.
 
     python scripts/bench_step_loop.py [--seqs 1] [--steps 2000] [--repeats 5]
     python scripts/bench_step_loop.py --device-us 600 --launch-us 340 --plans-ahead 1
+    python scripts/bench_step_loop.py --result-spin-us 5000
 
 The real scheduler process (scheduler_proc.scheduler_loop) runs with overlap off, so every
 step is one round trip: plan to the worker, result back, the result processed, the next
@@ -123,12 +124,16 @@ def main() -> None:
                     help="host time the simulated worker spends launching a step")
     ap.add_argument("--plans-ahead", type=int, default=0, choices=(0, 1, 2),
                     help="0: overlap off; 1 or 2: overlap on, the worker with lookahead")
+    ap.add_argument("--result-spin-us", type=float, default=0.0,
+                    help="the scheduler's spin while a result is due (an engine on a GPU "
+                    "spins 5000 µs; it needs a core of its own)")
     args = ap.parse_args()
     total = args.repeats * args.steps + 16
     ahead = args.plans_ahead
     config = SchedulerConfig(args.seqs * (-(-(total + 64) // BLOCK_SIZE) + 1), BLOCK_SIZE,
                              max_num_seqs=max(args.seqs, 1), max_model_len=total + 64,
-                             overlap=ahead > 0, plans_ahead=max(ahead, 1))
+                             overlap=ahead > 0, plans_ahead=max(ahead, 1),
+                             result_spin_s=args.result_spin_us * 1e-6)
     ep = Endpoints.ipc(1)
     ctx = zmq.Context()
     control = MessageSocket(ctx, zmq.PULL, ep.control, bind=True, accepts=(Ready, StartupFailed))
@@ -150,6 +155,8 @@ def main() -> None:
         mode = f"{ahead} plan(s) ahead, worker lookahead" if ahead else "overlap off"
         if args.device_us or args.launch_us:
             mode += f", device {args.device_us:g} µs and launch {args.launch_us:g} µs a step"
+        if args.result_spin_us:
+            mode += f", the scheduler spinning {args.result_spin_us:g} µs"
         print(f"{args.seqs} decoding sequence(s), {mode}: {med * 1e6:.1f} µs per step "
               f"(median of {args.repeats} runs of {args.steps} steps; "
               f"{min(per_step) * 1e6:.1f}-{max(per_step) * 1e6:.1f})", flush=True)

@@ -312,9 +312,10 @@ class EngineConfig:
         return self._derive(DetokenizerConfig, model_name=self.model_name)
 
     def scheduler_config(self, num_kv_blocks: int):
-        from scheduler_proc.config import SchedulerConfig
+        from scheduler_proc.config import GPU_RESULT_SPIN_S, SchedulerConfig
 
-        return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks)
+        spin_s = GPU_RESULT_SPIN_S if self.resolved_device == "cuda" else 0.0
+        return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks, result_spin_s=spin_s)
 
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))

@@ -124,3 +124,11 @@ def test_speculation_keeps_overlap_and_lookahead(model_dir):
                        speculative="ngram", overlap=False)
     worker, sched = off.worker_config("x"), off.scheduler_config(64)
     assert not worker.lookahead and sched.max_plans_in_flight == 1
+
+
+def test_the_scheduler_spins_for_results_only_on_a_gpu(model_dir):
+    """On a CPU run the workers compute on the host's cores: a spinning scheduler would take
+    one from them."""
+    gpu = EngineConfig(model=model_dir, device="cuda").scheduler_config(64)
+    cpu = EngineConfig(model=model_dir, device="cpu").scheduler_config(64)
+    assert gpu.result_spin_s > 0 and cpu.result_spin_s == 0

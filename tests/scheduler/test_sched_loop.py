@@ -98,9 +98,10 @@ def finished(ids):
     return lambda outs: all(i in outs and outs[i].finish_reason for i in ids)
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_loop_serves_requests_to_completion(overlap):
-    cfg = SchedulerConfig(12, 4, max_num_batched_tokens=16, max_model_len=40, overlap=overlap)
+@pytest.mark.parametrize("overlap,spin_s", [(True, 0.0), (False, 0.0), (True, 2e-3)])
+def test_loop_serves_requests_to_completion(overlap, spin_s):
+    cfg = SchedulerConfig(12, 4, max_num_batched_tokens=16, max_model_len=40, overlap=overlap,
+                          result_spin_s=spin_s)
     h = Harness(cfg)
     try:
         reqs = [make_request(i, 3 + i, max_tokens=6 + i, eos=[1]) for i in range(8)]
