@@ -68,12 +68,15 @@ def test_prefill_graphs_match_eager(tiny_qwen3_dir, monkeypatch):
     assert {(4, 128), (4, 512)} <= set(keys)
 
 
-def test_a_prompt_joining_decoding_sequences_replays_a_graph(tiny_qwen3_dir, monkeypatch):
+@pytest.mark.parametrize("decoding,bucket", [(10, (16, 512)), (30, (64, 512))])
+def test_a_prompt_joining_decoding_sequences_replays_a_graph(tiny_qwen3_dir, monkeypatch,
+                                                              decoding, bucket):
     keys = _count_replays(monkeypatch)
-    prompts = random_prompts(6, [5, 9, 30, 12, 40, 7, 18, 22, 3, 11])
+    prompts = random_prompts(6, [3 + (7 * i) % 40 for i in range(decoding)])
     late = random_prompts(7, [300])[0]
-    eager = _late_arrival(_runner(tiny_qwen3_dir, enforce_eager=True), prompts, late, 8)
+    eager = _late_arrival(_runner(tiny_qwen3_dir, enforce_eager=True, max_num_seqs=64), prompts,
+                          late, 8)
     assert not keys
-    graphed = _late_arrival(_runner(tiny_qwen3_dir), prompts, late, 8)
+    graphed = _late_arrival(_runner(tiny_qwen3_dir, max_num_seqs=64), prompts, late, 8)
     assert graphed == eager
-    assert (16, 512) in keys  # ten decoding rows and the 300-token prompt
+    assert bucket in keys  # the decoding rows and the 300-token prompt

@@ -281,13 +281,14 @@ def test_prefill_buckets_hold_every_step_up_to_the_largest():
     assert entry_buckets(256) == [1, 4, 16, 64, 256]
     assert entry_buckets(6) == [1, 4, 6]
     graphs = PrefillGraphs(torch.nn.Identity(), 256, 2048, 4, 1024, CPU)
-    assert graphs.entry_sizes == [1, 4, 16]  # more entries: the GPU hides the launches
+    assert graphs.entry_sizes == [1, 4, 16, 64]  # more entries: the GPU hides the launches
     assert all(s <= t for s, t in graphs.inputs)
     assert graphs.bucket(1, 1024) == (1, 1024)
     assert graphs.bucket(1, 1030) == (1, 1536)
     assert graphs.bucket(11, 210) == (16, 256)  # ten decoding rows and a 200-token prompt
     assert graphs.bucket(16, 16) == (16, 128)
-    assert graphs.bucket(17, 300) is None
+    assert graphs.bucket(17, 300) == (64, 512)
+    assert graphs.bucket(65, 300) is None
     assert graphs.bucket(3, 2049) is None
     # max_model_len 1,000: its longest prompt has a bucket of its own, not eager launches
     short = PrefillGraphs(torch.nn.Identity(), 256, 1000, 4, 1000, CPU)
