@@ -7,9 +7,12 @@ torch's dense SDPA gives a non-paged reference point for prefill. The small per-
 unfused sequences they replace, each replayed from a CUDA graph as the decode step runs them.
 The decode step's projections at one to eight rows (--only gemv) run from a CUDA graph of 28
 distinct weights, one per layer, so no weight is read from L2: cuBLAS against the skinny
-kernel, alone, with the SiLU-mul before it (down_proj) and with the RMSNorm before it.
+kernel, alone, with the SiLU-mul before it (down_proj) and with the RMSNorm before it. The
+sampler (--only sampler) draws from W1's logits (153 rows of Qwen3's 151,936-token vocabulary)
+against torch's softmax and multinomial.
 
-    python scripts/bench_kernels.py [--block-size 256] [--iters 50] [--only small|attention|gemv]
+    python scripts/bench_kernels.py [--block-size 256] [--iters 50]
+                                    [--only small|attention|gemv|sampler]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from kernels.paged_decode_attention import paged_decode_attention_triton
 from kernels.qk_norm_rope_store import qk_norm_rope_store_triton
 from kernels.rms_norm import add_rms_norm_triton, rms_norm_triton
 from kernels.rotary import apply_rotary_triton, build_rope_cache
+from kernels.sampling import sample_from_logits_triton
 from kernels.store_kv import store_kv_triton
 
 H, HKV, D = 16, 8, 128
@@ -211,17 +215,35 @@ def bench_small_ops(tokens: int, block_size: int, iters: int, heads: int = H,
     print(f"  saved per forward step: {saved / 1e3:.3f} ms")
 
 
+def bench_sampler(rows: int, vocab: int, iters: int) -> None:
+    """Temperature sampling (0.6, W1's) from bf16 logits: one read of them by the kernel."""
+    logits = torch.randn(rows, vocab, dtype=DTYPE, device="cuda") * 3
+    inv = torch.full((rows,), 1 / 0.6, dtype=torch.float32, device="cuda")
+    seeds = torch.randint(0, 2**62, (rows,), dtype=torch.int64, device="cuda")
+    ours = bench(lambda: sample_from_logits_triton(logits, inv, seeds), iters) * 1e3
+    peer = bench(lambda: torch.multinomial(torch.softmax(logits.float() * (1 / 0.6), -1), 1),
+                 iters) * 1e3
+    gbs = logits.numel() * logits.element_size() / ours / 1e3
+    print(f"sampler: {rows} rows x {vocab} bf16 logits: {ours:7.1f} us ({gbs:,.0f} GB/s of "
+          f"logits read); torch softmax + multinomial {peer:7.1f} us ({peer / ours:.1f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--only", choices=["small", "attention", "gemv"], default=None)
+    parser.add_argument("--only", choices=["small", "attention", "gemv", "sampler"],
+                        default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels needs a CUDA GPU")
     fa = try_flash_attn()
     print(f"{torch.cuda.get_device_name()}; flash-attn: {'yes' if fa else 'not importable'}")
     torch.manual_seed(0)
+    if args.only in (None, "sampler"):
+        bench_sampler(153, 151_936, args.iters)
+    if args.only == "sampler":
+        return
     if args.only != "attention":
         bench_small_ops(170, args.block_size, args.iters)  # W1's decode steps
         bench_small_ops(170, args.block_size, args.iters, heads=8, kv_heads=4)  # a TP=2 rank

@@ -93,3 +93,14 @@ def test_a_threshold_keeps_only_the_tokens_that_reach_it():
             assert scaled[row, tok] >= tau[row]
         else:
             assert tok == int(logits[row].argmax())
+
+
+@pytest.mark.parametrize("tied", [[9000, 1500, 17000], [1026, 2], [8195, 8194], [5, 4100]])
+def test_a_greedy_row_with_tied_maxima_takes_the_first_as_argmax_does(tied):
+    """Ties in one lane across steps, across lanes of one block and across chunks."""
+    logits = torch.zeros(1, 20_000)
+    logits[0, tied] = 5.0
+    inv = torch.zeros(1, dtype=torch.float32)
+    seeds = torch.zeros(1, dtype=torch.int64)
+    got = sample_from_logits_triton(logits.to(DEVICE), inv.to(DEVICE), seeds.to(DEVICE))
+    assert got.tolist() == [min(tied)] == logits.argmax(-1).tolist()
