@@ -51,9 +51,13 @@ def _encoder_for(annotation: Any) -> Encoder | None:
             return None
         return lambda v, memo: None if v is None else encode_inner(v, memo)
     if origin is list:
-        encode_item = _encoder_for(typing.get_args(annotation)[0])
+        (item_type,) = typing.get_args(annotation)
+        encode_item = _encoder_for(item_type)
         if encode_item is None:
             return None
+        if type(None) in typing.get_args(item_type):  # all None: as it is, counted in C
+            return lambda v, memo: v if v.count(None) == len(v) else [
+                encode_item(item, memo) for item in v]
         return lambda v, memo: [encode_item(item, memo) for item in v]
     if annotation is array:
         return lambda v, memo: packed_ints.pack(v)

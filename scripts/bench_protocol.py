@@ -25,6 +25,7 @@ from protocol import (
     SamplingParams,
     StepPlan,
     StepResult,
+    TokenDeltas,
     encode,
 )
 
@@ -75,7 +76,15 @@ def prefill_plan(num_seqs: int, prompt_len: int) -> StepPlan:
     return StepPlan(0, [], seqs, CachedSequences([], [], []))
 
 
-def time_round_trip(plan: StepPlan | StepResult | AddRequest, repeats: int,
+def decode_deltas(num_seqs: int, vocab: int) -> TokenDeltas:
+    """A decode step's deltas to the detokenizer: one token per request, none finished."""
+    rng = random.Random(0)
+    return TokenDeltas(0, list(range(FIRST_ID, FIRST_ID + num_seqs)),
+                       [[rng.randrange(vocab)] for _ in range(num_seqs)], [None] * num_seqs,
+                       [None] * num_seqs, None)
+
+
+def time_round_trip(plan: StepPlan | StepResult | AddRequest | TokenDeltas, repeats: int,
                     make=None) -> tuple[float, float]:
     """Seconds to encode and to decode `plan`; with `make`, encoding times building the
     message too."""
@@ -111,6 +120,9 @@ def main() -> None:
     print(f"bytes per continuing decode sequence: {per_seq:.2f} (goal <= 16)")
     enc, dec = time_round_trip(decode_plan(n), args.repeats)
     print(f"{n}-sequence decode plan: encode {enc * 1e6:.1f} us, decode {dec * 1e6:.1f} us")
+    enc, dec = time_round_trip(decode_deltas(n, args.vocab), args.repeats)
+    print(f"{n}-sequence decode step's TokenDeltas: encode {enc * 1e6:.1f} us, "
+          f"decode {dec * 1e6:.1f} us")
     big = prefill_plan(n, 512)
     enc, dec = time_round_trip(big, max(1, args.repeats // 100))
     print(f"{n}-sequence prefill plan ({len(encode(big)) / 1e6:.2f} MB): "

@@ -181,6 +181,8 @@ def test_finish_reasons_and_errors_travel_as_enums():
     assert delta.finish_reason is FinishReason.ERROR and delta.error.kind is ErrorKind.ENGINE_DEAD
     deltas = p.Decoder(p.TokenDeltas).decode(p.encode(example(p.TokenDeltas)))
     assert [type(r) for r in deltas.finish_reasons] == [type(None), FinishReason]
+    running = p.TokenDeltas(3, [1, 2], [[5], [6]], [None, None], [None, None], None)
+    assert p.Decoder(p.TokenDeltas).decode(p.encode(running)) == running
 
 
 def test_the_one_table_names_every_finish_reason_as_openai_does():
@@ -196,6 +198,11 @@ def test_the_one_table_names_every_finish_reason_as_openai_does():
     ([0x22, 1, [1], [[]], [9], [None], None, None, None, [], []], "not a FinishReason"),
     ([0x22, 1, [1], [[]], [3], [[7, "x", None]], None, None, None, [], []], "not a ErrorKind"),
     ([0x22, 1, [1], [[]], [3], ["engine dead: x"], None, None, None, [], []], "RequestError"),
+    # a column that is mostly None is still checked item by item once one is not
+    ([0x22, 1, [1, 2], [[], []], [None, 9], [None, None], None, None, None, [], []],
+     "not a FinishReason"),
+    ([0x22, 1, [1, 2], [[], []], [None, None], [None, "x"], None, None, None, [], []],
+     "RequestError"),
 ])
 def test_unknown_enum_values_are_refused(payload, match):
     decoder = p.Decoder(p.AbortRequests, p.TokenDeltas)
