@@ -33,8 +33,8 @@ MAX_ENTRIES = 64
 """Steps of more entries run eagerly. On an H200 (Qwen3-0.6B shape, W2 from 64 to 512
 requests/s, three pairs of runs) graphs for up to 64 entries beat 16 at light load and at
 saturation in every pair (TTFT p50 10 against 32-40 ms at 64 requests/s, 8% more throughput
-at 512): under load a prompt joins more than 16 running sequences. A first try with up to 256 lost 12% of the throughput at 512
-requests/s against up to 4."""
+at 512): under load a prompt joins more than 16 running sequences. A first try with up to
+256 lost 12% of the throughput at 512 requests/s against up to 4."""
 
 
 def entry_buckets(max_entries: int) -> list[int]:
