@@ -31,7 +31,8 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 def sweep(heads: tuple[int, int, int], batch: int, lo: int, hi: int, iters: int) -> None:
     h, hkv, d = heads
-    lens = [random.Random(0).randint(lo, hi) for _ in range(batch)]
+    rng = random.Random(0)
+    lens = [rng.randint(lo, hi) for _ in range(batch)]
     k_cache, v_cache, table = make_cache(lens, 256, 16, hkv, d)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, h, d, dtype=torch.bfloat16, device="cuda")
