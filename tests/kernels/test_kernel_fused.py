@@ -59,6 +59,7 @@ def run(fn, case):
         (4, 3, 1, 16, False),  # Llama/Qwen2: rotary and store only
         (3, 1, 1, 8, True),
         (2, 16, 8, 128, True),  # the Qwen3-0.6B shape
+        (9, 9, 3, 64, False),  # SmolLM2's: 12 head rows padded to 16, no q/k norm
     ],
 )
 def test_triton_matches_ref(tokens, heads, kv_heads, head_dim, qk_norm, dtype):
