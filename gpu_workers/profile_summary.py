@@ -5,7 +5,9 @@ are counted, and the union of the kernels' intervals over the window's wall time
 busy fraction. On the CPU (smoke runs) the aten ops' self times stand in for kernels, and
 gloo's collectives (which run on gloo's own threads) for NCCL's. The
 sampler's kernels are told apart by the profiler range the caller puts around the sampler
-(SAMPLER_RANGE); its reductions are recognised by name too, where no range reaches the device.
+(SAMPLER_RANGE); its reductions and the one-pass sampler's kernels (kernels.sampling,
+`_sample_*`) are recognised by name too, where no range reaches the device (sampling inside a
+CUDA graph).
 
 It lives with the workers because each rank's profiling window (gpu_workers.step_profiler)
 summarises its own trace; scripts/benchlib/step_profile.py prints it.
@@ -29,7 +31,7 @@ its kernel on the device (NCCL's, or symmetric memory's `one_shot_all_reduce_ker
 _PATTERNS = [  # first match wins; names are lower-cased
     ("collectives", r"^nccl|^gloo:|^symm_mem::|all_reduce\w*_kernel"),
     ("sampler", r"argmax|argmin|exponential|distribution|topk|sort|softmax|logsumexp|cumsum"
-                r"|radix|bitonic"),
+                r"|radix|bitonic|^_sample_"),
     ("rotary/kv-store", r"rotary|rope|store_kv|reshape_and_cache|kv_cache|qk_norm"),
     ("attention", r"attention|attn|flash|fmha|decode_split|decode_reduce|sdpa"),
     ("GEMM", r"gemm|matmul|\bmm\b|aten::mm|addmm|bmm|linear|cutlass|xmma|nvjet|cublas|wgmma"

@@ -48,7 +48,7 @@ def _mix32(x):
 
 
 @jit
-def _partial_kernel(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, thresh_ptr, part_val_ptr,
+def _sample_partial_kernel(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, thresh_ptr, part_val_ptr,
                     part_idx_ptr, vocab, num_chunks, HAS_THRESH: tl.constexpr,
                     CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -86,7 +86,7 @@ def _partial_kernel(logits_ptr, stride_row, inv_temp_ptr, seed_ptr, thresh_ptr, 
 
 
 @jit
-def _pick_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexpr):
+def _sample_pick_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
     mask = c < num_chunks
@@ -123,11 +123,11 @@ def sample_from_logits_triton(logits: torch.Tensor, inv_temperature: torch.Tenso
     chunks = cdiv(vocab, _CHUNK)
     part_val = torch.empty(rows, chunks, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(rows, chunks, dtype=torch.int32, device=logits.device)
-    _partial_kernel[(rows, chunks)](
+    _sample_partial_kernel[(rows, chunks)](
         logits, logits.stride(0), inv_temperature, seeds,
         threshold if threshold is not None else inv_temperature, part_val, part_idx, vocab,
         chunks, HAS_THRESH=threshold is not None, CHUNK=_CHUNK, BLOCK=_BLOCK, num_warps=4)
-    _pick_kernel[(rows,)](part_val, part_idx, out, chunks, BLOCK_C=next_pow2(chunks),
+    _sample_pick_kernel[(rows,)](part_val, part_idx, out, chunks, BLOCK_C=next_pow2(chunks),
                           num_warps=1)
     return out
 

@@ -104,3 +104,15 @@ def test_a_greedy_row_with_tied_maxima_takes_the_first_as_argmax_does(tied):
     seeds = torch.zeros(1, dtype=torch.int64)
     got = sample_from_logits_triton(logits.to(DEVICE), inv.to(DEVICE), seeds.to(DEVICE))
     assert got.tolist() == [min(tied)] == logits.argmax(-1).tolist()
+
+
+def test_profiles_count_the_kernels_as_the_sampler():
+    """Sampling inside a CUDA graph has no profiler range on the device: the per-step
+    breakdowns (scripts/profile_step.py) find the kernels by name."""
+    from gpu_workers.profile_summary import categorize
+    from kernels import sampling
+
+    for kernel in (sampling._sample_partial_kernel, sampling._sample_pick_kernel):
+        name = getattr(kernel, "fn", kernel).__name__
+        assert categorize(name) == "sampler", name
+    assert categorize("_qk_norm_rope_store_kernel") == "rotary/kv-store"
