@@ -21,6 +21,7 @@ from gpu_workers.config import WorkerConfig
 from gpu_workers.rendezvous import tcp_rendezvous
 from protocol import Endpoints, ProtocolError, Shutdown, StepPlan
 from protocol.actor_start import from_plain, read_start
+from protocol.host_timeline import NO_TIMELINE, HostTimeline, host_timeline
 from protocol.process_runtime import (
     POLL_MS,
     ProcessRuntime,
@@ -78,8 +79,15 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
             info = (f"device={runner.device} backend={runner.backend} "
                     f"dtype={runner.model_config.dtype} kv_blocks={runner.num_kv_blocks}")
             served = profiled(runner)  # itself unless NANOPIPE_PROFILE_DIR is set
-            return Started(lambda: _serve(served, steps, results, rt, config.lookahead),
-                           info, num_kv_blocks=runner.num_kv_blocks)
+            timeline = host_timeline("worker", rank)  # NANOPIPE_HOST_TIMELINE
+
+            def serve() -> None:
+                try:
+                    _serve(served, steps, results, rt, config.lookahead, timeline)
+                finally:
+                    timeline.write()
+
+            return Started(serve, info, num_kv_blocks=runner.num_kv_blocks)
 
         try:
             start_and_serve(rt, endpoints, start)
@@ -89,7 +97,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
 
 
 def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
-           rt: ProcessRuntime, lookahead: bool = False) -> None:
+           rt: ProcessRuntime, lookahead: bool = False,
+           timeline: HostTimeline = NO_TIMELINE) -> None:
     """Execute plans in order. With lookahead a step stays in flight while the next plan is
     awaited: if that plan arrives before the step's tokens reach the host, it is launched
     first, so the device goes from one step to the next without waiting for the host. (A
@@ -99,11 +108,17 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
     One request's contents never end this loop: the mirror refuses a sequence it cannot run
     and the StepResult reports it (see gpu_workers.mirror). What still raises here is not one
     request's doing (a desync, a device failure) and ends the worker, so the launcher declares
-    the engine dead and every client gets an error instead of waiting."""
+    the engine dead and every client gets an error instead of waiting.
+
+    `timeline` stamps each plan's arrival and launch, the start of the wait for its tokens
+    and the result's departure (protocol.host_timeline)."""
     in_flight = None
 
-    def send(result) -> None:
+    def finish(pending) -> None:
+        timeline.mark(pending.step_id, "finish")
+        result = runner.finish(pending)
         if results is not None and result is not None:
+            timeline.mark(result.step_id, "result_out")  # encoding is the hop's
             results.send(result)
 
     while rt.stop_reason is None:
@@ -111,7 +126,7 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
             if not steps.poll(POLL_MS):
                 continue
         elif not _plan_before_tokens(steps, in_flight):
-            send(runner.finish(in_flight))
+            finish(in_flight)
             in_flight = None
             continue
         try:
@@ -121,14 +136,16 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
             continue
         if isinstance(msg, Shutdown):
             return
+        timeline.mark(msg.step_id, "plan_in")
         launched = runner.launch(msg)
+        timeline.mark(msg.step_id, "launched")
         if in_flight is not None:
-            send(runner.finish(in_flight))
+            finish(in_flight)
         in_flight = None
         if lookahead:
             in_flight = launched
         else:
-            send(runner.finish(launched))
+            finish(launched)
 
 
 def _plan_before_tokens(steps: MessageSocket, in_flight) -> bool:

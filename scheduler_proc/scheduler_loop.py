@@ -35,6 +35,7 @@ from protocol import (
 )
 from protocol.actor_start import from_plain, read_start
 from protocol.engine_messages import WatchGoodbye
+from protocol.host_timeline import host_timeline
 from protocol.process_runtime import ProcessRuntime, Started, actor_process, start_and_serve
 from protocol.sockets import MessageSocket
 from scheduler_proc.config import SchedulerConfig
@@ -78,6 +79,7 @@ class SchedulerLoop:
         self.plans_in_flight = 0
         self.dead_reason: str | None = None
         self.shutdown = False
+        self.timeline = host_timeline("scheduler")
 
     def _sock(self, ctx, kind, address, bind, accepts=()) -> MessageSocket:
         sock = MessageSocket(ctx, kind, address, bind=bind, accepts=accepts, security=self._keys)
@@ -94,9 +96,11 @@ class SchedulerLoop:
     def _handle(self, msg: object) -> None:
         sched = self.sched
         if isinstance(msg, StepResult):
+            self.timeline.mark(msg.step_id, "result_in")
             self.plans_in_flight -= 1
             if self.dead_reason is None:
                 self._emit(sched.process_result(msg))
+            self.timeline.mark(msg.step_id, "result_done")
         elif isinstance(msg, AddRequest):
             # Watchers learn the client's name of a request before any of its tokens.
             self.outbox.send((self.deltas_pub,), self.publisher.announce(
@@ -135,6 +139,7 @@ class SchedulerLoop:
             if self.dead_reason is None and self.plans_in_flight < max_in_flight:
                 plan = sched.schedule()
                 if plan is not None:
+                    self.timeline.mark(plan.step_id, "plan_out")  # encoding is the hop's
                     self.outbox.send(self.to_workers, plan)
                     self.plans_in_flight += 1
                     was_busy = True
@@ -202,6 +207,7 @@ class SchedulerLoop:
         self.publisher.close(*self._goodbye())
         for sock in reversed(self._socks):
             sock.close()
+        self.timeline.write()
 
 
 def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int) -> None:
