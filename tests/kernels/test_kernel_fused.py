@@ -60,6 +60,7 @@ def run(fn, case):
         (3, 1, 1, 8, True),
         (2, 16, 8, 128, True),  # the Qwen3-0.6B shape
         (9, 9, 3, 64, False),  # SmolLM2's: 12 head rows padded to 16, no q/k norm
+        (3, 4, 2, 80, True),  # a head_dim that is no power of two: masked halves and v rows
     ],
 )
 def test_triton_matches_ref(tokens, heads, kv_heads, head_dim, qk_norm, dtype):
