@@ -8,8 +8,9 @@ append each, and writes them when it stops; `time.perf_counter_ns` reads CLOCK_M
 one clock for every process of a host, so scripts/host_timeline.py can line the files up.
 
 Off unless NANOPIPE_HOST_TIMELINE names a directory: then the scheduler writes
-`scheduler0.json` and each worker `worker{rank}.json` there as it stops. Otherwise the actors
-get NO_TIMELINE, whose mark does nothing.
+`scheduler0.json` and each worker `worker{rank}.json` there as it stops (one pipeline per
+directory: a later one's files replace an earlier one's). Otherwise the actors get NO_TIMELINE,
+whose mark does nothing.
 """
 
 from __future__ import annotations
