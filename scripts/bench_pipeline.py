@@ -23,12 +23,17 @@ EngineStats.gpu_busy_s), then each mode against the first.
 --plot OUT.png        a figure of the modes (tok/s, GPU idle %) and, with --profile-json
                       (the file scripts/profile_step.py --json writes), the per-step GPU
                       time by kernel category (needs matplotlib: the `bench` extra)
+
+With NANOPIPE_HOST_TIMELINE=DIR in the environment each mode's pipeline writes its host
+timeline into a subdirectory of its own, DIR/1-ahead, DIR/2-ahead2, ... in the order of
+--modes (scripts/host_timeline.py reads one).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from benchlib import default_device, hardware_bound_s, param_count, timed_w1_busy, w1_workload
@@ -37,6 +42,7 @@ from benchlib.peer import check_checkout, run_nano_vllm
 
 from frontend import LLM
 from gpu_workers import ModelConfig
+from protocol.host_timeline import ENV as TIMELINE_ENV
 
 
 def run_mode(model_dir: str, args: argparse.Namespace, mode: str, work) -> dict:
@@ -85,7 +91,10 @@ def main() -> None:
     work = w1_workload(args.num_seqs, args.max_input_len, args.max_output_len, mc.vocab_size)
     bound_s, parts = hardware_bound_s(mc, param_count(model_dir), work)
     results = {}
-    for mode in args.modes.split(","):
+    timeline_dir = os.environ.get(TIMELINE_ENV)
+    for i, mode in enumerate(args.modes.split(","), 1):
+        if timeline_dir:  # the actors inherit the environment as they start
+            os.environ[TIMELINE_ENV] = str(Path(timeline_dir) / f"{i}-{mode}")
         result = results[mode] = run_mode(model_dir, args, mode, work)
         bound = result["output_tokens"] / bound_s
         result.update(hardware_bound_tok_s=round(bound, 1),

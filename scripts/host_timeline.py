@@ -3,13 +3,14 @@ makes the scheduler and the workers write as they stop (protocol.host_timeline),
 step by step. The stamps cost a list append each, so unlike torch.profiler they leave the
 chain they measure as it is.
 
-    NANOPIPE_HOST_TIMELINE=/tmp/tl python scripts/bench_pipeline.py --make-random smollm2-135m \
-        --modes ahead2
+    NANOPIPE_HOST_TIMELINE=/tmp/tl python scripts/bench_latency.py --make-random smollm2-135m
     python scripts/host_timeline.py /tmp/tl
+    NANOPIPE_HOST_TIMELINE=/tmp/tl python scripts/bench_pipeline.py --make-random smollm2-135m \
+        --modes ahead,ahead2
+    python scripts/host_timeline.py /tmp/tl/2-ahead2      # bench_pipeline: one per mode
 
-One pipeline per directory: the files are named by actor and rank, so a script that starts
-several pipelines (bench_latency.py's direct path does not start one; bench_pipeline.py starts
-one per mode) leaves the last one's.
+One pipeline per directory: the files are named by actor and rank, so a later pipeline's
+replace an earlier one's (bench_pipeline.py gives each mode a subdirectory of its own).
 
 Printed in µs, the median and 90th percentile over the steps (the first --skip left out):
   plan hop     the scheduler hands plan k to its sockets -> worker 0 has it decoded

@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run_script(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def run_script(*args: str, ok: bool = True,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     if ok:
@@ -138,6 +139,20 @@ def test_bench_pipeline_runs_a_smoke_w1_two_plans_ahead(tiny_qwen3_dir):
     bad = run_script("scripts/bench_pipeline.py", "--model", tiny_qwen3_dir, "--modes", "fast",
                       ok=False)
     assert bad.returncode == 2 and "unknown --modes ['fast']" in bad.stderr
+
+
+def test_bench_pipeline_gives_each_mode_its_own_host_timeline(tiny_qwen3_dir, tmp_path):
+    timeline = tmp_path / "timeline"
+    env = {"NANOPIPE_HOST_TIMELINE": str(timeline)}
+    out = run_script("scripts/bench_pipeline.py", "--model", tiny_qwen3_dir, "--device", "cpu",
+                     "--num-seqs", "4", "--max-input-len", "40", "--max-output-len", "12",
+                     "--modes", "ahead,ahead2", env=env).stdout
+    assert [r["mode"] for r in json_lines(out)] == ["ahead", "ahead2"]
+    for sub in ("1-ahead", "2-ahead2"):
+        assert sorted(p.name for p in (timeline / sub).iterdir()) == ["scheduler0.json",
+                                                                       "worker0.json"]
+        done = run_script("scripts/host_timeline.py", str(timeline / sub), "--skip", "0")
+        assert "plan hop" in done.stdout and "period" in done.stdout
 
 
 def test_bench_step_loop_models_a_device_it_cannot_outrun():
