@@ -57,7 +57,9 @@ def _qk_norm_rope_store_kernel(
     dmask = d < HALF
     tile_ok = row_ok[:, None] & dmask[None, :]
     dt = q_out_ptr.dtype.element_ty
-    # The rotary row and the slot depend on no earlier kernel: read before waiting for it.
+    # Read before the wait: positions and slots come with the step's input copy, which precedes
+    # the embedding and the QKV projection, and a kernel launched early starts only once the
+    # one before it has passed its own wait, so whatever ran two kernels back is done.
     pos = tl.load(pos_ptr + t).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     # cos/sin are rounded to the activation dtype first, like HF's cos.to(x.dtype).
