@@ -1,7 +1,9 @@
 """The scheduler process: sockets, the READY handshake and the overlapped step loop.
 
 One thread owns every socket: it takes what has arrived (step results first, then requests,
-aborts and engine-dead notices), plans, and sends. A step's result reaches the next plan with
+aborts and engine-dead notices), plans, and sends. The token deltas of the results it took go
+out right after the plan that follows them: the plan is on the chain that paces decoding, the
+deltas (their encoding and two sends) are not. A step's result reaches the next plan with
 no thread hand-off in between; at small batches that chain paces decoding, and each hand-off
 between threads costs a wake-up. Sends never block (scheduler_proc.outbox). While a result
 is due the loop polls without sleeping for `result_spin_s` (a wake-up from a blocking poll
@@ -80,6 +82,7 @@ class SchedulerLoop:
         self.dead_reason: str | None = None
         self.shutdown = False
         self.timeline = host_timeline("scheduler")
+        self._deltas: list[TokenDeltas] = []
 
     def _sock(self, ctx, kind, address, bind, accepts=()) -> MessageSocket:
         sock = MessageSocket(ctx, kind, address, bind=bind, accepts=accepts, security=self._keys)
@@ -89,9 +92,16 @@ class SchedulerLoop:
     # ------------------------------------------------------------ messages
 
     def _emit(self, deltas: TokenDeltas | None) -> None:
+        """Queue deltas for the detokenizer and the watchers, sent in order by _flush_deltas:
+        after the plan that follows them, when there is one (run)."""
         if deltas is not None and deltas.request_ids:
+            self._deltas.append(deltas)
+
+    def _flush_deltas(self) -> None:
+        for deltas in self._deltas:
             self.outbox.send((self.to_detok, self.deltas_pub), deltas)
             self.publisher.forget_finished(deltas)
+        self._deltas.clear()
 
     def _handle(self, msg: object) -> None:
         sched = self.sched
@@ -124,6 +134,7 @@ class SchedulerLoop:
             self.dead_reason = reason
             log.error("scheduler: engine dead: %s", reason)
             self._emit(self.sched.fail_all(_dead(reason)))
+            self._flush_deltas()  # every failure before the goodbye
             self.publisher.dead_reason = reason
             self.outbox.send((self.deltas_pub,), WatchGoodbye(reason, engine_dead=True))
 
@@ -143,8 +154,10 @@ class SchedulerLoop:
                     self.outbox.send(self.to_workers, plan)
                     self.plans_in_flight += 1
                     was_busy = True
+                    self._flush_deltas()
                     # Overlap: go straight on to plan N+1 (and N+2: plans_ahead) while N runs.
                     continue
+            self._flush_deltas()
             if was_busy and self.plans_in_flight == 0 and not sched.has_unfinished():
                 was_busy = False
                 self._check_idle()
@@ -202,6 +215,7 @@ class SchedulerLoop:
             raise
 
     def close(self) -> None:
+        self._flush_deltas()  # what a failing loop emitted last (serve)
         if not self.outbox.drain(CLOSE_DRAIN_S):
             log.warning("scheduler: closing with frames no peer took")
         self.publisher.close(*self._goodbye())
