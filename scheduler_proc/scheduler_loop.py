@@ -1,17 +1,16 @@
 """The scheduler process: sockets, the READY handshake and the overlapped step loop.
 
 One thread owns every socket: it takes what has arrived (step results first, then requests,
-aborts and engine-dead notices), plans, and sends. The token deltas of the results it took go
-out right after the plan that follows them: the plan is on the chain that paces decoding, the
-deltas (their encoding and two sends) are not. A step's result reaches the next plan with
-no thread hand-off in between; at small batches that chain paces decoding, and each hand-off
-between threads costs a wake-up. Sends never block (scheduler_proc.outbox). While a result
-is due the loop polls without sleeping for `result_spin_s` (a wake-up from a blocking poll
-takes tens of µs or more on an idle host), then blocks.
+aborts and engine-dead notices), plans, and sends. The chain from a step's result to the next
+plan paces decoding at small batches, so nothing else sits on it: no thread hand-off (each
+costs a wake-up), and the token deltas of the results just taken go out after that plan (their
+encoding and two sends are not on the chain). Sends never block (scheduler_proc.outbox). While
+a result is due the loop polls without sleeping for `result_spin_s` (a wake-up from a blocking
+poll takes tens of µs or more on an idle host), then blocks.
 
 Overlap: with plan N in flight the loop sends plan N+1 before it processes result N, so
-the workers never wait for the scheduler; at most one plan is queued ahead of the one
-executing. Scheduler documents what that means for sequence state.
+the workers never wait for the scheduler; one plan is queued ahead of the one executing (two
+with plans_ahead=2). Scheduler documents what that means for sequence state.
 """
 
 from __future__ import annotations
