@@ -3,7 +3,7 @@ token (TPOT), through the whole pipeline and through the runtime called directly
 latency of one ZeroMQ hop carrying a real protocol message.
 
     python scripts/bench_latency.py --make-random qwen3-0.6b       # on the GPU machine
-    python scripts/bench_latency.py --model DIR --device cpu \
+    python scripts/bench_latency.py --model DIR --device cpu \\
         --prompt-len 128 --max-tokens 32                            # CPU smoke run
 
 Workload (BENCHMARKS.md, W4): a prompt of --prompt-len random token ids (passed as

@@ -1,7 +1,7 @@
 """W1 offline throughput: the scheduler and the model runner driven in one process.
 
     python scripts/bench_offline.py --make-random qwen3-0.6b        # on the GPU machine
-    python scripts/bench_offline.py --model DIR --num-seqs 4 --max-input-len 64 \
+    python scripts/bench_offline.py --model DIR --num-seqs 4 --max-input-len 64 \\
         --max-output-len 32 --device cpu                              # CPU smoke run
 
 Workload (BENCHMARKS.md): random.seed(0); for each of 256 sequences a prompt of

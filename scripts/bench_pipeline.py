@@ -4,9 +4,9 @@ lookahead ("ahead"), and that with the scheduler two plans ahead ("ahead2": --pl
 
     python scripts/bench_pipeline.py --make-random qwen3-0.6b      # on the GPU machine
     python scripts/bench_pipeline.py --make-random qwen3-0.6b --modes ahead,on
-    python scripts/bench_pipeline.py --make-random qwen3-0.6b --nano-vllm ~/nano-vllm \
+    python scripts/bench_pipeline.py --make-random qwen3-0.6b --nano-vllm ~/nano-vllm \\
         --plot w1.png --profile-json profile.json                  # with the peer and a figure
-    python scripts/bench_pipeline.py --model DIR --device cpu --num-seqs 8 \
+    python scripts/bench_pipeline.py --model DIR --device cpu --num-seqs 8 \\
         --max-input-len 64 --max-output-len 32                     # CPU smoke run
 
 Prints output tok/s for each mode and its ratio to the hardware bound of the workload

@@ -5,7 +5,7 @@ chain they measure as it is.
 
     NANOPIPE_HOST_TIMELINE=/tmp/tl python scripts/bench_latency.py --make-random smollm2-135m
     python scripts/host_timeline.py /tmp/tl
-    NANOPIPE_HOST_TIMELINE=/tmp/tl python scripts/bench_pipeline.py --make-random smollm2-135m \
+    NANOPIPE_HOST_TIMELINE=/tmp/tl python scripts/bench_pipeline.py --make-random smollm2-135m \\
         --modes ahead,ahead2
     python scripts/host_timeline.py /tmp/tl/2-ahead2      # bench_pipeline: one per mode
 
