@@ -73,7 +73,7 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
 
     known_end = end if num_verify is None else end - num_verify
     samples = known_end == table.num_tokens[rows]
-    sample_entries = np.flatnonzero(samples)
+    sample_entries = samples.nonzero()[0]
     logits_idx = layout.last[samples]
     sample_rows = rows[samples]
     counts = steps = None
@@ -107,7 +107,7 @@ def seeded_draws(table: SequenceTable, rows: np.ndarray, random: np.ndarray,
     it draws now, so a seeded request draws the same tokens however it is batched, sampled
     inside a graph or not. steps: verified positions draw as their tokens would unspeculated."""
     seeded = []
-    for i in np.flatnonzero(random & (table.seed[rows] >= 0)):
+    for i in (random & (table.seed[rows] >= 0)).nonzero()[0]:
         r = rows[i]
         generated = int(table.num_tokens[r] - table.num_prompt[r])
         if steps is not None:

@@ -144,13 +144,18 @@ class DecodeGraphs:
             bs: int) -> torch.Tensor:
         """Replay the graph of size bs on inputs already padded to bs entries: built into
         its static inputs (layout(bs)), or anywhere else, then copied there."""
-        into_static(self.inputs[bs].views, layout_inputs(input_ids, positions, a))
+        views = self.inputs[bs].views
+        if input_ids.data_ptr() != views["ids"].data_ptr():  # not built in place: copy
+            into_static(views, layout_inputs(input_ids, positions, a))
         self.graphs[bs].replay()
         return self.outputs[bs]
 
     def sample_step(self, bs: int, n: int) -> torch.Tensor:
         """After run(bs) on a batch that also sent "inv_temperature" (float32 bits, 0:
-        greedy) and "seeds" (int64) for its n rows: their tokens, drawn on the device, in a
-        tensor of their own."""
+        greedy) and "seeds" (int64) for its n rows: their tokens, drawn on the device.
+
+        The tensor is the graph's output, which the next replay of size bs overwrites; not
+        copied, since whatever reads it (the copy to the host, the next step's patch of its
+        inputs) is queued before that replay, in stream order."""
         self.sample_graphs[bs].replay()
-        return self.tokens[bs][:n].clone()
+        return self.tokens[bs][:n]

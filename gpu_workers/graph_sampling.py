@@ -42,7 +42,7 @@ def graph_sample_inputs(graphs: object, table: SequenceTable, rows: np.ndarray,
     (its rows would not be the first ones), or rows that need more than the kernel."""
     if not isinstance(graphs, DecodeGraphs) or not graphs.samples:
         return None
-    if not np.array_equal(table.num_computed[rows] + num_new, table.num_tokens[rows]):
+    if not (table.num_computed[rows] + num_new == table.num_tokens[rows]).all():
         return None
     return sample_inputs(table, rows, sampler)
 
@@ -53,17 +53,14 @@ def sample_inputs(table: SequenceTable, rows: np.ndarray, sampler: Sampler
     row's inverse temperature (0: greedy) and seed (a seeded row's own, as the sampler would
     draw it; fresh draws of the engine's generator for the others), as int32 views; None for
     any other rows."""
-    if not sampler.one_pass:
+    if not sampler.one_pass or not table.plain_draw[rows].all():
         return None
-    temp = table.temperature[rows]
-    random = temp > 0
-    filtered = (table.top_k[rows] > 0) | (table.top_p[rows] < 1) | (table.min_p[rows] > 0)
-    if np.any((random & filtered) | table.uses_penalties(rows) | table.logprobs[rows]
-              | (table.top_logprobs[rows] > 0)):
-        return None
-    inv = np.zeros(len(rows), np.float32)
-    np.divide(1.0, temp, out=inv, where=random)
-    seeds = sampler.draw_seeds(len(rows))
-    for i, seed in seeded_draws(table, rows, random):
-        seeds[i] = seed
+    inv = table.inv_temperature[rows]
+    random = inv > 0
+    if random.any():
+        seeds = sampler.draw_seeds(len(rows))
+        for i, seed in seeded_draws(table, rows, random):
+            seeds[i] = seed
+    else:  # greedy rows read no seed (and the engine's generator is left as it is)
+        seeds = np.zeros(len(rows), np.int64)
     return {"inv_temperature": inv.view(np.int32), "seeds": seeds.view(np.int32)}

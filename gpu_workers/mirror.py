@@ -72,6 +72,15 @@ class SequenceTable:
         self.frequency = np.zeros(0, np.float32)
         self.repetition = np.zeros(0, np.float32)
         self.top_logprobs = np.zeros(0, np.int32)
+        # Derived from the parameters above when a sequence is added, so that the per-step
+        # questions about them are one lookup each (a step's host work paces small batches).
+        self.penalized = np.zeros(0, bool)
+        """Whether any penalty applies (the sampler then reads the token history)."""
+        self.plain_draw = np.zeros(0, bool)
+        """Whether the row needs nothing but its temperature and a seed: no penalties, no
+        top-k/top-p/min-p filter on a random draw, no logprobs."""
+        self.inv_temperature = np.zeros(0, np.float32)
+        """1 / temperature, 0 for greedy rows."""
         self.epoch = np.zeros(0, np.int64)
         self.pending_pos = np.zeros(0, np.int64)
         """Position of the row's newest token whose value is still on the device; -1 = none."""
@@ -81,8 +90,8 @@ class SequenceTable:
 
     _COLUMNS = ("tokens", "block_tables", "num_tokens", "num_prompt", "num_computed",
                 "num_blocks", "temperature", "top_p", "min_p", "top_k", "seed", "logprobs",
-                "presence", "frequency", "repetition", "top_logprobs", "epoch", "pending_pos",
-                "pending_slot")
+                "presence", "frequency", "repetition", "top_logprobs", "penalized",
+                "plain_draw", "inv_temperature", "epoch", "pending_pos", "pending_slot")
 
     def _grow(self, extra: int) -> None:
         old = len(self.num_tokens)
@@ -122,10 +131,10 @@ class SequenceTable:
         self.step_spec = self._spec_caps(plan, ids)
         if len(rows_a):
             end = self.num_computed[rows_a] + new_a
-            if np.any(new_a < 1) or np.any(end > self.num_tokens[rows_a]):
+            if (new_a < 1).any() or (end > self.num_tokens[rows_a]).any():
                 raise MirrorError(f"plan {plan.step_id} computes tokens the worker does not know")
-            if self.block_size is not None and np.any(
-                    end + self.step_spec > self.num_blocks[rows_a] * self.block_size):
+            if self.block_size is not None and (
+                    end + self.step_spec > self.num_blocks[rows_a] * self.block_size).any():
                 raise MirrorError(f"plan {plan.step_id} computes past a block table")
         return ids, rows_a, new_a
 
@@ -266,7 +275,18 @@ class SequenceTable:
         self._append_blocks(row, blocks)
         for name, value in values.items():
             getattr(self, name)[row] = value
+        self._derive_sampling(row)
         return row
+
+    def _derive_sampling(self, row: int) -> None:
+        penalized = (self.presence[row] != 0 or self.frequency[row] != 0
+                     or self.repetition[row] != 1)
+        random = self.temperature[row] > 0
+        filtered = self.top_k[row] > 0 or self.top_p[row] < 1 or self.min_p[row] > 0
+        self.penalized[row] = penalized
+        self.plain_draw[row] = not (penalized or (random and filtered) or self.logprobs[row]
+                                    or self.top_logprobs[row] > 0)
+        self.inv_temperature[row] = np.float32(1) / self.temperature[row] if random else 0
 
     def _append_blocks(self, row: int, blocks: list[int] | np.ndarray) -> None:
         start = int(self.num_blocks[row])
@@ -275,8 +295,7 @@ class SequenceTable:
         self.num_blocks[row] = end
 
     def uses_penalties(self, rows: np.ndarray) -> np.ndarray:
-        return (self.presence[rows] != 0) | (self.frequency[rows] != 0) | (
-            self.repetition[rows] != 1)
+        return self.penalized[rows]
 
     def append_verified(self, rows: np.ndarray, counts: np.ndarray, tokens: np.ndarray) -> None:
         """After a verification step: append each row's counts[i] tokens (flat in `tokens`)
@@ -298,7 +317,7 @@ class SequenceTable:
         """Reserve the next position of each row for the token being sampled; its value is
         slot i of the step's sampled tokens. Returns (positions, epochs) for fill_tokens."""
         pos = self.num_tokens[rows]
-        if np.any(pos >= self.max_tokens):
+        if (pos >= self.max_tokens).any():
             raise MirrorError("a sequence grew past max_model_len")
         self.tokens[rows, pos] = 0
         self.num_tokens[rows] = pos + 1

@@ -71,7 +71,10 @@ class ModelRunner:
         if config.speculative == "draft":  # before sizing: its pool shares the KV budget
             progress(f"loading the draft model {config.draft_model}")
             self.drafter = DraftProposer(config, mc, self.tp, self.device)
-        self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.device)
+        self.stream = torch.cuda.current_stream(self.device) if config.device == "cuda" else None
+        """Where every step runs (no other stream is ever made current), kept: looking it up
+        costs more host time than recording an event on it."""
+        self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.stream)
         self.graphs: StepGraphs | None = None
         self.table: SequenceTable | None = None
         self._unsettled: list[PendingStep] = []
@@ -222,8 +225,8 @@ class ModelRunner:
         failures = table.new_failures
         if len(rows) == 0:
             return PendingStep.empty(plan.step_id, table, failures)
-        if in_flight is not None and np.any((table.pending_pos[rows] >= 0) & (
-                table.uses_penalties(rows) | self._proposes_from_history(table))):
+        if in_flight is not None and ((table.pending_pos[rows] >= 0) & (
+                table.uses_penalties(rows) | self._proposes_from_history(table))).any():
             # Penalties and proposers read the token history on the host: such a step waits
             # for the one in flight (lookahead then only helps the steps that do neither).
             self._settle(in_flight)
@@ -281,14 +284,14 @@ class ModelRunner:
                 step_id=plan.step_id, table=table,
                 seq_ids=[seq_ids[i] for i in batch.sample_entries], rows=batch.sample_rows,
                 positions=start, epochs=start, tokens=tokens, logprobs=logprobs, top=top,
-                failures=failures), batch, spec, self.device)
+                failures=failures), batch, spec, self.stream)
         pos, epochs = table.append_placeholders(batch.sample_rows)
         pending = PendingStep(
             step_id=plan.step_id, table=table,
             seq_ids=[seq_ids[i] for i in batch.sample_entries], rows=batch.sample_rows,
             positions=pos, epochs=epochs, tokens=tokens, logprobs=logprobs, top=top,
             failures=failures)
-        pending.copy_to_host(self.device)
+        pending.copy_to_host(self.stream)
         if table is self.table:
             self._unsettled.append(pending)
         return pending

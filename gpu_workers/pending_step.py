@@ -45,15 +45,15 @@ class PendingStep:
         return cls(step_id, table, [], none, none, none, None, None, host_tokens=none,
                    settled=True, failures=failures or [])
 
-    def copy_to_host(self, device: torch.device) -> None:
-        """Start the device-to-host copies (pinned memory on CUDA, so they do not block)."""
-        cuda = device.type == "cuda"
+    def copy_to_host(self, stream: torch.cuda.Stream | None) -> None:
+        """Start the device-to-host copies on `stream`, where the step ran (pinned memory, so
+        they do not block); None: the step ran on the CPU and its tensors are the host's."""
 
         def host(t: torch.Tensor | None) -> np.ndarray | None:
             if t is None:
                 return None
-            if not cuda:
-                return t.numpy()
+            if stream is None:  # a copy as on CUDA: t may be a buffer the next step reuses
+                return t.numpy().copy()
             out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             out.copy_(t, non_blocking=True)
             return out.numpy()
@@ -62,9 +62,9 @@ class PendingStep:
         self.host_logprobs = host(self.logprobs)
         if self.top is not None:
             self.host_top_ids, self.host_top_logprobs = host(self.top[0]), host(self.top[1])
-        if cuda:
+        if stream is not None:
             self.event = torch.cuda.Event()
-            self.event.record()
+            self.event.record(stream)
 
     def done(self) -> bool:
         """Whether the host copy has arrived (never blocks)."""
@@ -81,7 +81,7 @@ def pending_patch(table: SequenceTable, rows: np.ndarray, start: np.ndarray,
     the step's input ids (entries start at `offsets`) and where it is in the step in flight's
     tokens (build_batch's `extra`; empty when there are none)."""
     pend = table.pending_pos[rows]
-    k = np.flatnonzero((pend >= start) & (pend < start + num_new))
+    k = ((pend >= start) & (pend < start + num_new)).nonzero()[0]
     if len(k) == 0:
         return {}
     return {"patch_to": offsets[k] + (pend[k] - start[k]),

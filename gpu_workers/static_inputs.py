@@ -36,6 +36,15 @@ class StaticInputs:
         self.views = {name: self.buffer[off:off + capacities[name]]
                       for name, off in self.offsets.items()}
         """Each segment at full capacity: what a graph is captured on (cut as it needs)."""
+        self._cuts: dict[tuple[str, int], torch.Tensor] = {}
+
+    def cut(self, name: str, n: int) -> torch.Tensor:
+        """The first n elements of a segment's device view. Kept once made: slicing a
+        tensor costs host time on every step, and a segment has at most `capacity` cuts."""
+        view = self._cuts.get((name, n))
+        if view is None:
+            view = self._cuts[(name, n)] = self.views[name][:n]
+        return view
 
     def stage(self) -> Staged:
         """Host memory laid out like the device buffer, for one step's values."""
@@ -79,9 +88,7 @@ class Staged:
             self.segment(name)[:] = 0
         inputs = self.inputs
         inputs.buffer.copy_(self.host, non_blocking=True)
-        views, full = inputs.views, inputs.capacities
-        return {name: views[name] if n == full[name] else views[name][:n]
-                for name, n in self.lengths.items()}
+        return {name: inputs.cut(name, n) for name, n in self.lengths.items()}
 
 
 def send_named(arrays: dict[str, np.ndarray], device: torch.device,

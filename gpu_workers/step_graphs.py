@@ -53,9 +53,9 @@ class StepGraphs:
         n = len(num_new)
         if n == 0:
             return None, None
-        if bool(np.all(run_new == 1)):
+        if (run_new == 1).all():
             graphs = self.decode
-        elif (self.verify is not None and bool(np.all(num_new == 1))
+        elif (self.verify is not None and (num_new == 1).all()
               and int(run_new.max()) <= self.verify.q_per_seq):
             graphs = self.verify
         else:

@@ -83,7 +83,7 @@ class TokenLayout:
 def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: np.ndarray,
             block_size: int, width: int | None = None, pad_to: int | None = None,
             q_per_seq: int = 1) -> TokenLayout:
-    if pad_to is not None and q_per_seq == 1 and bool(np.all(num_new == 1)):
+    if pad_to is not None and q_per_seq == 1 and (num_new == 1).all():
         assert pad_to >= len(rows)
         width = width or int(start.max() + block_size) // block_size
         return _lay_out_decode(table, rows, start, block_size, width, pad_to)
@@ -111,7 +111,7 @@ def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: 
     slots = table.block_tables[row_rep, positions // block_size] * block_size + (
         positions % block_size)
     offsets = cu_q[:n].copy()
-    decode, max_q = bool(np.all(num_new == 1)), int(num_new.max())
+    decode, max_q = bool((num_new == 1).all()), int(num_new.max())
     if pad_to is not None:
         extra = (pad_to - n) * q_per_seq
         ids = np.concatenate([ids, np.zeros(extra, ids.dtype)])

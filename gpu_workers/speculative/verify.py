@@ -82,13 +82,13 @@ def accept_lengths(draws: np.ndarray, proposals: np.ndarray, num_verify: np.ndar
 
 
 def settle_verified(pending: PendingStep, batch: StepBatch, spec: SpecStep,
-                    device: torch.device) -> PendingStep:
+                    stream: torch.cuda.Stream | None) -> PendingStep:
     """Wait for a verification step's draws, keep each entry's accepted proposals and one
     draw, append them to the mirror and return the step settled, its host arrays flat.
 
     Every rank holds the same draws (rank 0 broadcast them) and the same proposals, so every
-    rank's mirror accepts the same tokens."""
-    pending.copy_to_host(device)
+    rank's mirror accepts the same tokens. stream: where the step ran (None: the CPU)."""
+    pending.copy_to_host(stream)
     pending.wait()
     table, rows = pending.table, pending.rows
     num_verify = spec.num_verify[batch.sample_entries]
