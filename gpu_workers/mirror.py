@@ -141,16 +141,27 @@ class SequenceTable:
     def _continue(self, plan: StepPlan, ids: list[int], rows: list[int],
                   new: list[int]) -> None:
         """Append the plan's continuing sequences to the step's entries, their new blocks to
-        their tables. Most decode steps add no block to any of them and name only rows the
-        mirror holds: those take one lookup per sequence, not a loop of checks."""
+        their tables. Most decode steps name only rows the mirror holds and add a block to a
+        few of them (those crossing a block boundary): the others take one lookup each, not
+        a loop of checks."""
         cached = plan.cached
         found = [self.rows.get(sid) for sid in cached.seq_ids]
-        if (None not in found and not any(cached.new_block_ids)
-                and len(found) == len(cached.num_new) == len(cached.new_block_ids)):
-            ids += cached.seq_ids
-            rows += found
-            new += cached.num_new
+        if None in found or not (len(found) == len(cached.num_new)
+                                 == len(cached.new_block_ids)):
+            self._continue_each(plan, ids, rows, new)
             return
+        refused = {i for i, blocks in enumerate(cached.new_block_ids)
+                   if blocks and not self._add_blocks(cached.seq_ids[i], found[i], blocks)}
+        kept = [i for i in range(len(found)) if i not in refused] if refused else None
+        ids += cached.seq_ids if kept is None else [cached.seq_ids[i] for i in kept]
+        rows += found if kept is None else [found[i] for i in kept]
+        new += cached.num_new if kept is None else [cached.num_new[i] for i in kept]
+
+    def _continue_each(self, plan: StepPlan, ids: list[int], rows: list[int],
+                       new: list[int]) -> None:
+        """_continue one sequence at a time: some are unknown to the mirror (failed ones the
+        scheduler had planned before hearing of it, or a desync) or the lists disagree."""
+        cached = plan.cached
         for sid, n, blocks in zip(cached.seq_ids, cached.num_new, cached.new_block_ids,
                                   strict=True):
             row = self.rows.get(sid)
@@ -158,16 +169,22 @@ class SequenceTable:
                 if sid in self.failed:  # planned before the scheduler heard of its failure
                     continue
                 raise MirrorError(f"plan {plan.step_id} continues unknown sequence {sid}")
-            if blocks:  # rare (a block boundary), so the hot decode path pays nothing
-                try:
-                    blocks = self._check_blocks(blocks, int(self.num_blocks[row]))
-                except SequenceRejected as exc:
-                    self._fail(sid, str(exc))
-                    continue
-                self._append_blocks(row, blocks)
+            if blocks and not self._add_blocks(sid, row, blocks):
+                continue
             ids.append(sid)
             rows.append(row)
             new.append(n)
+
+    def _add_blocks(self, sid: int, row: int, blocks: list[int]) -> bool:
+        """Append a continuing sequence's new blocks, or fail it (False) if they are not
+        valid block ids or overflow its table."""
+        try:
+            checked = self._check_blocks(blocks, int(self.num_blocks[row]))
+        except SequenceRejected as exc:
+            self._fail(sid, str(exc))
+            return False
+        self._append_blocks(row, checked)
+        return True
 
     def _trim(self, plan: StepPlan) -> None:
         """Cut block tables as the scheduler did after speculative results: the blocks past
@@ -220,11 +237,6 @@ class SequenceTable:
             raise SequenceRejected(f"block ids outside the KV pool [0, {limit})")
         return ids
 
-    def _check_covered(self, end: int, num_blocks: int) -> None:
-        if self.block_size is not None and end > num_blocks * self.block_size:
-            raise SequenceRejected(
-                f"its {num_blocks} blocks do not hold the {end} tokens it computes")
-
     def _add(self, seq: NewSequence) -> int:
         """Check everything first, then take a row: a refused sequence leaves no trace."""
         n = len(seq.token_ids)
@@ -243,7 +255,9 @@ class SequenceTable:
             raise SequenceRejected(f"it computes tokens [{seq.num_computed}, "
                                    f"{seq.num_computed + seq.num_new}) of {n}")
         blocks = self._check_blocks(seq.block_table, 0)
-        self._check_covered(seq.num_computed + seq.num_new, len(blocks))
+        end = seq.num_computed + seq.num_new
+        if self.block_size is not None and end > len(blocks) * self.block_size:
+            raise SequenceRejected(f"its {len(blocks)} blocks do not hold its {end} tokens")
         p = seq.params
         values = {  # every parameter converted to its column's type before any is stored
             "temperature": p.temperature, "top_p": p.top_p, "min_p": p.min_p,
