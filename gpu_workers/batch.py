@@ -67,7 +67,9 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
     n = len(rows)
     start = table.num_computed[rows]
     end = start + num_new
-    layout = lay_out(table, rows, start, num_new, block_size, block_width, pad_to, q_per_seq)
+    staged = None if into is None else into.stage()
+    layout = lay_out(table, rows, start, num_new, block_size, block_width, pad_to, q_per_seq,
+                     staged)
     if prefill_pad is not None:
         layout = pad_ragged(layout, *prefill_pad)
 
@@ -83,14 +85,15 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
         steps = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         logits_idx = np.repeat(logits_idx - counts + 1, counts) + steps
         logit_rows = np.repeat(sample_rows, counts)
-    arrays = layout.named_parts()
+    written = staged is not None and PART_NAMES[0] in staged.lengths  # laid out in place
+    arrays = {} if written else layout.named_parts()
     arrays["logits"] = logits_idx
     if sample:
         arrays |= dict(top_k=table.top_k[logit_rows],
                        temperature=table.temperature[logit_rows].view(np.int32),
                        top_p=table.top_p[logit_rows].view(np.int32),
                        min_p=table.min_p[logit_rows].view(np.int32))
-    views = send_named(arrays | (extra or {}), device, into)
+    views = send_named(arrays | (extra or {}), device, staged)
     d_ids, d_pos, attn = layout.attention([views[name] for name in PART_NAMES])
     d_logits = views["logits"]
     sampling = None

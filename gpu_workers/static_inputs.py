@@ -67,6 +67,11 @@ class Staged:
         off = self.inputs.offsets[name]
         return self.array[off:off + self.inputs.capacities[name]]
 
+    def whole(self, name: str) -> np.ndarray:
+        """The whole segment, for the caller to write in full in place (it is sent whole)."""
+        self.lengths[name] = self.inputs.capacities[name]
+        return self.segment(name)
+
     def put(self, name: str, values: np.ndarray) -> None:
         """Write a segment's first len(values) elements, converted to int32 (other 4-byte
         values come viewed as int32, int64 ones as pairs), and zero the rest, so readers of the
@@ -92,13 +97,14 @@ class Staged:
 
 
 def send_named(arrays: dict[str, np.ndarray], device: torch.device,
-               into: StaticInputs | None = None) -> dict[str, torch.Tensor]:
+               into: StaticInputs | Staged | None = None) -> dict[str, torch.Tensor]:
     """Arrays to the device as int32 (Staged.put), in one copy: into a graph's static inputs
-    when given, else into fresh memory (gpu_workers.token_layout.upload)."""
+    when given (staged already, with segments written in place, or not yet), else into fresh
+    memory (gpu_workers.token_layout.upload)."""
     if into is None:
         views = upload([np.asarray(a).reshape(-1) for a in arrays.values()], device)
         return dict(zip(arrays, views, strict=True))
-    staged = into.stage()
+    staged = into if isinstance(into, Staged) else into.stage()
     for name, values in arrays.items():
         staged.put(name, values)
     return staged.send()

@@ -12,6 +12,7 @@ the padding tokens (pad_ragged). The target's steps (gpu_workers.batch) and the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ import torch
 from gpu_workers.layers.attention import AttentionBatch
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.transfer import to_device
+
+if TYPE_CHECKING:  # static_inputs imports this module
+    from gpu_workers.static_inputs import Staged
 
 PART_NAMES = ("ids", "positions", "slots", "cu_q", "seq_lens", "cu_k", "tables")
 """TokenLayout.parts() in order: the names of a graph's static input segments."""
@@ -82,11 +86,13 @@ class TokenLayout:
 
 def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: np.ndarray,
             block_size: int, width: int | None = None, pad_to: int | None = None,
-            q_per_seq: int = 1) -> TokenLayout:
+            q_per_seq: int = 1, staged: Staged | None = None) -> TokenLayout:
+    """staged: a decode graph's step is written straight into these segments of its static
+    inputs (PART_NAMES; staged.lengths then names them); other layouts leave it alone."""
     if pad_to is not None and q_per_seq == 1 and (num_new == 1).all():
         assert pad_to >= len(rows)
         width = width or int(start.max() + block_size) // block_size
-        return _lay_out_decode(table, rows, start, block_size, width, pad_to)
+        return _lay_out_decode(table, rows, start, block_size, width, pad_to, staged)
     n = len(rows)
     end = start + num_new
     width = width or max(1, int((end.max() + block_size - 1) // block_size))
@@ -129,26 +135,38 @@ def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: 
 
 
 def _lay_out_decode(table: SequenceTable, rows: np.ndarray, start: np.ndarray,
-                    block_size: int, width: int, pad_to: int) -> TokenLayout:
+                    block_size: int, width: int, pad_to: int,
+                    staged: Staged | None = None) -> TokenLayout:
     """lay_out of a decode graph's step (one token per entry), written straight into arrays
-    of the padded size: at batch 1 the general path's few dozen numpy calls are a visible
+    of the padded size, or into the graph's staged inputs (int32): at batch 1 the general
+    path's few dozen numpy calls, and copying its arrays into the segments, are a visible
     part of a step's host work."""
     n = len(rows)
-    ids = np.zeros(pad_to, np.int32)
+    if staged is None:
+        ids, positions, slots = (np.empty(pad_to, np.int64) for _ in range(3))
+        cu_q, seq_lens, cu_k = (np.empty(size, np.int64) for size in (pad_to + 1, pad_to,
+                                                                       pad_to + 1))
+        tables = np.empty((pad_to, width), np.int32)
+    else:
+        ids, positions, slots, cu_q, seq_lens, cu_k, tables = (
+            staged.whole(name) for name in PART_NAMES)
+        tables = tables.reshape(pad_to, width)
     ids[:n] = table.tokens[rows, start]
-    positions = np.zeros(pad_to, np.int64)
+    ids[n:] = 0
     positions[:n] = start
-    slots = np.full(pad_to, -1, np.int64)
+    positions[n:] = 0
     slots[:n] = table.block_tables[rows, start // block_size] * block_size + start % block_size
-    seq_lens = np.ones(pad_to, np.int64)
+    slots[n:] = -1
+    cu_q[:] = np.arange(pad_to + 1)
     seq_lens[:n] = start + 1
-    cu_k = np.zeros(pad_to + 1, np.int64)
+    seq_lens[n:] = 1
+    cu_k[0] = 0
     np.cumsum(seq_lens, out=cu_k[1:])
-    tables = np.zeros((pad_to, width), np.int32)
     tables[:n] = table.block_tables[rows, :width]
+    tables[n:] = 0
     offsets = np.arange(n, dtype=np.int64)
-    return TokenLayout(ids, positions, slots, np.arange(pad_to + 1, dtype=np.int64), seq_lens,
-                       cu_k, tables, offsets, offsets, 1, int(start.max()) + 1, True, 1)
+    return TokenLayout(ids, positions, slots, cu_q, seq_lens, cu_k, tables, offsets, offsets,
+                       1, int(start.max()) + 1, True, 1)
 
 
 def pad_ragged(layout: TokenLayout, entries: int, tokens: int) -> TokenLayout:

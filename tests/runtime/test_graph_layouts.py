@@ -82,3 +82,32 @@ def test_padded_prefill_layout_matches_the_ragged_one(tiny_qwen3_dir):
     # The padding wrote nothing into the cache (block 0, which it reads, included).
     for layer, before in zip(runner.model.attention_layers(), k_after_ragged, strict=True):
         torch.testing.assert_close(layer.k_cache, before, atol=1e-5, rtol=1e-5)
+
+
+def test_a_decode_step_laid_out_in_its_staged_inputs_equals_the_fresh_layout():
+    """Written in place, every element of the graph's segments is set (the staging memory
+    holds an earlier step's values), and each segment equals the fresh arrays' part."""
+    from gpu_workers.cuda_graphs import input_capacities
+    from gpu_workers.mirror import SequenceTable
+    from gpu_workers.static_inputs import StaticInputs
+    from gpu_workers.token_layout import PART_NAMES, lay_out
+
+    bs, width, block = 4, 3, 4
+    table = SequenceTable(4, 12, width, vocab_size=100, num_blocks=16, block_size=block)
+    seqs = [NewSequence(i, list(range(5, 5 + n)), n, 0, n, [3 * i + b for b in range(width)],
+                        SamplingParams()) for i, n in enumerate([2, 9, 5])]
+    table.apply(StepPlan(0, [], seqs, CachedSequences([], [], [])))
+    rows = np.array([table.rows[2], table.rows[0], table.rows[1]])
+    start = table.num_tokens[rows] - 1
+    ones = np.ones(3, np.int64)
+    fresh = lay_out(table, rows, start, ones, block, width, pad_to=bs)
+    staged = StaticInputs(input_capacities(bs, 1, width), torch.device("cpu")).stage()
+    staged.array[:] = 7  # an earlier step's values
+    in_place = lay_out(table, rows, start, ones, block, width, pad_to=bs, staged=staged)
+    for name, want in zip(PART_NAMES, fresh.parts(), strict=True):
+        assert staged.segment(name).tolist() == want.tolist(), name
+        assert staged.lengths[name] == len(want)
+    # Position 4 of seq 2 is in its block 7, 1 of seq 0 in block 0, 8 of seq 1 in block 5.
+    assert fresh.slots.tolist() == [7 * block, 1, 5 * block, -1]
+    assert in_place.last.tolist() == fresh.last.tolist() == [0, 1, 2]
+    assert in_place.max_k == fresh.max_k == 9
