@@ -196,20 +196,26 @@ class ModelRunner:
         two steps run back to back with no host round trip between them."""
         return self._launch(plan, self.table)
 
-    def finish(self, pending: PendingStep) -> StepResult | None:
-        """Wait for a launched step's tokens, settle them in the mirror, make the result."""
+    def finish(self, pending: PendingStep,
+               deliver: Callable[[StepResult], None] | None = None) -> StepResult | None:
+        """Wait for a launched step's tokens, make its result (rank 0), settle the tokens in
+        the mirror. `deliver` hears the result before the mirror is updated: the worker sends
+        it from there, so the scheduler's work on it overlaps the settling."""
+        pending.wait()
+        result = None
+        if self.rank == 0:
+            failed = pending.failures
+            result = StepResult(
+                pending.step_id, pending.seq_ids, _listed(pending.host_tokens) or [],
+                _listed(pending.host_logprobs), _listed(pending.host_top_ids),
+                _listed(pending.host_top_logprobs), failed_seq_ids=[sid for sid, _ in failed],
+                failed_errors=[error for _, error in failed],
+                num_tokens=_listed(pending.counts), num_proposed=_listed(pending.num_proposed),
+                gpu_busy_s=self.busy.take())
+            if deliver is not None:
+                deliver(result)
         self._settle(pending)
-        if self.rank != 0:
-            return None
-        failed = pending.failures
-        return StepResult(pending.step_id, pending.seq_ids, _listed(pending.host_tokens) or [],
-                          _listed(pending.host_logprobs), _listed(pending.host_top_ids),
-                          _listed(pending.host_top_logprobs),
-                          failed_seq_ids=[sid for sid, _ in failed],
-                          failed_errors=[error for _, error in failed],
-                          num_tokens=_listed(pending.counts),
-                          num_proposed=_listed(pending.num_proposed),
-                          gpu_busy_s=self.busy.take())
+        return result
 
     def _run(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
         with torch.inference_mode():

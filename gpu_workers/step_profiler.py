@@ -105,11 +105,11 @@ class StepProfiler:
         with record_function(LAUNCH_RANGE):
             return self.runner.launch(plan)
 
-    def finish(self, pending: Any) -> Any:
+    def finish(self, pending: Any, deliver: Any = None) -> Any:
         if self._open is None:
-            return self.runner.finish(pending)
+            return self.runner.finish(pending, deliver)
         with record_function(FINISH_RANGE):
-            return self.runner.finish(pending)
+            return self.runner.finish(pending, deliver)
 
     def _close(self) -> None:
         opened, self._open = self._open, None

@@ -114,12 +114,13 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
     and the result's departure (protocol.host_timeline)."""
     in_flight = None
 
+    def send(result) -> None:
+        timeline.mark(result.step_id, "result_out")  # encoding is the hop's
+        results.send(result)
+
     def finish(pending) -> None:
         timeline.mark(pending.step_id, "finish")
-        result = runner.finish(pending)
-        if results is not None and result is not None:
-            timeline.mark(result.step_id, "result_out")  # encoding is the hop's
-            results.send(result)
+        runner.finish(pending, None if results is None else send)
 
     while rt.stop_reason is None:
         if in_flight is None:
