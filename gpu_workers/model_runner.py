@@ -33,7 +33,8 @@ from gpu_workers.speculative.draft import DraftProposer
 from gpu_workers.step_graphs import StepGraphs
 from gpu_workers.step_timer import BusyTimes
 from gpu_workers.token_layout import entry_offsets
-from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
+from gpu_workers.warm_up import measure_peak_memory, warm_up_kernels
+from protocol import StepPlan, StepResult
 
 
 class ModelRunner:
@@ -87,9 +88,9 @@ class ModelRunner:
         self.kv_cache.bind(self.model.attention_layers())
         if self.drafter is not None:
             self.drafter.bind_cache(self.num_kv_blocks, world_size)
-        self.table = self._new_table(self.num_kv_blocks)
+        self.table = self.new_table(self.num_kv_blocks)
         if self.device.type == "cuda":
-            self._warm_up_kernels()
+            warm_up_kernels(self)
         if self.device.type == "cuda" and not config.enforce_eager:
             with torch.inference_mode():
                 self.graphs = StepGraphs(self.model, config, self.device, progress,
@@ -98,7 +99,7 @@ class ModelRunner:
                     progress("capturing CUDA graphs for the draft model")
                     self.drafter.capture_graphs(pool=self.graphs.pool)
 
-    def _new_table(self, num_blocks: int | None = None) -> SequenceTable:
+    def new_table(self, num_blocks: int | None = None) -> SequenceTable:
         c = self.config
         return SequenceTable(c.mirror_rows, c.max_seq_tokens,
                              c.max_blocks_per_seq, vocab_size=self.model_config.vocab_size,
@@ -110,7 +111,7 @@ class ModelRunner:
         c, mc = self.config, self.model_config
         extra = 0 if self.drafter is None else self.drafter.bytes_per_block(self.world_size)
         if self.device.type == "cuda":
-            self._profile_run()
+            measure_peak_memory(self)
             blocks = cuda_num_blocks(c, mc, self.world_size, extra)
         else:
             blocks = cpu_num_blocks(c, mc, self.world_size, extra)
@@ -120,65 +121,6 @@ class ModelRunner:
             blocks = int(t.item())
         check_fits(blocks, c, mc, self.world_size, extra)
         return blocks
-
-    @torch.inference_mode()
-    def _profile_run(self) -> None:
-        """Run the largest batch the scheduler may send, so the peak activation memory is known."""
-        c = self.config
-        total = c.max_num_batched_tokens
-        n = max(1, min(c.max_num_seqs, total))  # the widest sampling batch too
-        lens = [total // n + (i < total % n) for i in range(n)]
-        lens = [min(max(1, x), c.max_model_len) for x in lens]
-        blocks_needed = [-(-x // c.block_size) for x in lens]
-        # The peak counter is per process: forget what freed tensors (another runner, weights'
-        # staging copies) once reached, so only this forward's transient memory is counted.
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        kv = KVCache(self.model_config, sum(blocks_needed), c.block_size, self.world_size,
-                     self.device)
-        kv.bind(self.model.attention_layers())
-        table = self._new_table()
-        seqs, next_block = [], 0
-        # The costliest sampling path, so its transient memory is part of the measured peak.
-        params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.05,
-                                repetition_penalty=1.1, frequency_penalty=0.1)
-        for i, (length, nb) in enumerate(zip(lens, blocks_needed, strict=True)):
-            block_table = list(range(next_block, next_block + nb))
-            next_block += nb
-            seqs.append(NewSequence(i, [0] * length, length, 0, length, block_table, params))
-        plan = StepPlan(0, [], seqs, CachedSequences([], [], []))
-        self._run(plan, table)
-        torch.cuda.synchronize()
-        del kv
-
-    @torch.inference_mode()
-    def _warm_up_kernels(self) -> None:
-        """Compile the Triton kernels for the shapes they specialise on (counts of 1, multiples
-        of 16, others) now, so the first requests do not pay seconds of JIT compilation.
-
-        The scratch steps write KV into blocks that no sequence holds yet."""
-        c = self.config
-        bs = c.block_size
-        shapes = [[1], [c.max_model_len - 1], [17, 5, 64], [16] * 16, [3] * 17]
-        params = SamplingParams(temperature=0.0)
-        for lens in shapes:
-            lens = [max(1, min(n, c.max_model_len - 1, c.max_num_batched_tokens // len(lens)))
-                    for n in lens]
-            table = self._new_table()
-            seqs, next_block = [], 0
-            for i, n in enumerate(lens):
-                nb = -(-(n + 1) // bs)
-                if next_block + nb > self.num_kv_blocks:
-                    break
-                seqs.append(NewSequence(i, [0] * n, n, 0, n, list(range(next_block,
-                                                                      next_block + nb)), params))
-                next_block += nb
-            self._run(StepPlan(0, [], seqs, CachedSequences([], [], [])), table)
-            ids = [s.seq_id for s in seqs]
-            self._run(StepPlan(1, [], [], CachedSequences(ids, [1] * len(ids),
-                                                          [[] for _ in ids])), table)
-        torch.cuda.synchronize()
 
     # ----------------------------------------------------------------- stepping
 
@@ -217,7 +159,8 @@ class ModelRunner:
         self._settle(pending)
         return result
 
-    def _run(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
+    def run_on(self, plan: StepPlan, table: SequenceTable) -> StepResult | None:
+        """Run one step on another table than the serving one (start-up's scratch steps)."""
         with torch.inference_mode():
             return self.finish(self._launch(plan, table))
 

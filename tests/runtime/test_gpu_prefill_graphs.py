@@ -29,7 +29,7 @@ def _generate(runner, prompts, max_tokens):
         for i, p in enumerate(prompts[start:start + 3]):
             planner.add(start + i, p, max_tokens)
         out.update(planner.run(runner))
-        runner.table = runner._new_table(runner.num_kv_blocks)
+        runner.table = runner.new_table(runner.num_kv_blocks)
     return out
 
 
