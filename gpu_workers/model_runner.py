@@ -130,13 +130,21 @@ class ModelRunner:
         return self.finish(self.launch(plan))
 
     @torch.inference_mode()
-    def launch(self, plan: StepPlan) -> PendingStep:
+    def launch(self, plan: StepPlan, meanwhile: Callable[[], None] | None = None
+               ) -> PendingStep:
         """Queue one step on the device and return without waiting for its tokens.
 
         The plan may continue sequences whose newest token the step still in flight is
         sampling: that token's value is copied on the device into this step's inputs, so the
-        two steps run back to back with no host round trip between them."""
-        return self._launch(plan, self.table)
+        two steps run back to back with no host round trip between them.
+
+        `meanwhile` runs once the step's work is queued, before the host's bookkeeping for
+        it (its placeholders in the mirror, the copy of its tokens): the worker finishes the
+        step in flight there, so that step's result leaves as early as it can."""
+        once = _Once(meanwhile)
+        pending = self._launch(plan, self.table, once)
+        once()  # a step with nothing to queue
+        return pending
 
     def finish(self, pending: PendingStep,
                deliver: Callable[[StepResult], None] | None = None) -> StepResult | None:
@@ -164,7 +172,8 @@ class ModelRunner:
         with torch.inference_mode():
             return self.finish(self._launch(plan, table))
 
-    def _launch(self, plan: StepPlan, table: SequenceTable) -> PendingStep:
+    def _launch(self, plan: StepPlan, table: SequenceTable,
+                meanwhile: Callable[[], None] = lambda: None) -> PendingStep:
         in_flight = None
         if table is self.table and self._unsettled:
             for older in self._unsettled[:-1]:  # only the newest step's tokens are patched in
@@ -228,6 +237,7 @@ class ModelRunner:
         else:
             tokens, logprobs, top = self._sample(hidden, batch, table, spec)
         self.busy.stop(timer)
+        meanwhile()
         if spec is not None:
             return settle_verified(PendingStep(
                 step_id=plan.step_id, table=table,
@@ -288,6 +298,18 @@ class ModelRunner:
         if self.world_size > 1:
             dist.broadcast(tokens, src=0)
         return tokens, lp, top
+
+
+class _Once:
+    """Calls fn the first time it is called, never again (nothing when fn is None)."""
+
+    def __init__(self, fn: Callable[[], None] | None) -> None:
+        self.fn = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
 
 
 def _listed(a: np.ndarray | None) -> list | None:

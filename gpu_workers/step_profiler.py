@@ -93,7 +93,7 @@ class StepProfiler:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
 
-    def launch(self, plan: Any) -> Any:
+    def launch(self, plan: Any, meanwhile: Any = None) -> Any:
         k = self.plans
         self.plans += 1
         if k == self.window.first:
@@ -101,9 +101,9 @@ class StepProfiler:
         elif k == self.window.last and self._open is not None:
             self._close()
         if self._open is None:
-            return self.runner.launch(plan)
+            return self.runner.launch(plan, meanwhile)
         with record_function(LAUNCH_RANGE):
-            return self.runner.launch(plan)
+            return self.runner.launch(plan, meanwhile)
 
     def finish(self, pending: Any, deliver: Any = None) -> Any:
         if self._open is None:

@@ -110,8 +110,11 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
     request's doing (a desync, a device failure) and ends the worker, so the launcher declares
     the engine dead and every client gets an error instead of waiting.
 
-    `timeline` stamps each plan's arrival and launch, the start of the wait for its tokens
-    and the result's departure (protocol.host_timeline)."""
+    A step in flight is finished as soon as the next one is queued on the device, inside
+    that one's launch (ModelRunner.launch's `meanwhile`).
+
+    `timeline` stamps each plan's arrival, the moment its step is queued on the device, the
+    start of the wait for its tokens and the result's departure (protocol.host_timeline)."""
     in_flight = None
 
     def send(result) -> None:
@@ -138,11 +141,16 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
         if isinstance(msg, Shutdown):
             return
         timeline.mark(msg.step_id, "plan_in")
-        launched = runner.launch(msg)
-        timeline.mark(msg.step_id, "launched")
-        if in_flight is not None:
-            finish(in_flight)
-        in_flight = None
+        previous, in_flight = in_flight, None
+
+        def meanwhile(step_id: int = msg.step_id, previous=previous) -> None:
+            # The new step is queued on the device: the previous one's result goes out now,
+            # before the new step's host bookkeeping.
+            timeline.mark(step_id, "launched")
+            if previous is not None:
+                finish(previous)
+
+        launched = runner.launch(msg, meanwhile)
         if lookahead:
             in_flight = launched
         else:

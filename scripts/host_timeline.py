@@ -14,11 +14,12 @@ replace an earlier one's (bench_pipeline.py gives each mode a subdirectory of it
 
 Printed in µs, the median and 90th percentile over the steps (the first --skip left out):
   plan hop     the scheduler hands plan k to its sockets -> worker 0 has it decoded
-  launch       worker 0 has plan k -> step k is launched (mirror, batch, graph replay)
+  launch       worker 0 has plan k -> step k is queued on the device (mirror, batch, graph
+               replay; the step before it is finished next, then step k's bookkeeping)
   tokens       worker 0 starts waiting for step k's tokens -> the result is made (the wait
                for the device, then the result's making)
   result hop   worker 0 hands result k to its socket -> the scheduler has it decoded
-  apply        the scheduler applies result k and publishes its tokens
+  apply        the scheduler applies result k (its tokens go out after the next plan)
   next plan    result k applied -> the scheduler sends its next plan
   period       between launches of consecutive steps on worker 0 (batch 1: time per token)
 and how often a worker ran out of plans: it had sent result k before plan k+1 arrived, so the
