@@ -183,11 +183,12 @@ class ModelRunner:
         failures = table.new_failures
         if len(rows) == 0:
             return PendingStep.empty(plan.step_id, table, failures)
-        if in_flight is not None and ((table.pending_pos[rows] >= 0) & (
-                table.uses_penalties(rows) | self._proposes_from_history(table))).any():
+        if in_flight is not None:
             # Penalties and proposers read the token history on the host: such a step waits
             # for the one in flight (lookahead then only helps the steps that do neither).
-            self._settle(in_flight)
+            reads_history = table.uses_penalties(rows) | self._proposes_from_history(table)
+            if reads_history.any() and ((table.pending_pos[rows] >= 0) & reads_history).any():
+                self._settle(in_flight)
         spec, run_new = None, num_new
         if self.drafter is not None and table is self.table:
             spec = self.drafter.propose(table, rows, num_new, table.step_spec, self.sampler)
