@@ -109,7 +109,7 @@ def test_profile_host_times_every_stage_of_a_step(tiny_qwen3_dir, tmp_path):
     out = run_script("scripts/profile_host.py", "--model", tiny_qwen3_dir, "--device", "cpu",
                      "--num-seqs", "3", "--max-input-len", "100", "--max-output-len", "100",
                      "--at", "2", "--steps", "5", "--kv-cache-bytes", str(4 << 20),
-                     "--cprofile", "5", "--json", str(out_json)).stdout
+                     "--cprofile", "5", "--functions", "--json", str(out_json)).stdout
     result = json.loads(out_json.read_text())
     assert result["running"] == 3 and result["steps"] == 5
     host = result["host_ms"]
@@ -120,6 +120,12 @@ def test_profile_host_times_every_stage_of_a_step(tiny_qwen3_dir, tmp_path):
     assert 0 < result["device_ms"] <= host["launch"] + host["finish"]
     assert sum(host.values()) <= result["wall_ms"] * 1.05
     assert "Ordered by: internal time" in out and "model_runner.py" in out
+    # --functions: each function's time per step, the launch holding the ones it calls.
+    per_step = {line.split()[-1]: float(line.split()[0]) for line in
+                out.split("inside each function")[1].splitlines()[1:] if "calls" in line}
+    assert per_step["ModelRunner.launch"] >= per_step["build_batch"] > 0
+    assert per_step["build_batch"] >= per_step["lay_out"] > 0
+    assert per_step["SequenceTable.apply"] > 0 and per_step["ModelRunner.finish"] > 0
 
 
 def test_profile_host_says_when_w1_ends_before_the_last_step(tiny_qwen3_dir):
