@@ -6,7 +6,7 @@ import asyncio
 import functools
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -68,7 +68,7 @@ class LLM:
         requests = [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)}
                     for p in prompts]
         params = _params_per_request(sampling_params, len(requests), "prompt")
-        return asyncio.run(self._generate(requests, params, use_tqdm))
+        return _run(self._generate(requests, params, use_tqdm))
 
     def chat(
         self,
@@ -92,7 +92,7 @@ class LLM:
         else:
             requests = [{"messages": c} for c in conversations]
         params = _params_per_request(sampling_params, len(requests), "conversation")
-        return asyncio.run(self._generate(requests, params, use_tqdm))
+        return _run(self._generate(requests, params, use_tqdm))
 
     @functools.cached_property
     def _chat_tokenizer(self) -> Any:
@@ -142,6 +142,18 @@ class LLM:
                 return list(await asyncio.gather(*(one(r, s) for r, s in zip(requests, params))))
             finally:
                 bar.close()
+
+
+def _run(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """asyncio.run(main), with Ctrl-C always a KeyboardInterrupt. asyncio.run turns Ctrl-C
+    into one, except when the signal is handled while it sets up (CPython's runner installs
+    its SIGINT handler, then resets the interrupt count the handler raised): main then ends
+    cancelled before it ran, and CancelledError would reach the user. Nothing else cancels
+    main, so its cancellation here is always a Ctrl-C."""
+    try:
+        return asyncio.run(main)
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
 
 
 def _params_per_request(sampling_params: SamplingParams | Sequence[SamplingParams] | None,

@@ -93,3 +93,28 @@ time.sleep(600)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     _assert_nothing_left(info)
+
+
+def test_ctrl_c_while_asyncio_sets_up_is_a_keyboard_interrupt_too(tiny_qwen3_dir, tmp_path):
+    """Ctrl-C handled just after asyncio.run installed its SIGINT handler (the signal arrived
+    a moment before): CPython's runner then lets CancelledError out instead of turning it into
+    KeyboardInterrupt. The script raises the signal at that moment, every time."""
+    source = SCRIPT.format(model=tiny_qwen3_dir) + """
+import signal
+real_signal = signal.signal
+
+def ctrl_c_as_asyncio_sets_up(signum, handler):
+    previous = real_signal(signum, handler)
+    if signum == signal.SIGINT and handler is not signal.default_int_handler:
+        signal.raise_signal(signal.SIGINT)
+    return previous
+
+signal.signal = ctrl_c_as_asyncio_sets_up
+llm.generate(["go on"], SamplingParams(max_tokens=8), use_tqdm=False)
+"""
+    proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
+                          cwd=tmp_path, preexec_fn=_as_from_a_terminal, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.rstrip().endswith("KeyboardInterrupt"), proc.stderr[-2000:]
+    assert "CancelledError" not in proc.stderr
+    _assert_nothing_left(_engine_info(proc.stdout))
