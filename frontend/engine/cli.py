@@ -25,6 +25,7 @@ from frontend.engine.options import ConfigError, Option, check_options, describe
 from frontend.engine.pipeline import Pipeline
 from frontend.engine.preflight import check_port_free
 from frontend.engine.startup import StartupError
+from frontend.engine.stop_signal import StopSignal
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -212,10 +213,6 @@ def print_progress(text: str) -> None:
     print(f"nanopipe: {text}", file=sys.stderr, flush=True)
 
 
-def _raise_on_sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _bind_http(host: str, port: int) -> socket.socket:
     """Take the HTTP port before the engine starts: a taken port fails in one line, at once."""
     check_port_free(host, port, "the HTTP")
@@ -232,7 +229,8 @@ def serve(command: ServeCommand) -> int:
     logging.basicConfig(level=http.log_level.upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     # Installed before anything starts, so a SIGTERM during start-up still stops everything.
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    stop = StopSignal()
+    signal.signal(signal.SIGTERM, stop)
     if config.node_rank > 0:  # another host of a multi-host group: its worker ranks only
         from frontend.engine.nodes import serve_node
 
@@ -273,6 +271,7 @@ def serve(command: ServeCommand) -> int:
         finally:
             if starting is not None:
                 starting.close()
+        stop.check()
         if metrics is not None:
             stats_sub = StatsSubscriber(pipeline.endpoints.deltas_pub, pipeline.endpoints.keys,
                                         metrics.update)
@@ -301,7 +300,7 @@ def serve(command: ServeCommand) -> int:
                        degraded=lambda: pipeline.degraded)
         else:
             while not pipeline.wait(timeout=1.0):
-                pass
+                stop.check()
         if pipeline.dead_reason is not None:
             print(f"nanopipe: engine dead: {pipeline.dead_reason}", file=sys.stderr, flush=True)
             return 1

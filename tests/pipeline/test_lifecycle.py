@@ -145,3 +145,35 @@ def test_two_pipelines_side_by_side(tiny_qwen3_dir, tiny_llama_dir):
             assert a.model != b.model
             assert len(a.generate("one", params=OK).token_ids) == 8
             assert len(b.generate("two", params=OK).token_ids) == 8
+
+
+def test_a_sigterm_that_a_library_swallows_during_startup_still_stops_everything(
+        tiny_qwen3_dir, tmp_path):
+    """SIGTERM lands where a library catches the KeyboardInterrupt it becomes (torch's C
+    start-up does, inside its import of numpy): the launcher still stops, children and all.
+    Here the configuration check swallows it, every time."""
+    source = f"""
+import os, signal, sys
+import frontend.engine.pipeline as pipeline
+from frontend.engine.cli import launch_main
+
+real_start = pipeline.Pipeline.start
+
+def start_swallowing_a_sigterm(self):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs between these bytecodes
+            pass
+    except BaseException:
+        print("swallowed", flush=True)
+    real_start(self)
+
+pipeline.Pipeline.start = start_swallowing_a_sigterm
+sys.exit(launch_main(["--model", {tiny_qwen3_dir!r}, "--device", "cpu", "--dtype", "float32",
+                      "--max-model-len", "256", "--max-num-batched-tokens", "512"]))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    out, _ = proc.communicate(timeout=120)
+    assert "swallowed" in out and "nanopipe: stopping" in out, out[-2000:]
+    assert "nanopipe ready" not in out  # stopped at the end of start-up, not serving
