@@ -231,6 +231,8 @@ def serve(command: ServeCommand) -> int:
     # Installed before anything starts, so a SIGTERM during start-up still stops everything.
     stop = StopSignal()
     signal.signal(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not a background job
+        signal.signal(signal.SIGINT, stop)
     if config.node_rank > 0:  # another host of a multi-host group: its worker ranks only
         from frontend.engine.nodes import serve_node
 

@@ -1,10 +1,11 @@
-"""How the launcher hears SIGTERM."""
+"""How the launcher hears SIGTERM and Ctrl-C."""
 
 from __future__ import annotations
 
 
 class StopSignal:
-    """SIGTERM in the launcher: a KeyboardInterrupt where the main thread is, remembered too.
+    """SIGTERM or Ctrl-C in the launcher: a KeyboardInterrupt where the main thread is, and
+    remembered.
     A library may swallow that exception (torch's C start-up does, when the signal lands
     while it imports numpy): start-up and the serving loop check the flag, so the stop is
     never lost."""

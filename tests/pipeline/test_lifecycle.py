@@ -147,11 +147,12 @@ def test_two_pipelines_side_by_side(tiny_qwen3_dir, tiny_llama_dir):
             assert len(b.generate("two", params=OK).token_ids) == 8
 
 
-def test_a_sigterm_that_a_library_swallows_during_startup_still_stops_everything(
-        tiny_qwen3_dir, tmp_path):
-    """SIGTERM lands where a library catches the KeyboardInterrupt it becomes (torch's C
-    start-up does, inside its import of numpy): the launcher still stops, children and all.
-    Here the configuration check swallows it, every time."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_that_a_library_swallows_during_startup_still_stops_everything(
+        tiny_qwen3_dir, tmp_path, sig):
+    """SIGTERM or Ctrl-C lands where a library catches the KeyboardInterrupt it becomes
+    (torch's C start-up does, inside its import of numpy): the launcher still stops, children
+    and all. Here a wrapper of start-up swallows it, every time."""
     source = f"""
 import os, signal, sys
 import frontend.engine.pipeline as pipeline
@@ -161,7 +162,7 @@ real_start = pipeline.Pipeline.start
 
 def start_swallowing_a_sigterm(self):
     try:
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), {int(sig)})
         for _ in range(1000):  # the handler runs between these bytecodes
             pass
     except BaseException:
@@ -173,7 +174,8 @@ sys.exit(launch_main(["--model", {tiny_qwen3_dir!r}, "--device", "cpu", "--dtype
                       "--max-model-len", "256", "--max-num-batched-tokens", "512"]))
 """
     proc = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     out, _ = proc.communicate(timeout=120)
     assert "swallowed" in out and "nanopipe: stopping" in out, out[-2000:]
     assert "nanopipe ready" not in out  # stopped at the end of start-up, not serving
