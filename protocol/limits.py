@@ -19,6 +19,12 @@ CPU_KV_CACHE_BYTES = 512 << 20
 """The KV cache's size on cpu unless kv_cache_bytes says otherwise (cuda sizes it from the
 memory left after a profiling run)."""
 ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
+DEEP_PLAN_MAX_SEQS = 32
+"""With plans_ahead left to auto on a GPU: the scheduler plans a second step ahead only while at
+most this many sequences run, all decoding and none waiting. There the host's chain from a
+step's tokens to the launch of the next (two hops, the plan, the launch) is longer than the
+device's step, so planning one more step ahead hides it; in bigger or mixed steps the device
+paces and the extra plan would only delay a new prompt by a step."""
 
 
 def plans_in_flight(overlap: bool, plans_ahead: int = 1) -> int:

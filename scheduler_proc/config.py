@@ -29,6 +29,10 @@ class SchedulerConfig:
     overlap: bool = True
     plans_ahead: int = 1
     """With overlap: steps planned ahead of the results (protocol.limits.plans_in_flight)."""
+    deep_plan_max_seqs: int | None = None
+    """With plans_ahead 2: the second step ahead is planned only while at most this many
+    sequences run, all decoding and none waiting (protocol.limits.DEEP_PLAN_MAX_SEQS says
+    why); None: whenever there is room."""
     result_spin_s: float = 0.0
     """How long the step loop polls without sleeping while a step's result is due. On a GPU
     host this takes the wake-up off the chain that paces small-batch decoding; on a CPU
@@ -54,6 +58,9 @@ class SchedulerConfig:
         if not 0.0 <= self.result_spin_s <= 1.0:
             raise ValueError("SchedulerConfig.result_spin_s must be in [0, 1] seconds, "
                              f"got {self.result_spin_s!r}")
+        if self.deep_plan_max_seqs is not None and self.deep_plan_max_seqs < 0:
+            raise ValueError("SchedulerConfig.deep_plan_max_seqs must be >= 0 or None, "
+                             f"got {self.deep_plan_max_seqs!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError("SchedulerConfig.num_speculative_tokens must be >= 0")
         if self.plans_ahead > 1 and self.num_speculative_tokens:

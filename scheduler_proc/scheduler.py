@@ -34,7 +34,7 @@ from scheduler_proc.invariants import check_integrity
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import SchedulerState
 from scheduler_proc.stats import snapshot
-from scheduler_proc.step_planner import plan_step
+from scheduler_proc.step_planner import deep_plan_pays, plan_step
 from scheduler_proc.step_results import apply_result
 
 ABORT, ERROR = FinishReason.ABORT, FinishReason.ERROR
@@ -121,6 +121,17 @@ class Scheduler:
         return self.state.deltas.take(OUT_OF_BAND_STEP, None)
 
     # ------------------------------------------------------------------ steps
+
+    def may_plan(self, plans_in_flight: int) -> bool:
+        """Whether the loop may plan another step while `plans_in_flight` are out: below the
+        config's depth, and into the deepest slot of plans_ahead=2 only where it pays
+        (step_planner.deep_plan_pays)."""
+        depth = self.config.max_plans_in_flight
+        if plans_in_flight >= depth:
+            return False
+        if plans_in_flight < depth - 1 or self.config.plans_ahead < 2:
+            return True
+        return deep_plan_pays(self.state)
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step, or None when there is nothing to compute."""

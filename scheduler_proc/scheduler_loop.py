@@ -140,13 +140,12 @@ class SchedulerLoop:
     # ------------------------------------------------------------ loop
 
     def run(self) -> None:
-        max_in_flight = self.config.max_plans_in_flight
         sched = self.sched
         was_busy = False
         while not self.shutdown and self.rt.stop_reason is None:
             # Take everything already here: results first free blocks for the next plan.
             self._take_arrived()
-            if self.dead_reason is None and self.plans_in_flight < max_in_flight:
+            if self.dead_reason is None and sched.may_plan(self.plans_in_flight):
                 plan = sched.schedule()
                 if plan is not None:
                     self.timeline.mark(plan.step_id, "plan_out")  # encoding is the hop's

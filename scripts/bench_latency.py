@@ -42,7 +42,7 @@ import tempfile
 import time
 
 from benchlib import default_device, drain, greedy, hardware_bound_s, random_ids, run
-from benchlib.cli import add_model_source, resolve_model_dir
+from benchlib.cli import add_model_source, add_plans_ahead, resolve_model_dir
 
 from protocol import (
     AddRequest,
@@ -248,8 +248,7 @@ def main() -> None:
     ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True,
                     help="workers launch the next step before this one's tokens reach the host "
                     "(default on, as in the engine)")
-    ap.add_argument("--plans-ahead", type=int, default=1, choices=(1, 2),
-                    help="steps the pipeline's scheduler plans ahead of the results")
+    add_plans_ahead(ap)
     ap.add_argument("--hop-iters", type=int, default=5000)
     ap.add_argument("--hop-plan-seqs", type=int, default=256)
     args = ap.parse_args()

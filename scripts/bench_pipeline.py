@@ -1,6 +1,7 @@
 """W1 offline throughput through the whole pipeline (tokenizer, scheduler, workers,
 detokenizer, client) in several modes: overlap scheduling on, off, on with worker
-lookahead ("ahead"), and that with the scheduler two plans ahead ("ahead2": --plans-ahead 2).
+lookahead ("ahead": the defaults, the scheduler two plans ahead in small all-decoding batches
+on a GPU), and that with one plan ahead always ("ahead1": --plans-ahead 1) or two ("ahead2").
 
     python scripts/bench_pipeline.py --make-random qwen3-0.6b      # on the GPU machine
     python scripts/bench_pipeline.py --make-random qwen3-0.6b --modes ahead,on
@@ -44,12 +45,16 @@ from frontend import LLM
 from gpu_workers import ModelConfig
 from protocol.host_timeline import ENV as TIMELINE_ENV
 
+PLANS_AHEAD = {"off": 1, "on": 1, "ahead": None, "ahead1": 1, "ahead2": 2}
+"""--plans-ahead of each mode (None: the engine's default)."""
+
 
 def run_mode(model_dir: str, args: argparse.Namespace, mode: str, work) -> dict:
-    """mode: "off" (no overlap), "on" (scheduler overlap), "ahead" (and worker lookahead),
-    "ahead2" (and the scheduler planning two steps ahead of the results)."""
+    """mode: "off" (no overlap), "on" (scheduler overlap), "ahead" (and worker lookahead: the
+    defaults), "ahead1" / "ahead2" (and the scheduler one / two steps ahead of the results in
+    every step)."""
     llm = LLM(model_dir, device=args.device, overlap=mode != "off",
-              worker_lookahead=mode in ("ahead", "ahead2"), plans_ahead=1 + (mode == "ahead2"),
+              worker_lookahead=mode.startswith("ahead"), plans_ahead=PLANS_AHEAD[mode],
               max_num_seqs=args.max_num_seqs,
               max_model_len=args.max_input_len + args.max_output_len,
               max_num_batched_tokens=args.max_num_batched_tokens,
@@ -70,7 +75,7 @@ def main() -> None:
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--modes", default="on,off",
                     help="comma-separated: on (overlap), off, ahead (overlap + worker "
-                    "lookahead), ahead2 (and two plans ahead)")
+                    "lookahead: the defaults), ahead1, ahead2 (one, two plans ahead always)")
     ap.add_argument("--nano-vllm", metavar="DIR", help="a nano-vLLM checkout to run W1 with too")
     ap.add_argument("--plot", metavar="OUT.png", help="write a figure of the results")
     ap.add_argument("--profile-json", metavar="FILE",
@@ -85,9 +90,9 @@ def main() -> None:
     mc = ModelConfig.from_dir(model_dir)
     if peer is not None and mc.model_type != "qwen3":
         ap.error(f"--nano-vllm runs Qwen3 models only; this one is {mc.model_type}")
-    unknown = set(args.modes.split(",")) - {"on", "off", "ahead", "ahead2"}
+    unknown = set(args.modes.split(",")) - PLANS_AHEAD.keys()
     if unknown:
-        ap.error(f"unknown --modes {sorted(unknown)}: on, off, ahead, ahead2")
+        ap.error(f"unknown --modes {sorted(unknown)}: {', '.join(PLANS_AHEAD)}")
     work = w1_workload(args.num_seqs, args.max_input_len, args.max_output_len, mc.vocab_size)
     bound_s, parts = hardware_bound_s(mc, param_count(model_dir), work)
     results = {}

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchlib import default_device, emit, greedy, random_prompts
-from benchlib.cli import add_model_source, resolve_model_dir
+from benchlib.cli import add_model_source, add_plans_ahead, resolve_model_dir
 
 from frontend import AsyncClient, SamplingParams
 from frontend.engine.config import EngineConfig
@@ -150,8 +150,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker-lookahead", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--plans-ahead", type=int, default=1, choices=(1, 2),
-                    help="steps the scheduler plans ahead of the results (2 needs lookahead)")
+    add_plans_ahead(ap)
     ap.add_argument("--plot", metavar="OUT.png", help="write a figure of the results")
     args = ap.parse_args()
     lo, hi = args.prompt_len_range

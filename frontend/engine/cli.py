@@ -109,7 +109,7 @@ def _add_options(p: argparse.ArgumentParser, prefix: str, cls: type,
         else:
             kw["metavar"] = opt.metavar or flags_of(opt, f.name)[0][2:].upper().replace("-", "_")
             if typ in (int, float):
-                kw["type"] = typ
+                kw["type"] = opt.number_type(typ)
         where.add_argument(*flags_of(opt, f.name), **kw)
 
 

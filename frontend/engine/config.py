@@ -23,6 +23,7 @@ from protocol.limits import (
     ATTENTION_BACKENDS,
     BLOCK_SIZE,
     CPU_KV_CACHE_BYTES,
+    DEEP_PLAN_MAX_SEQS,
     MAX_MODEL_LEN_CAP,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
@@ -104,11 +105,14 @@ class EngineConfig:
     worker_lookahead: bool = option(
         True, "workers wait for each step's tokens to reach the host before launching the next",
         flags=("--no-worker-lookahead",))
-    plans_ahead: int = option(
-        1, "steps the scheduler plans ahead of the results it has (with overlap): 2 plans step "
-        "N+2 while N runs, so a step's result need not come back before the step after next "
-        "is launched, at one more discarded step per finished sequence; needs worker "
-        "lookahead, not with speculative decoding", minimum=1, maximum=2, metavar="K")
+    plans_ahead: int | None = option(
+        None, "steps the scheduler plans ahead of the results it has (with overlap): 2 plans "
+        "step N+2 while N runs, so a step's result need not come back before the step after "
+        "next is launched, at one more discarded step per finished sequence; needs worker "
+        "lookahead, not with speculative decoding. auto: on a GPU 2 while at most "
+        f"{DEEP_PLAN_MAX_SEQS} sequences run, all decoding and none waiting (small batches, "
+        "where the host's per-step chain paces decoding), else 1", minimum=1, maximum=2,
+        metavar="K", auto="auto")
     speculative: str | None = option(
         None, "speculative decoding: ngram proposes the tokens that followed the last "
         "--ngram-size tokens earlier in the sequence, draft runs --draft-model K steps to "
@@ -143,11 +147,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_options(self)
         self._check_nodes()
-        if self.plans_ahead > 1 and not (self.overlap and self.worker_lookahead):
+        if (self.plans_ahead or 1) > 1 and not (self.overlap and self.worker_lookahead):
             raise ConfigError("EngineConfig", "plans_ahead",
                               "> 1 needs overlap and worker lookahead (a worker that "
                               "launches a step before the previous one's tokens are back)")
-        if self.plans_ahead > 1 and self.speculative is not None:
+        if (self.plans_ahead or 1) > 1 and self.speculative is not None:
             raise ConfigError("EngineConfig", "plans_ahead",
                               "> 1 does not go with speculative decoding (a step's accepted "
                               "tokens decide the next plan's positions)")
@@ -270,8 +274,16 @@ class EngineConfig:
         return self.num_speculative_tokens if self.speculative else 0
 
     @property
+    def resolved_plans_ahead(self) -> int:
+        if self.plans_ahead is not None:
+            return self.plans_ahead
+        deep_ok = (self.overlap and self.worker_lookahead and self.speculative is None
+                   and self.resolved_device == "cuda")
+        return 2 if deep_ok else 1
+
+    @property
     def max_plans_in_flight(self) -> int:
-        return plans_in_flight(self.overlap, self.plans_ahead)
+        return plans_in_flight(self.overlap, self.resolved_plans_ahead)
 
     def resolved(self, name: str) -> Any:
         """Field `name` as the processes get it: `resolved_<name>` where there is one."""
@@ -315,7 +327,9 @@ class EngineConfig:
         from scheduler_proc.config import GPU_RESULT_SPIN_S, SchedulerConfig
 
         spin_s = GPU_RESULT_SPIN_S if self.resolved_device == "cuda" else 0.0
-        return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks, result_spin_s=spin_s)
+        deep_limit = DEEP_PLAN_MAX_SEQS if self.plans_ahead is None else None
+        return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks, result_spin_s=spin_s,
+                            deep_plan_max_seqs=deep_limit)
 
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))

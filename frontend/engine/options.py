@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import Field, dataclass, field
 from typing import Any
 
@@ -28,6 +29,14 @@ class Option:
     """A strict lower bound (the value must be greater)."""
     group: str = "engine"
     metavar: str | None = None
+
+    def number_type(self, typ: type) -> Callable[[str], Any]:
+        """The command line's parser of a number field: the number, or the auto word."""
+        def parse(text: str) -> Any:
+            return text if self.auto is not None and text == self.auto else typ(text)
+
+        parse.__name__ = typ.__name__  # argparse names it in "invalid int value"
+        return parse
 
 
 def option(default: Any, help: str, **kw: Any) -> Any:

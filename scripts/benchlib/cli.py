@@ -52,6 +52,14 @@ def add_w1_shape(ap: argparse.ArgumentParser, *, batched_tokens: bool = True) ->
                         help="tokens in one step at most (default: %(default)s)")
 
 
+def add_plans_ahead(ap: argparse.ArgumentParser) -> None:
+    """--plans-ahead as the engine takes it: auto (its default), 1 or 2; None for auto."""
+    ap.add_argument("--plans-ahead", type=lambda v: None if v == "auto" else int(v),
+                    default=None, choices=(None, 1, 2), metavar="{auto,1,2}",
+                    help="steps the pipeline's scheduler plans ahead of the results (default "
+                    "auto: the engine's choice; 2 needs worker lookahead)")
+
+
 def resolve_model_dir(args: argparse.Namespace, device: str, out: str | Path | None = None,
                       tokenizer: bool = False) -> str | None:
     """The model directory the arguments name: --model as given (None when neither flag was

@@ -12,7 +12,7 @@ from frontend.actors.detokenizer import DetokenizerConfig
 from frontend.engine.config import ENGINE_FIELDS, EngineConfig
 from frontend.engine.options import ConfigError
 from gpu_workers.config import WorkerConfig
-from protocol.limits import BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS
+from protocol.limits import BLOCK_SIZE, DEEP_PLAN_MAX_SEQS, MAX_NUM_BATCHED_TOKENS
 from scheduler_proc.config import SchedulerConfig
 
 
@@ -92,6 +92,25 @@ def test_overlap_headroom_is_one_number_the_worker_receives(model_dir, overlap, 
     assert worker.max_seq_tokens == 100 + plans
     assert worker.max_blocks_per_seq == 7 + plans - 1
     assert worker.mirror_rows >= plans * 8
+
+
+@pytest.mark.parametrize("device,kw,plans,limit", [
+    ("cuda", {}, 3, DEEP_PLAN_MAX_SEQS),
+    ("cpu", {}, 2, DEEP_PLAN_MAX_SEQS),
+    ("cuda", dict(plans_ahead=2), 3, None),
+    ("cuda", dict(plans_ahead=1), 2, DEEP_PLAN_MAX_SEQS),
+    ("cuda", dict(worker_lookahead=False), 2, DEEP_PLAN_MAX_SEQS),
+    ("cuda", dict(overlap=False), 1, DEEP_PLAN_MAX_SEQS),
+    ("cuda", dict(speculative="ngram"), 2, DEEP_PLAN_MAX_SEQS)])
+def test_plans_ahead_auto_is_two_for_small_batches_on_a_gpu(model_dir, device, kw, plans, limit):
+    """Left to auto, a GPU engine may plan two steps ahead (in small all-decoding batches) and
+    the worker is sized for it; given explicitly, 2 applies to every step; where it cannot
+    work (no overlap, no lookahead, speculation) or on a CPU, auto is 1."""
+    engine = EngineConfig(model=model_dir, max_model_len=100, block_size=16, max_num_seqs=8,
+                          device=device, **kw)
+    worker, sched = engine.worker_config("x"), engine.scheduler_config(64)
+    assert sched.max_plans_in_flight == plans == worker.max_plans_in_flight
+    assert sched.deep_plan_max_seqs == (None if "plans_ahead" in kw else limit)
 
 
 @pytest.mark.parametrize("kw,why", [

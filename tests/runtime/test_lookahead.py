@@ -106,24 +106,30 @@ def test_lookahead_equals_step_by_step(tiny_qwen3_dir, kv_bytes):
     assert (resent > 0) == (kv_bytes < 1 << 20)  # the tight pool preempts and re-sends
 
 
+@pytest.mark.parametrize("deep_limit", [None, 2])
 @pytest.mark.parametrize("kv_bytes", [1 << 20, 12 * 8192])
-def test_planning_two_steps_ahead_equals_step_by_step(tiny_qwen3_dir, kv_bytes):
+def test_planning_two_steps_ahead_equals_step_by_step(tiny_qwen3_dir, kv_bytes, deep_limit):
     """plans_ahead=2: the scheduler sends plan N+2 before result N, the worker launches it
     while N+1 runs; the block tables agree after each launch, every request finishes, and
     greedy and seeded requests give step by step's tokens. (Unseeded ones draw from the
     engine's generator, whose draws follow the batches, which differ: a finished sequence is
-    computed once more and admissions come a step later.)"""
+    computed once more and admissions come a step later.) With a deep limit of 2 (the GPU
+    default's policy, with a smaller limit) the depth changes between steps."""
     reqs = requests(kv_bytes + 1)
     sync, _ = generate(tiny_qwen3_dir, reqs, SyncWorker, kv_bytes)
     runner = make_runner(tiny_qwen3_dir, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=kv_bytes,
                          max_num_seqs=8, max_num_batched_tokens=64, max_plans_in_flight=3)
     sched = Scheduler(SchedulerConfig(runner.num_kv_blocks, runner.config.block_size,
                                       max_num_seqs=8, max_num_batched_tokens=64,
-                                      max_model_len=MAX_MODEL_LEN, plans_ahead=2))
+                                      max_model_len=MAX_MODEL_LEN, plans_ahead=2,
+                                      deep_plan_max_seqs=deep_limit))
     assert sched.config.max_plans_in_flight == 3
     for r in reqs:
         sched.add_request(r)
-    out = drive_lookahead(sched, runner).outputs
+    collected = drive_lookahead(sched, runner)
+    out = collected.outputs
+    depths = set(collected.outstanding_at_plan)
+    assert 2 in depths and (deep_limit is None or {0, 1} & depths)
     got = {rid: (o.token_ids, o.finish_reason) for rid, o in out.items()}
     assert got.keys() == sync.keys() and all(reason is not None for _, reason in got.values())
     deterministic = [r.request_id for r in reqs

@@ -149,6 +149,8 @@ class Collector:
 
     def __init__(self) -> None:
         self.outputs: dict[int, Output] = {}
+        self.outstanding_at_plan: list[int] = []
+        """For each plan made, the plans whose results were still unprocessed then."""
 
     def add(self, deltas: TokenDeltas | None) -> None:
         if deltas is None:
@@ -181,8 +183,9 @@ def drive(
     collector.add(sched.pop_deltas())
     outstanding: deque[StepResult] = deque()
     for step in range(max_steps):
-        plan = sched.schedule()
+        plan = sched.schedule() if not overlap or sched.may_plan(len(outstanding)) else None
         if plan is not None:
+            collector.outstanding_at_plan.append(len(outstanding))
             outstanding.append(worker.execute(plan))
         if hook is not None:
             hook(sched, step)

@@ -42,8 +42,9 @@ def drive_lookahead(sched: Scheduler, runner, collector: Collector | None = None
     results: deque = deque()  # finished, not processed by the scheduler yet
     processed = 0
     for _ in range(max_steps):
-        plan = sched.schedule() if outstanding < sched.config.max_plans_in_flight else None
+        plan = sched.schedule() if sched.may_plan(outstanding) else None
         if plan is not None:
+            collector.outstanding_at_plan.append(outstanding)
             outstanding += 1
             expected = _tables(sched, plan)
             step = runner.launch(plan)

@@ -23,10 +23,19 @@ def workload(seed: int, n: int = 24):
     return reqs
 
 
+def ahead(plans_ahead):
+    """SchedulerConfig fields for a parametrized depth: 1, 2, or "small" (two ahead only
+    while at most three sequences run, all decoding, none waiting: the GPU default's policy
+    with a limit the workloads here cross)."""
+    if plans_ahead == "small":
+        return dict(plans_ahead=2, deep_plan_max_seqs=3)
+    return dict(plans_ahead=plans_ahead)
+
+
 def run(reqs, overlap, num_blocks, caching=True, batched=24, plans_ahead=1):
     cfg = SchedulerConfig(num_blocks, 4, max_num_seqs=8, max_num_batched_tokens=batched,
                           max_model_len=32, enable_prefix_caching=caching, overlap=overlap,
-                          plans_ahead=plans_ahead)
+                          **ahead(plans_ahead))
     sched, worker = Scheduler(cfg), FakeWorker(num_blocks, 4)
     for r in reqs:
         sched.add_request(r)
@@ -37,7 +46,7 @@ def run(reqs, overlap, num_blocks, caching=True, batched=24, plans_ahead=1):
 
 @pytest.mark.parametrize("num_blocks", [8, 12, 40])
 @pytest.mark.parametrize("caching", [True, False])
-@pytest.mark.parametrize("plans_ahead", [1, 2])
+@pytest.mark.parametrize("plans_ahead", [1, 2, "small"])
 def test_overlap_on_and_off_give_identical_outputs(num_blocks, caching, plans_ahead):
     reqs = workload(num_blocks)
     on, worker = run(reqs, True, num_blocks, caching, plans_ahead=plans_ahead)
@@ -91,12 +100,12 @@ def test_finish_revealed_while_next_step_in_flight():
     assert c.outputs[1].token_ids == ref[: k + 1]
 
 
-@pytest.mark.parametrize("plans_ahead", [1, 2])
+@pytest.mark.parametrize("plans_ahead", [1, 2, "small"])
 def test_length_finish_is_not_overscheduled(plans_ahead):
     """A token in flight that reaches max_tokens is not fed back in another step (the fake
     worker also refuses any step computed past a request's max_tokens)."""
     sched = Scheduler(SchedulerConfig(16, 4, max_model_len=64, overlap=True,
-                                      plans_ahead=plans_ahead))
+                                      **ahead(plans_ahead)))
     worker = FakeWorker(16, 4)
     sched.add_request(make_request(1, 5, max_tokens=4, ignore_eos=True))
     out = drive(sched, worker).outputs[1]
@@ -105,12 +114,12 @@ def test_length_finish_is_not_overscheduled(plans_ahead):
     assert len(steps_with_seq) == 4  # prefill + 3 decodes, one per generated token
 
 
-@pytest.mark.parametrize("plans_ahead", [1, 2])
+@pytest.mark.parametrize("plans_ahead", [1, 2, "small"])
 def test_abort_between_schedule_and_result(plans_ahead):
     """Abort arrives while two (or three) plans are unanswered: nothing is freed twice or
     leaked."""
     sched = Scheduler(SchedulerConfig(16, 4, max_model_len=64, overlap=True,
-                                      plans_ahead=plans_ahead))
+                                      **ahead(plans_ahead)))
     worker = FakeWorker(16, 4)
     sched.add_request(make_request(1, 6, max_tokens=10, ignore_eos=True))
     sched.add_request(make_request(2, 6, max_tokens=10, ignore_eos=True))
@@ -123,3 +132,41 @@ def test_abort_between_schedule_and_result(plans_ahead):
     out = drive(sched, worker, hook=hook).outputs
     assert out[1].finish_reason == FinishReason.ABORT and len(out[1].token_ids) < 10
     assert out[2].finish_reason == FinishReason.LENGTH and len(out[2].token_ids) == 10
+
+
+def test_second_plan_ahead_only_for_small_decoding_batches():
+    """With a limit of two sequences, the third plan in flight is made only for steps of at
+    most two decoding entries with nothing waiting; it is made once the batch is small, and
+    the outputs equal plain generation."""
+    cfg = SchedulerConfig(64, 4, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64,
+                          plans_ahead=2, deep_plan_max_seqs=2)
+    sched, worker = Scheduler(cfg), FakeWorker(64, 4)
+    reqs = [make_request(rid, 6, max_tokens=4 + 6 * rid, ignore_eos=True) for rid in range(3)]
+    for r in reqs:
+        sched.add_request(r)
+    collected = drive(sched, worker)
+    deep = [plan for plan, out in zip(worker.plans, collected.outstanding_at_plan, strict=True)
+            if out == 2]
+    assert deep, "no step was planned two ahead once the batch was small"
+    assert max(collected.outstanding_at_plan) == 2
+    for plan in deep:
+        assert not plan.new_seqs and len(plan.cached.seq_ids) <= 2
+        assert set(plan.cached.num_new) == {1}
+    early = [out for plan, out in zip(worker.plans, collected.outstanding_at_plan, strict=True)
+             if len(plan.cached.seq_ids) + len(plan.new_seqs) == 3]
+    assert early and max(early) < 2  # three running: never two ahead
+    for r in reqs:
+        assert collected.outputs[r.request_id].token_ids == reference_generate(
+            r.prompt_token_ids, r.params, r.eos_token_ids, 64)[0]
+
+
+def test_may_plan_counts_the_depth_and_the_waiting():
+    cfg = SchedulerConfig(64, 4, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64,
+                          plans_ahead=2, deep_plan_max_seqs=4)
+    sched = Scheduler(cfg)
+    sched.add_request(make_request(1, 6, max_tokens=8))
+    assert sched.may_plan(0) and sched.may_plan(1)
+    assert not sched.may_plan(2)  # a request waits: its prefill goes in the next slot
+    assert not sched.may_plan(3)
+    one_ahead = Scheduler(SchedulerConfig(64, 4, max_model_len=64, plans_ahead=1))
+    assert one_ahead.may_plan(1) and not one_ahead.may_plan(2)
