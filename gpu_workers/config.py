@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 
-from gpu_workers.partition import HeadShard, partition_heads
-from protocol import model_config as hf
 from protocol.limits import (
     ATTENTION_BACKENDS,
     BLOCK_SIZE,
@@ -18,24 +16,14 @@ from protocol.limits import (
     MAX_NUM_SEQS,
     plans_in_flight,
 )
+from protocol.model_shape import ModelShape, canonical_dtype
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
-
-_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-}
 
 
 def parse_dtype(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name.removeprefix("torch.")]
-    except KeyError:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}") from None
+    """The torch dtype `name` names (protocol.model_shape says which names are accepted)."""
+    return getattr(torch, canonical_dtype(name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +73,7 @@ class WorkerConfig:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.dtype is not None:
-            parse_dtype(self.dtype)
+            canonical_dtype(self.dtype)
         if self.speculative not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative must be one of {SPECULATIVE_METHODS}, "
                              f"got {self.speculative!r}")
@@ -130,68 +118,24 @@ DEFAULT_CPU_KV_BYTES = CPU_KV_CACHE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
-class ModelConfig:
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
-    tie_word_embeddings: bool
+class ModelConfig(ModelShape):
+    """The model shape (protocol.model_shape parses and checks it, for the launcher too) and
+    the torch dtype its weights and KV cache use."""
+
     dtype: torch.dtype
-    max_position_embeddings: int
-    eos_token_ids: tuple[int, ...]
-    qkv_bias: bool
-    qk_norm: bool
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, dtype: str | None = None) -> ModelConfig:
-        return cls.from_dict(hf.read_model_config(model_dir), dtype)
+        return cls.from_shape(ModelShape.from_dir(model_dir, dtype))
 
     @classmethod
     def from_dict(cls, cfg: dict, dtype: str | None = None) -> ModelConfig:
-        model_type = cfg.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model_type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})"
-            )
-        heads, kv_heads = hf.attention_heads(cfg)
-        hidden = hf.require(cfg, "hidden_size")
-        rope = cfg.get("rope_parameters") or {}
-        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-        scaling = cfg.get("rope_scaling") or (rope if rope else None)
-        if scaling is not None:
-            kind = scaling.get("rope_type", scaling.get("type", "default"))
-            scaling = None if kind == "default" else {**scaling, "rope_type": kind}
-        dtype_name = dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
-        return cls(
-            model_type=model_type,
-            vocab_size=hf.require(cfg, "vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=hf.require(cfg, "intermediate_size"),
-            num_layers=hf.require(cfg, "num_hidden_layers"),
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=cfg.get("head_dim") or hidden // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
-            rope_scaling=scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            dtype=parse_dtype(dtype_name),
-            max_position_embeddings=hf.max_position_embeddings(cfg),
-            eos_token_ids=hf.eos_token_ids(cfg),
-            qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
-            qk_norm=model_type == "qwen3",
-        )
+        return cls.from_shape(ModelShape.from_dict(cfg, dtype))
 
-    def head_shards(self, world_size: int) -> list[HeadShard]:
-        """Each rank's attention heads (ValueError if world_size cannot run this model)."""
-        return partition_heads(self.num_heads, self.num_kv_heads, world_size)
+    @classmethod
+    def from_shape(cls, shape: ModelShape) -> ModelConfig:
+        values = {f.name: getattr(shape, f.name) for f in fields(ModelShape)}
+        return cls(**values, dtype=parse_dtype(shape.dtype_name))
 
     def kv_bytes_per_token(self, world_size: int = 1, rank: int | None = None) -> int:
         """Bytes of K and V per token on one rank; rank None = the rank holding the most."""

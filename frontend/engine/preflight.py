@@ -13,6 +13,7 @@ import socket
 
 from frontend.engine.config import EngineConfig
 from protocol import model_config as hf
+from protocol.model_shape import ModelShape
 
 
 def check_model_path(model: str) -> None:
@@ -54,15 +55,16 @@ def check_device(config: EngineConfig) -> None:
 
 
 def check_model_fits_tp(config: EngineConfig) -> None:
-    """The model's type and dtype are supported and its heads can be split `tp` ways."""
-    from gpu_workers.config import ModelConfig
-    from gpu_workers.partition import partition_heads
+    """The model's type and dtype are supported and its heads can be split `tp` ways.
 
+    With the workers' own parser (protocol.model_shape), which needs no torch: importing
+    gpu_workers here would cost the launcher torch's seconds of start-up.
+    """
     try:
-        model = ModelConfig.from_dir(config.model_dir, config.dtype)
+        model = ModelShape.from_dir(config.model_dir, config.dtype)
     except hf.ModelConfigError as exc:
         raise ValueError(f"model {config.model_dir!r}: {exc}") from None
-    partition_heads(model.num_heads, model.num_kv_heads, config.tensor_parallel_size)
+    model.head_shards(config.tensor_parallel_size)
 
 
 def check_port_free(host: str, port: int, what: str) -> None:

@@ -1,4 +1,5 @@
-"""partition_heads: the exact shards of each rank, and one-line errors for sizes that cannot run."""
+"""partition_heads (protocol.head_partition): the exact shards of each rank, and one-line
+errors for sizes that cannot run."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu_workers.partition import even_split, partition_from_hf_config, partition_heads
+from protocol.head_partition import even_split, partition_from_hf_config, partition_heads
 
 
 def _shards(num_heads: int, num_kv_heads: int, tp: int) -> list[tuple[range, range]]:
