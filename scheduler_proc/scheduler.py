@@ -31,6 +31,7 @@ from scheduler_proc.admission import admission_error, with_resolved_max_tokens
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.invariants import check_integrity
+from scheduler_proc.pacing import PacingMeter
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import SchedulerState
 from scheduler_proc.stats import snapshot
@@ -43,6 +44,10 @@ ABORT, ERROR = FinishReason.ABORT, FinishReason.ERROR
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.state = SchedulerState(config)
+        self.pacing: PacingMeter | None = None
+        """With plans_ahead 2 and a limit: whether the host's chain paces decoding."""
+        if config.plans_ahead > 1 and config.deep_plan_max_seqs is not None:
+            self.pacing = PacingMeter()
 
     # Read-only views of the state, for the process loop, benchmarks and tests.
     @property
@@ -124,19 +129,25 @@ class Scheduler:
 
     def may_plan(self, plans_in_flight: int) -> bool:
         """Whether the loop may plan another step while `plans_in_flight` are out: below the
-        config's depth, and into the deepest slot of plans_ahead=2 only where it pays
-        (step_planner.deep_plan_pays)."""
+        config's depth, and into the deepest slot of plans_ahead=2 only where it pays: a
+        small batch that only decodes (step_planner.deep_plan_pays), paced by the host's
+        chain rather than by the device (scheduler_proc.pacing)."""
         depth = self.config.max_plans_in_flight
         if plans_in_flight >= depth:
             return False
         if plans_in_flight < depth - 1 or self.config.plans_ahead < 2:
             return True
-        return deep_plan_pays(self.state)
+        pacing = self.pacing
+        return deep_plan_pays(self.state) and (pacing is None or pacing.host_paced())
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step, or None when there is nothing to compute."""
         start = time.perf_counter()
+        depth = len(self.state.inflight)
         plan = plan_step(self.state)
+        if plan is not None and self.pacing is not None:
+            decode_only = not plan.new_seqs and max(plan.cached.num_new, default=0) == 1
+            self.pacing.planned(plan.step_id, depth, decode_only)
         self.state.stats.schedule_time_s += time.perf_counter() - start
         return plan
 
@@ -144,6 +155,8 @@ class Scheduler:
         """Append the tokens of the oldest plan in flight, apply stop conditions, free the
         finished, and return the deltas for the detokenizer (with any queued out-of-band)."""
         start = time.perf_counter()
+        if self.pacing is not None:
+            self.pacing.result(result.step_id, result.gpu_busy_s, start)
         deltas = apply_result(self.state, result)
         self.state.stats.result_time_s += time.perf_counter() - start
         self.state.stats.gpu_busy_s += result.gpu_busy_s

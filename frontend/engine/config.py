@@ -110,8 +110,9 @@ class EngineConfig:
         "step N+2 while N runs, so a step's result need not come back before the step after "
         "next is launched, at one more discarded step per finished sequence; needs worker "
         "lookahead, not with speculative decoding. auto: on a GPU 2 while at most "
-        f"{DEEP_PLAN_MAX_SEQS} sequences run, all decoding and none waiting (small batches, "
-        "where the host's per-step chain paces decoding), else 1", minimum=1, maximum=2,
+        f"{DEEP_PLAN_MAX_SEQS} sequences run, all decoding and none waiting, while the "
+        "host's per-step chain is measured to be longer than the device's step, else 1",
+        minimum=1, maximum=2,
         metavar="K", auto="auto")
     speculative: str | None = option(
         None, "speculative decoding: ngram proposes the tokens that followed the last "

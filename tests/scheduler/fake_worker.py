@@ -79,6 +79,8 @@ class FakeWorker:
         self.mirrors: dict[int, Mirror] = {}
         self.next_step = 0
         self.plans: list[StepPlan] = []
+        self.busy_s = 0.0
+        """The device time each result reports (0: the host's chain paces every step)."""
 
     def _slot(self, m: Mirror, pos: int) -> int:
         return m.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
@@ -134,7 +136,7 @@ class FakeWorker:
                 m.token_ids.append(tok)
                 ids.append(sid)
                 toks.append(tok)
-        return StepResult(plan.step_id, ids, toks, None)
+        return StepResult(plan.step_id, ids, toks, None, gpu_busy_s=self.busy_s)
 
 
 @dataclass

@@ -134,17 +134,28 @@ def test_abort_between_schedule_and_result(plans_ahead):
     assert out[2].finish_reason == FinishReason.LENGTH and len(out[2].token_ids) == 10
 
 
-def test_second_plan_ahead_only_for_small_decoding_batches():
-    """With a limit of two sequences, the third plan in flight is made only for steps of at
-    most two decoding entries with nothing waiting; it is made once the batch is small, and
-    the outputs equal plain generation."""
-    cfg = SchedulerConfig(64, 4, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64,
+def small_batch_run(busy_s: float):
+    """Three requests under a limit of two sequences, the fake device taking `busy_s` a step
+    (the host's chain here takes microseconds)."""
+    cfg = SchedulerConfig(64, 4, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=80,
                           plans_ahead=2, deep_plan_max_seqs=2)
     sched, worker = Scheduler(cfg), FakeWorker(64, 4)
-    reqs = [make_request(rid, 6, max_tokens=4 + 6 * rid, ignore_eos=True) for rid in range(3)]
+    worker.busy_s = busy_s
+    reqs = [make_request(rid, 6, max_tokens=4 + 30 * rid, ignore_eos=True) for rid in range(3)]
     for r in reqs:
         sched.add_request(r)
     collected = drive(sched, worker)
+    for r in reqs:
+        assert collected.outputs[r.request_id].token_ids == reference_generate(
+            r.prompt_token_ids, r.params, r.eos_token_ids, 80)[0]
+    return worker, collected
+
+
+def test_second_plan_ahead_only_for_small_decoding_batches():
+    """With a limit of two sequences and the host's chain pacing, the third plan in flight is
+    made only for steps of at most two decoding entries with nothing waiting; it is made once
+    the batch is small, and the outputs equal plain generation."""
+    worker, collected = small_batch_run(busy_s=0.0)
     deep = [plan for plan, out in zip(worker.plans, collected.outstanding_at_plan, strict=True)
             if out == 2]
     assert deep, "no step was planned two ahead once the batch was small"
@@ -155,9 +166,12 @@ def test_second_plan_ahead_only_for_small_decoding_batches():
     early = [out for plan, out in zip(worker.plans, collected.outstanding_at_plan, strict=True)
              if len(plan.cached.seq_ids) + len(plan.new_seqs) == 3]
     assert early and max(early) < 2  # three running: never two ahead
-    for r in reqs:
-        assert collected.outputs[r.request_id].token_ids == reference_generate(
-            r.prompt_token_ids, r.params, r.eos_token_ids, 64)[0]
+
+
+def test_no_second_plan_ahead_where_the_device_paces():
+    """The same run with a device step far longer than the chain: never two ahead."""
+    _, collected = small_batch_run(busy_s=1.0)
+    assert max(collected.outstanding_at_plan) == 1
 
 
 def test_may_plan_counts_the_depth_and_the_waiting():
