@@ -145,6 +145,8 @@ class EngineStats:
     gpu_busy_s: float = 0.0
     """Device time of the steps' forward and sample as the workers measured it (rank 0); over
     an interval, 1 - busy / elapsed is the share the GPU sat idle."""
+    steps_two_ahead: int = 0
+    """Plans made while two others were in flight (plans_ahead 2: the host's chain hidden)."""
     finished_by_reason: list[int] = field(default_factory=list)
     """Cumulative finished requests per FinishReason (index = its value)."""
     finished: list[RequestMetrics] = field(default_factory=list)

@@ -145,6 +145,8 @@ class Scheduler:
         start = time.perf_counter()
         depth = len(self.state.inflight)
         plan = plan_step(self.state)
+        if plan is not None and depth >= 2:
+            self.state.stats.steps_two_ahead += 1
         if plan is not None and self.pacing is not None:
             decode_only = not plan.new_seqs and max(plan.cached.num_new, default=0) == 1
             self.pacing.planned(plan.step_id, depth, decode_only)

@@ -32,7 +32,7 @@ class SchedulerStats:
     __slots__ = ("prompt_tokens", "cached_prompt_tokens", "generated_tokens", "preemptions",
                  "finished_requests", "schedule_time_s", "result_time_s",
                  "spec_proposed_tokens", "spec_accepted_tokens", "gpu_busy_s",
-                 "finished_by_reason", "records")
+                 "steps_two_ahead", "finished_by_reason", "records")
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
@@ -45,6 +45,7 @@ class SchedulerStats:
         self.spec_proposed_tokens = 0
         self.spec_accepted_tokens = 0
         self.gpu_busy_s = 0.0
+        self.steps_two_ahead = 0
         self.finished_by_reason = [0] * len(FinishReason)
         self.records: deque[RequestMetrics] = deque(maxlen=MAX_UNPUBLISHED_RECORDS)
 
@@ -106,6 +107,7 @@ def snapshot(state: SchedulerState) -> EngineStats:
         spec_proposed_tokens=s.spec_proposed_tokens,
         spec_accepted_tokens=s.spec_accepted_tokens,
         gpu_busy_s=s.gpu_busy_s,
+        steps_two_ahead=s.steps_two_ahead,
         finished_by_reason=list(s.finished_by_reason),
         finished=s.take_records(),
     )

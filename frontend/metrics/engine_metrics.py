@@ -52,6 +52,9 @@ class _LatestStats(Collector):
         yield c("num_preemptions", "Sequences preempted (their KV freed, recomputed later).",
                 s.preemptions if s else 0)
         yield c("engine_steps", "Steps the scheduler planned.", s.steps if s else 0)
+        yield c("engine_steps_two_ahead", "Steps planned while two others were in flight "
+                "(--plans-ahead: where the host's per-step chain paces decoding).",
+                s.steps_two_ahead if s else 0)
         yield c("gpu_busy_seconds", "Device time of the steps' forward and sample, as the "
                 "workers time it (rank 0); its rate is the share of time the GPU was busy.",
                 s.gpu_busy_s if s else 0.0)

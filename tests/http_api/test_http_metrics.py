@@ -148,6 +148,7 @@ def test_metrics_endpoint_counts_what_the_requests_did(base_url):
     assert delta["nanopipe:engine_steps_total"] >= 5
     assert delta["nanopipe:gpu_busy_seconds_total"] > 0  # the worker's own step timing
     assert after["nanopipe:spec_proposed_tokens_total"] == 0  # no speculation here
+    assert after["nanopipe:engine_steps_two_ahead_total"] == 0  # one plan ahead on a CPU
     for name in HISTOGRAMS:
         # Every request finished so far (this module's) is in each histogram, once.
         assert after[f"nanopipe:{name}_count"] == finished(after), name

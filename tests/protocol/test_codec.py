@@ -63,7 +63,7 @@ EXAMPLES = [
     WatchRequest(4, "r1"),
     WatchGoodbye("worker 0 exited with code -9", True),
     EngineStats(12.5, 40, 900, 300, 1200, 1, 7, 0.25, 0.5, 3, 2, 41, 100),
-    EngineStats(12.5, 40, 900, 300, 1200, 1, 7, 0.25, 0.5, 3, 2, 41, 100, 12, 9, 0.4,
+    EngineStats(12.5, 40, 900, 300, 1200, 1, 7, 0.25, 0.5, 3, 2, 41, 100, 12, 9, 0.4, 5,
                 [5, 1, 1, 0],
                 [METRICS, p.RequestMetrics(1.7e9, None, None, None, 0.5, 9, 0, 0, 0, ERROR)]),
     p.Ready("worker", 0, 1234, "cuda:0"),

@@ -148,6 +148,8 @@ def small_batch_run(busy_s: float):
     for r in reqs:
         assert collected.outputs[r.request_id].token_ids == reference_generate(
             r.prompt_token_ids, r.params, r.eos_token_ids, 80)[0]
+    planned_deep = collected.outstanding_at_plan.count(2)
+    assert sched.stats().steps_two_ahead == planned_deep  # what operators see
     return worker, collected
 
 
