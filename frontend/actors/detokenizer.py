@@ -52,7 +52,7 @@ from protocol.process_runtime import (
 )
 from protocol.sockets import RouterSocket
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("nanopipe.detokenizer")
 
 STOP, ABORT = FinishReason.STOP, FinishReason.ABORT
 

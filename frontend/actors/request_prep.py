@@ -25,7 +25,7 @@ from protocol import (
     RequestError,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("nanopipe.tokenizer")
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ from protocol.process_runtime import (
 )
 from protocol.sockets import RouterSocket
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("nanopipe.tokenizer")
 
 TOKENIZE_THREADS = 2
 """Tokenizing threads: long prompts use all but one, so a short request never waits."""

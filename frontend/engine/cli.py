@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import signal
 import socket
 import sys
@@ -21,6 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from frontend.engine.config import EngineConfig
+from frontend.engine.log_config import configure_logging
 from frontend.engine.options import ConfigError, Option, check_options, described_fields, option
 from frontend.engine.pipeline import Pipeline
 from frontend.engine.preflight import check_port_free
@@ -226,8 +226,7 @@ def _bind_http(host: str, port: int) -> socket.socket:
 def serve(command: ServeCommand) -> int:
     """Run the pipeline (and the HTTP API) until stopped; 1 when the engine died."""
     config, http = command.engine, command.http
-    logging.basicConfig(level=http.log_level.upper(),
-                        format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(http.log_level)
     # Installed before anything starts, so a SIGTERM during start-up still stops everything.
     stop = StopSignal()
     signal.signal(signal.SIGTERM, stop)

@@ -15,7 +15,7 @@ from protocol.auth import CurveKeys
 from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
 from protocol.sockets import MessageSocket
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("nanopipe.metrics")
 
 POLL_MS = 100
 

@@ -30,7 +30,7 @@ from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
 from protocol.process_runtime import ProcessRuntime
 from protocol.sockets import MessageSocket
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("nanopipe.router")
 
 MAX_TRACKED_PLACEMENTS = 1 << 18
 """Request ids whose replica is remembered (for aborts and a replica's death). The tokenizer
