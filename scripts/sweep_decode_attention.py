@@ -7,6 +7,7 @@ sequence, every (tile, splits) pair runs from a CUDA graph of 28 calls with a bl
 as wide as a 4,096-token context, as a decode step runs it. Printed: microseconds per call.
 
     python scripts/sweep_decode_attention.py [--iters 30]
+    python scripts/sweep_decode_attention.py --shapes smollm2-135m --tiles 128,256
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ TILES = (64, 128)
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
-def sweep(heads: tuple[int, int, int], batch: int, lo: int, hi: int, iters: int) -> None:
+def sweep(heads: tuple[int, int, int], batch: int, lo: int, hi: int, iters: int,
+          tiles: tuple[int, ...] = TILES) -> None:
     h, hkv, d = heads
     rng = random.Random(0)
     lens = [rng.randint(lo, hi) for _ in range(batch)]
@@ -40,7 +42,7 @@ def sweep(heads: tuple[int, int, int], batch: int, lo: int, hi: int, iters: int)
                              seq_lens, d**-0.5)
     print(f"batch {batch}, context {lo}-{hi}: automatic {bench_graphed(call, iters):.1f} us",
           flush=True)
-    for tile in TILES:
+    for tile in tiles:
         times = [bench_graphed(functools.partial(call, num_splits=n, block_n=tile), iters)
                  for n in SPLITS]
         row = [f"{n}:{us:.1f}" for n, us in zip(SPLITS, times, strict=True)]
@@ -50,15 +52,24 @@ def sweep(heads: tuple[int, int, int], batch: int, lo: int, hi: int, iters: int)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--shapes", default=",".join(SHAPES),
+                        help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--tiles", default=",".join(map(str, TILES)),
+                        help="comma-separated keys per tile (powers of two >= 16)")
     args = parser.parse_args()
+    shapes = args.shapes.split(",")
+    tiles = tuple(int(t) for t in args.tiles.split(","))
+    if unknown := set(shapes) - SHAPES.keys():
+        parser.error(f"unknown --shapes {sorted(unknown)}")
     if not torch.cuda.is_available():
         raise SystemExit("sweep_decode_attention needs a CUDA GPU")
     print(torch.cuda.get_device_name())
     torch.manual_seed(0)
-    for name, heads in SHAPES.items():
+    for name in shapes:
+        heads = SHAPES[name]
         print(f"== {name} shape: {heads[0]} q / {heads[1]} kv heads of {heads[2]}")
         for batch, lo, hi in CASES:
-            sweep(heads, batch, lo, hi, args.iters)
+            sweep(heads, batch, lo, hi, args.iters, tiles)
 
 
 if __name__ == "__main__":
