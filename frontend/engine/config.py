@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
-from frontend.engine.options import ConfigError, check_options, option
+from frontend.engine.options import ConfigError, check_options, option, resolve_auto_words
 from frontend.router.config import ROUTING_POLICIES, RouterConfig
 from protocol import model_config as hf
 from protocol.limits import (
@@ -146,6 +146,7 @@ class EngineConfig:
         maximum=86400, metavar="S", group="")
 
     def __post_init__(self) -> None:
+        resolve_auto_words(self)
         check_options(self)
         self._check_nodes()
         if (self.plans_ahead or 1) > 1 and not (self.overlap and self.worker_lookahead):

@@ -73,6 +73,15 @@ def base_type(hint: Any) -> type:
     return hint
 
 
+def resolve_auto_words(config: Any) -> None:
+    """Turn a field given as its auto word ("auto", "off") into None, the value it stands for,
+    so `LLM(device="auto")` means what `--device auto` does."""
+    for f, opt, _ in described_fields(type(config)):
+        value = getattr(config, f.name)
+        if opt.auto is not None and isinstance(value, str) and value == opt.auto:
+            object.__setattr__(config, f.name, None)
+
+
 def check_options(config: Any) -> None:
     """Raise ConfigError for the first field outside its type, choices or bounds."""
     owner = type(config).__name__
@@ -84,11 +93,13 @@ def check_options(config: Any) -> None:
             raise ConfigError(owner, f.name, "must not be None")
         if typ is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
-            raise ConfigError(owner, f.name, f"must be {typ.__name__}, got {value!r}")
+        auto = () if opt.auto is None else (opt.auto,)
         if opt.choices is not None and value not in opt.choices:
-            raise ConfigError(owner, f.name, f"must be one of {', '.join(map(repr, opt.choices))}"
-                                             f", got {value!r}")
+            allowed = ", ".join(map(repr, auto + tuple(opt.choices)))
+            raise ConfigError(owner, f.name, f"must be one of {allowed}, got {value!r}")
+        if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+            wanted = " or ".join([typ.__name__, *map(repr, auto)])
+            raise ConfigError(owner, f.name, f"must be {wanted}, got {value!r}")
         low, high = opt.minimum, opt.maximum
         if low is not None and high is not None and not low <= value <= high:
             raise ConfigError(owner, f.name, f"must be in {low:g}..{high:g}, got {value!r}")

@@ -134,13 +134,22 @@ def test_a_bad_flag_is_a_usage_error_naming_it(argv, expected, capsys):
     ({"max_num_seqs": 0}, "EngineConfig.max_num_seqs must be >= 1"),
     ({"block_size": "16"}, "EngineConfig.block_size must be int, got '16'"),
     ({"enforce_eager": 1}, "EngineConfig.enforce_eager must be bool"),
-    ({"device": "tpu"}, "EngineConfig.device must be one of 'cpu', 'cuda', got 'tpu'"),
+    ({"device": "tpu"}, "EngineConfig.device must be one of 'auto', 'cpu', 'cuda', got 'tpu'"),
+    ({"plans_ahead": "two"}, "EngineConfig.plans_ahead must be int or 'auto', got 'two'"),
     ({"attention_backend": "magic"}, "EngineConfig.attention_backend must be one of"),
     ({"kv_cache_bytes": -1}, "EngineConfig.kv_cache_bytes must be >= 1"),
 ])
 def test_a_bad_keyword_argument_names_the_field(kwargs, expected):
     with pytest.raises(ValueError, match=expected):
         EngineConfig(**kwargs)
+
+
+def test_an_auto_word_means_what_it_means_on_the_command_line(tmp_path):
+    """LLM(device="auto") is --device auto: the word stands for None, the default."""
+    words = dict(device="auto", dtype="auto", plans_ahead="auto", speculative="off")
+    given = EngineConfig(**words)
+    assert all(getattr(given, name) is None for name in words)
+    assert given == EngineConfig()
 
 
 def test_llm_takes_the_engine_fields_and_refuses_others_before_starting():
