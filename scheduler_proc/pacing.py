@@ -47,12 +47,14 @@ class PacingMeter:
         self._last_s = now_s
         if depth is None:
             return
-        self._busy.append(busy_s)
-        # One plan was in flight when this one was made: it was launched as soon as the
-        # chain allowed, so the time since the previous result is that chain (or the
-        # device's step, if that was longer).
-        if depth == 1 and consecutive:
+        # One plan was in flight when this one was made, and the meter kept the scheduler
+        # to one ahead: the step was launched as soon as the chain allowed, so the time since
+        # the previous result is that chain (or the device's step, if that was longer). Two
+        # ahead, a plan made after two results came in together is also one ahead, but its
+        # period is not the chain's.
+        if depth == 1 and consecutive and not self.host_paced():
             self._periods.append(now_s - last_s)
+        self._busy.append(busy_s)
 
     @property
     def chain_s(self) -> float | None:

@@ -18,7 +18,9 @@ for the launch time, each step ends on a simulated device the device time after 
 its launch and the previous step's end, and with --plans-ahead 1 or 2 (overlap on) the worker
 serves plans the way gpu_workers.worker_proc does with lookahead: a plan that arrives before
 the step in flight ends is launched first. The time per step then says whether the control
-plane keeps such a device busy (it cannot go below the device time).
+plane keeps such a device busy (it cannot go below the device time). Its results report the
+device time as the steps' busy time, so with --plans-ahead auto the scheduler's pacing meter
+decides as on a GPU; the line ends with how many steps it planned two ahead.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from protocol import (
     StepResult,
     TokenDeltas,
 )
+from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
+from protocol.limits import DEEP_PLAN_MAX_SEQS
 from protocol.sockets import MessageSocket
 from scheduler_proc import SchedulerConfig
 from scheduler_proc.scheduler_loop import run_scheduler
@@ -97,10 +101,20 @@ class FakeWorker:
         plan, ends = launched
         _spin(ends - time.perf_counter())
         ids = [s.seq_id for s in plan.new_seqs] + list(plan.cached.seq_ids)
-        self.results.send(StepResult(plan.step_id, ids, [7] * len(ids), None))
+        self.results.send(StepResult(plan.step_id, ids, [7] * len(ids), None,
+                                     gpu_busy_s=self.device_s))
         while self.detok.poll(0):
             self.detok.recv()
         return 1
+
+
+def _last_stats(sub: MessageSocket) -> EngineStats:
+    """The scheduler's counters as published after the run (every 0.5 s, so wait for two)."""
+    last, deadline = None, time.monotonic() + 1.5
+    while time.monotonic() < deadline or last is None:
+        if sub.poll(100):
+            last = sub.recv()
+    return last
 
 
 def _spin(seconds: float) -> float:
@@ -122,17 +136,20 @@ def main() -> None:
                     help="simulated device time per step (0: the worker answers at once)")
     ap.add_argument("--launch-us", type=float, default=0.0,
                     help="host time the simulated worker spends launching a step")
-    ap.add_argument("--plans-ahead", type=int, default=0, choices=(0, 1, 2),
-                    help="0: overlap off; 1 or 2: overlap on, the worker with lookahead")
+    ap.add_argument("--plans-ahead", default="0", choices=("0", "1", "2", "auto"),
+                    help="0: overlap off; 1, 2 or auto (two where the pacing meter says the "
+                    "host paces, as on a GPU): overlap on, the worker with lookahead")
     ap.add_argument("--result-spin-us", type=float, default=0.0,
                     help="the scheduler's spin while a result is due (an engine on a GPU "
                     "spins 5000 µs; it needs a core of its own)")
     args = ap.parse_args()
     total = args.repeats * args.steps + 16
-    ahead = args.plans_ahead
+    auto = args.plans_ahead == "auto"
+    ahead = 2 if auto else int(args.plans_ahead)
     config = SchedulerConfig(args.seqs * (-(-(total + 64) // BLOCK_SIZE) + 1), BLOCK_SIZE,
                              max_num_seqs=max(args.seqs, 1), max_model_len=total + 64,
                              overlap=ahead > 0, plans_ahead=max(ahead, 1),
+                             deep_plan_max_seqs=DEEP_PLAN_MAX_SEQS if auto else None,
                              result_spin_s=args.result_spin_us * 1e-6)
     ep = Endpoints.ipc(1)
     ctx = zmq.Context()
@@ -141,29 +158,33 @@ def main() -> None:
     scheduler = mp.get_context("spawn").Process(target=run_scheduler, args=(config, ep, 1),
                                                 daemon=True)
     scheduler.start()
-    front = None
+    front = stats = None
     try:
         if not control.poll(30_000) or not isinstance(control.recv(), Ready):
             raise SystemExit("the scheduler did not start")
         front = MessageSocket(ctx, zmq.PUSH, ep.scheduler_in, bind=False)
+        stats = MessageSocket(ctx, zmq.SUB, ep.deltas_pub, bind=False, accepts=(EngineStats,))
+        stats.socket.setsockopt(zmq.UNSUBSCRIBE, b"")
+        stats.socket.setsockopt(zmq.SUBSCRIBE, ENGINE_STATS_TOPIC)
         params = SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
         for rid in range(args.seqs):
             front.send(AddRequest(rid, [(rid + i) % 1000 for i in range(8)], params, []))
         worker.serve(16)  # the prefill and a few decode steps
         per_step = [worker.serve(args.steps) / args.steps for _ in range(args.repeats)]
         med = statistics.median(per_step)
-        mode = f"{ahead} plan(s) ahead, worker lookahead" if ahead else "overlap off"
+        mode = f"{args.plans_ahead} plan(s) ahead, worker lookahead" if ahead else "overlap off"
         if args.device_us or args.launch_us:
             mode += f", device {args.device_us:g} µs and launch {args.launch_us:g} µs a step"
         if args.result_spin_us:
             mode += f", the scheduler spinning {args.result_spin_us:g} µs"
         print(f"{args.seqs} decoding sequence(s), {mode}: {med * 1e6:.1f} µs per step "
               f"(median of {args.repeats} runs of {args.steps} steps; "
-              f"{min(per_step) * 1e6:.1f}-{max(per_step) * 1e6:.1f})", flush=True)
+              f"{min(per_step) * 1e6:.1f}-{max(per_step) * 1e6:.1f}); "
+              f"{_last_stats(stats).steps_two_ahead} steps planned two ahead", flush=True)
     finally:
         scheduler.terminate()
         scheduler.join(5)
-        for sock in (control, worker.steps, worker.results, worker.detok, front):
+        for sock in (control, worker.steps, worker.results, worker.detok, front, stats):
             if sock is not None:
                 sock.close()
         ctx.term()

@@ -161,6 +161,22 @@ def test_bench_pipeline_gives_each_mode_its_own_host_timeline(tiny_qwen3_dir, tm
         assert "plan hop" in done.stdout and "period" in done.stdout
 
 
+def test_the_pacing_meter_plans_two_ahead_only_where_the_modelled_host_paces():
+    """The real scheduler process with plans-ahead auto against the modelled worker: a 300 µs
+    launch before a 100 µs device step (the host's chain paces) gets steps planned two ahead;
+    a 20 ms device step (the device paces) gets none, as does one plan ahead."""
+    def two_ahead(ahead: str, device_us: str, launch_us: str) -> int:
+        out = run_script("scripts/bench_step_loop.py", "--steps", "40", "--repeats", "1",
+                         "--device-us", device_us, "--launch-us", launch_us,
+                         "--plans-ahead", ahead).stdout
+        line = out.strip().splitlines()[-1]
+        return int(line.rsplit("; ", 1)[1].split(" steps planned two ahead")[0])
+
+    assert two_ahead("auto", "100", "300") > 0
+    assert two_ahead("auto", "20000", "100") == 0
+    assert two_ahead("1", "100", "300") == 0
+
+
 def test_bench_step_loop_models_a_device_it_cannot_outrun():
     """With a simulated device the steps take at least the device time each (the first may
     have started before the timed window), whatever the plans ahead; the modelled worker
