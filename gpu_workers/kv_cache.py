@@ -63,7 +63,7 @@ def check_fits(num_blocks: int, config: WorkerConfig, model: ModelConfig, world_
 class KVCache:
     """One rank's pool. Its KV-head count is the one of the attention layers it is bound to:
     under tensor parallelism ranks may hold different numbers of KV heads (see
-    gpu_workers.partition), so the storage is allocated by bind(). The block count is the same
+    protocol.head_partition), so the storage is allocated by bind(). The block count is the same
     on every rank (the runner agrees on it, sizing by the rank that holds the most heads), so
     world_size is not needed here any more; it stays in the signature the runner calls."""
 

@@ -1,7 +1,7 @@
 """Load Hugging Face safetensors checkpoints (single file or sharded) into a CausalLM.
 
 Each parameter's owning layer slices out its tensor-parallel shard (uneven shards included,
-see gpu_workers.partition); the packed qkv_proj and gate_up_proj take their parts from the
+see protocol.head_partition); the packed qkv_proj and gate_up_proj take their parts from the
 separate HF tensors by shard id, or from a checkpoint that stores them packed already, which is
 cut into those parts first.
 """

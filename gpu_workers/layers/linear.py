@@ -2,7 +2,7 @@
 
 Column-parallel layers split the output features across ranks (no communication); row-parallel
 layers split the input features and all-reduce the partial sums. Shards may be uneven (see
-gpu_workers.partition): each layer knows the global range of features its rank holds. Packed
+protocol.head_partition): each layer knows the global range of features its rank holds. Packed
 layers (QKV, gate-up) hold several HF weights side by side; their loaders take a shard id saying
 which one, and `packed_shards` lists the parts of a checkpoint that stores them already packed.
 """
@@ -14,9 +14,9 @@ from torch import nn
 
 from gpu_workers.layers.cpu_linear import cpu_linear
 from gpu_workers.layers.parallel import TPInfo
-from gpu_workers.partition import even_split, partition_heads
 from kernels.activation import silu_and_mul
 from kernels.skinny_linear import gated_linear, linear
+from protocol.head_partition import even_split, partition_heads
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:

@@ -13,8 +13,8 @@ from frontend.actors.model_tokenizer import eos_token_ids, model_vocab_size
 from frontend.engine.config import EngineConfig
 from frontend.engine.preflight import check_model_fits_tp
 from gpu_workers.config import ModelConfig
-from gpu_workers.partition import partition_from_hf_config
 from protocol import model_config as hf
+from protocol.head_partition import partition_from_hf_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "scheduler_proc", "gpu_workers", "kernels", "frontend")

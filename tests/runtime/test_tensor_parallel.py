@@ -1,7 +1,7 @@
 """TP over gloo (one process per rank) produces exactly the tokens of TP=1.
 
 Including TP sizes that do not divide the head counts: uneven KV-head groups per rank, and KV
-heads replicated when TP exceeds them (gpu_workers.partition), on tiny random models and on the
+heads replicated when TP exceeds them (protocol.head_partition), on tiny random models and on the
 embedded SmolLM2-135M (9 query heads, 3 KV heads).
 """
 
@@ -24,7 +24,7 @@ from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
 from tiny_models import make_tiny_model
 
-from gpu_workers.partition import even_split, partition_heads
+from protocol.head_partition import even_split, partition_heads
 
 PROMPT_LENGTHS = [3, 18, 41]
 MAX_TOKENS = 12

@@ -14,7 +14,7 @@ from gpu_workers.config import ModelConfig
 from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.loader import load_weights
 from gpu_workers.models import CausalLM
-from gpu_workers.partition import even_split, partition_heads
+from protocol.head_partition import even_split, partition_heads
 
 SHAPE = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, intermediate_size=98)
 D = 16  # head_dim of the tiny models
