@@ -43,8 +43,8 @@ class PacingMeter:
         """A step's result arrived at `now_s` (any clock with seconds)."""
         depth = self._depth.pop(step_id, None)
         consecutive = self._last_step == step_id - 1
-        self._last_step, last_s = step_id, self._last_s
-        self._last_s = now_s
+        last_s = self._last_s
+        self._last_step, self._last_s = step_id, now_s
         if depth is None:
             return
         # One plan was in flight when this one was made, and the meter kept the scheduler

@@ -112,8 +112,7 @@ class EngineConfig:
         "lookahead, not with speculative decoding. auto: on a GPU 2 while at most "
         f"{DEEP_PLAN_MAX_SEQS} sequences run, all decoding and none waiting, while the "
         "host's per-step chain is measured to be longer than the device's step, else 1",
-        minimum=1, maximum=2,
-        metavar="K", auto="auto")
+        minimum=1, maximum=2, metavar="K", auto="auto")
     speculative: str | None = option(
         None, "speculative decoding: ngram proposes the tokens that followed the last "
         "--ngram-size tokens earlier in the sequence, draft runs --draft-model K steps to "
@@ -149,11 +148,11 @@ class EngineConfig:
         resolve_auto_words(self)
         check_options(self)
         self._check_nodes()
-        if (self.plans_ahead or 1) > 1 and not (self.overlap and self.worker_lookahead):
+        if self.plans_ahead == 2 and not (self.overlap and self.worker_lookahead):
             raise ConfigError("EngineConfig", "plans_ahead",
                               "> 1 needs overlap and worker lookahead (a worker that "
                               "launches a step before the previous one's tokens are back)")
-        if (self.plans_ahead or 1) > 1 and self.speculative is not None:
+        if self.plans_ahead == 2 and self.speculative is not None:
             raise ConfigError("EngineConfig", "plans_ahead",
                               "> 1 does not go with speculative decoding (a step's accepted "
                               "tokens decide the next plan's positions)")

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 class StopSignal:
     """SIGTERM or Ctrl-C in the launcher: a KeyboardInterrupt where the main thread is, and
-    remembered.
-    A library may swallow that exception (torch's C start-up does, when the signal lands
+    remembered. A library may swallow that exception (torch's C start-up does, when the signal lands
     while it imports numpy): start-up and the serving loop check the flag, so the stop is
     never lost."""
 
