@@ -11,9 +11,6 @@ A step that verifies speculative proposals has Q = 1 + K queries per sequence, t
 positions of its context, each attending causally up to its own position. They share the
 sequence's keys, so they are rows of the same program (with the q heads of one kv head):
 the KV is still read once per sequence, and Q is fixed per launch (CUDA-graph friendly).
-
-Shapes with few, small kv heads may instead run one program per sequence for all its kv heads
-(kernels/packed_decode_attention.py); `_use_packed` decides, and both write the same partials.
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ from kernels._common import (
     use_pdl,
     use_triton,
 )
-from kernels.packed_decode_attention import packed_split_kernel, packed_width
 
 MAX_SPLITS = 64
 
@@ -139,26 +135,14 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _tile(q: torch.Tensor, width: int) -> int:
-    """BLOCK_N: keys per tile, the unit a split is made of; `width` is the columns a key's
-    K row has in the tile (head dim, or all kv heads' when packed). On an H200, 128-key tiles
-    beat 64 by 3-4% at W1's load on head dim 128 and by ~20% on head dim 64 (a 64-wide tile
-    moves too few bytes per loop step); wider rows would not fit their staged K/V tiles in
-    shared memory, so the tile shrinks as the row grows (scripts/sweep_decode_attention.py)."""
+def _tile(q: torch.Tensor) -> int:
+    """BLOCK_N: keys per tile, the unit a split is made of. On an H200, 128-key tiles beat
+    64 by 3-4% at W1's load on head dim 128 and by ~20% on head dim 64 (a 64-wide tile
+    moves too few bytes per loop step); above head dim 128 the staged K/V tiles would not fit
+    in shared memory, so the tile halves (scripts/sweep_decode_attention.py)."""
     if not q.is_cuda:
         return 16
-    return 128 if width <= 128 else max(16, 128 * 128 // width)
-
-
-def _use_packed(num_kv_heads: int, head_dim: int) -> bool:
-    """Whether one program reads all kv heads of a sequence (the packed kernel) rather than
-    one kv head. Packing spreads each key's fixed work (block-table reads, address math,
-    softmax bookkeeping) over all heads' bytes, which pays where a head's row is short; it
-    costs registers for the wider tiles and zero products in the block-diagonal Q, and
-    leaves fewer programs to fill the GPU. Conservative bound: SmolLM2-135M's 3 kv heads of
-    64 qualify, head dim 128 (Qwen3) keeps a program per kv head.
-    `scripts/sweep_decode_attention.py --packed both` times the two kernels side by side."""
-    return num_kv_heads * head_dim <= 256 and head_dim <= 64
+    return 128 if q.shape[-1] <= 128 else 64
 
 
 def _launch_config(q: torch.Tensor, group: int, split: bool) -> tuple[int, int, int]:
@@ -170,14 +154,13 @@ def _launch_config(q: torch.Tensor, group: int, split: bool) -> tuple[int, int, 
 
 
 def _choose_splits(q: torch.Tensor, num_seqs: int, num_kv_heads: int, max_len: int,
-                   block_n: int, packed: bool = False) -> int:
-    """Enough (seq, kv head, split) programs, or (seq, split) ones when packed, to fill the
-    GPU several times over (so wave quantisation stays small), no more than the longest
-    context has tiles. A few sequences thus get one tile per program: their latency is one
-    tile's, not a loop's."""
+                   block_n: int) -> int:
+    """Enough (seq, kv head, split) programs to fill the GPU several times over (so wave
+    quantisation stays small), no more than the longest context has tiles. A few sequences
+    thus get one tile per program: their latency is one tile's, not a loop's."""
     if not q.is_cuda:
         return 1
-    programs = num_seqs if packed else num_seqs * num_kv_heads
+    programs = num_seqs * num_kv_heads
     want = cdiv(4 * _num_sms(q.device.index or 0), max(programs, 1))
     return max(1, min(want, cdiv(max_len, block_n), MAX_SPLITS))
 
@@ -194,11 +177,9 @@ def paged_decode_attention_triton(
     num_splits: int | None = None,
     q_per_seq: int = 1,
     block_n: int | None = None,
-    packed: bool | None = None,
 ) -> torch.Tensor:
     """`max_seqlen_k` defaults to the block-table capacity (static, so CUDA-graph safe);
-    `block_n` (keys per tile, a power of two >= 16) and `packed` (one program for all kv heads
-    of a sequence; None: `_use_packed`) are a benchmark's knobs."""
+    `block_n` (keys per tile, a power of two >= 16) is a benchmark's knob."""
     require_triton()
     num_seqs = _num_seqs(q, q_per_seq)
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens_k, num_seqs)
@@ -212,18 +193,15 @@ def paged_decode_attention_triton(
     if max_seqlen_k is None:
         max_seqlen_k = block_tables.shape[1] * block_size
     max_seqlen_k = max(max_seqlen_k, 1)
-    if packed is None:
-        packed = _use_packed(num_kv_heads, head_dim)
     if block_n is None:
-        block_n = _tile(q, packed_width(num_kv_heads, head_dim) if packed else head_dim)
+        block_n = _tile(q)
     check(block_n >= 16 and block_n & (block_n - 1) == 0,
           f"block_n must be a power of two >= 16, got {block_n}")
     if num_splits is None:
-        num_splits = _choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k, block_n, packed)
+        num_splits = _choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k, block_n)
     check(1 <= num_splits <= max_seqlen_k, f"num_splits must be in [1, {max_seqlen_k}]")
     num_splits = min(num_splits, cdiv(max_seqlen_k, block_n))  # a split holds whole tiles
-    rows_per_program = (num_heads if packed else group) * q_per_seq
-    num_warps, num_stages, rows = _launch_config(q, rows_per_program, num_splits > 1)
+    num_warps, num_stages, rows = _launch_config(q, group * q_per_seq, num_splits > 1)
     pdl = use_pdl(q)
     if num_splits > 1:
         part_out = torch.empty(q.shape[0], num_heads, num_splits, head_dim,
@@ -232,21 +210,17 @@ def paged_decode_attention_triton(
                                dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused
-    args = (q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens_k,
-            scale * LOG2E, num_splits,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0))
-    meta = dict(GROUP=group, QLEN=q_per_seq, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim,
-                BLOCK_SIZE=block_size, SPLIT=num_splits > 1,
-                DOT_PRECISION=dot_precision(q.dtype), PDL=pdl,
-                num_warps=num_warps, num_stages=num_stages, **launch_pdl(pdl))
-    if packed:
-        packed_split_kernel[(num_seqs, num_splits)](
-            *args, HEADS=num_heads, WIDTH=num_kv_heads * head_dim,
-            COLS=packed_width(num_kv_heads, head_dim), **meta)
-    else:
-        _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](*args, **meta)
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens_k,
+        scale * LOG2E, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        GROUP=group, QLEN=q_per_seq, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype), PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, **launch_pdl(pdl),
+    )
     if num_splits > 1:
         _decode_reduce_kernel[(q.shape[0], num_heads)](
             part_out, part_lse, out, num_heads, num_splits, out.stride(0), out.stride(1),

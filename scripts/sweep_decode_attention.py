@@ -4,13 +4,10 @@ The automatic choice (kernels/paged_decode_attention.py: `_tile`, `_choose_split
 rule of thumb; this sweep is the evidence for it. For both model shapes (Qwen3-0.6B: 16 q /
 8 kv heads of 128; SmolLM2-135M: 9 / 3 of 64) and batches from W1's load down to one
 sequence, every (tile, splits) pair runs from a CUDA graph of 28 calls with a block table
-as wide as a 4,096-token context, as a decode step runs it. Printed: microseconds per call,
-for the kernel with a program per kv head ("per-head") and the one with a program for all kv
-heads of a sequence ("packed"), or for whichever `_use_packed` picks (--packed auto); "-" where
-a configuration does not fit the GPU (its K/V tiles too wide for shared memory).
+as wide as a 4,096-token context, as a decode step runs it. Printed: microseconds per call.
 
-    python scripts/sweep_decode_attention.py [--iters 30] [--packed both]
-    python scripts/sweep_decode_attention.py --shapes smollm2-135m --tiles 32,64,128 --packed on
+    python scripts/sweep_decode_attention.py [--iters 30]
+    python scripts/sweep_decode_attention.py --shapes smollm2-135m --tiles 128,256
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ import random
 
 import torch
 from benchlib.cuda_timing import bench_graphed, make_cache
-from triton.runtime.errors import OutOfResources
 
 from kernels.paged_decode_attention import paged_decode_attention_triton
 
@@ -32,34 +28,25 @@ CASES = ((190, 200, 2000), (153, 200, 2000), (100, 200, 2000), (64, 200, 2000),
 few long contexts, and batch 1 at W4's context."""
 TILES = (64, 128)
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
-KERNELS = {"auto": (None,), "off": (False,), "on": (True,), "both": (False, True)}
-NAMES = {None: "automatic kernel", False: "per-head", True: "packed"}
-
-
-def timed(call, iters: int) -> str:
-    try:
-        return f"{bench_graphed(call, iters):.1f}"
-    except OutOfResources:
-        return "-"
 
 
 def sweep(heads: tuple[int, int, int], batch: int, lo: int, hi: int, iters: int,
-          tiles: tuple[int, ...] = TILES, kernels: tuple[bool | None, ...] = (None,)) -> None:
+          tiles: tuple[int, ...] = TILES) -> None:
     h, hkv, d = heads
     rng = random.Random(0)
     lens = [rng.randint(lo, hi) for _ in range(batch)]
     k_cache, v_cache, table = make_cache(lens, 256, 16, hkv, d)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, h, d, dtype=torch.bfloat16, device="cuda")
-    print(f"batch {batch}, context {lo}-{hi}", flush=True)
-    for packed in kernels:
-        call = functools.partial(paged_decode_attention_triton, q, k_cache, v_cache, table,
-                                 seq_lens, d**-0.5, packed=packed)
-        print(f"  {NAMES[packed]}: automatic {timed(call, iters)} us", flush=True)
-        for tile in tiles:
-            row = [f"{n}:{timed(functools.partial(call, num_splits=n, block_n=tile), iters)}"
-                   for n in SPLITS]
-            print(f"    {tile:3d}-key tiles, splits:time " + " ".join(row), flush=True)
+    call = functools.partial(paged_decode_attention_triton, q, k_cache, v_cache, table,
+                             seq_lens, d**-0.5)
+    print(f"batch {batch}, context {lo}-{hi}: automatic {bench_graphed(call, iters):.1f} us",
+          flush=True)
+    for tile in tiles:
+        times = [bench_graphed(functools.partial(call, num_splits=n, block_n=tile), iters)
+                 for n in SPLITS]
+        row = [f"{n}:{us:.1f}" for n, us in zip(SPLITS, times, strict=True)]
+        print(f"  {tile:3d}-key tiles, splits:time " + " ".join(row), flush=True)
 
 
 def main() -> None:
@@ -69,9 +56,6 @@ def main() -> None:
                         help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--tiles", default=",".join(map(str, TILES)),
                         help="comma-separated keys per tile (powers of two >= 16)")
-    parser.add_argument("--packed", choices=KERNELS, default="both",
-                        help="kernels to time: the packed one (on), the per-head one (off), "
-                             "both, or the automatic choice")
     args = parser.parse_args()
     shapes = args.shapes.split(",")
     tiles = tuple(int(t) for t in args.tiles.split(","))
@@ -85,7 +69,7 @@ def main() -> None:
         heads = SHAPES[name]
         print(f"== {name} shape: {heads[0]} q / {heads[1]} kv heads of {heads[2]}")
         for batch, lo, hi in CASES:
-            sweep(heads, batch, lo, hi, args.iters, tiles, KERNELS[args.packed])
+            sweep(heads, batch, lo, hi, args.iters, tiles)
 
 
 if __name__ == "__main__":
