@@ -77,8 +77,9 @@ def make_paged_case(
 
 
 def dense_causal_attention(case: dict) -> torch.Tensor:
-    """Naive per-head attention on a contiguous copy of each sequence's K/V (fp64)."""
-    q, kc, vc = case["q"].double(), case["k_cache"].double(), case["v_cache"].double()
+    """Naive per-head attention on a contiguous copy of each sequence's K/V (fp64, on the
+    CPU whatever the case's device)."""
+    q, kc, vc = (case[name].double().cpu() for name in ("q", "k_cache", "v_cache"))
     bs, hkv = kc.shape[1], kc.shape[2]
     group = q.shape[1] // hkv
     out = torch.zeros_like(q)

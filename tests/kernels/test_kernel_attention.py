@@ -46,7 +46,7 @@ def test_paged_attention_ref_matches_dense(batch, heads, paged_case, dense_atten
     (q_lens, ctx_lens), (h, hkv) = BATCHES[batch], HEADS[heads]
     case = paged_case(q_lens, ctx_lens, h, hkv, 32, 4, device="cpu")
     ref = paged_attention_ref(**case)
-    torch.testing.assert_close(ref.double(), dense_attention(case), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref.double().cpu(), dense_attention(case), atol=1e-5, rtol=1e-5)
 
 
 def test_paged_attention_head_dim_32_and_fp16(paged_case):
@@ -121,7 +121,7 @@ def test_decode_ref_matches_unified_and_dense(heads, paged_case, dense_attention
     case = paged_case([1] * 4, [0, 5, 31, 64], h, hkv, 32, 4, device="cpu")
     out = paged_decode_attention_ref(*decode_args(case))
     torch.testing.assert_close(out, paged_attention_ref(**case), **TOL)
-    torch.testing.assert_close(out.double(), dense_attention(case), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double().cpu(), dense_attention(case), atol=1e-5, rtol=1e-5)
 
 
 def test_dispatch_uses_ref_on_cpu_and_triton_on_cuda(paged_case):

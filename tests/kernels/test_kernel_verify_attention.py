@@ -31,9 +31,9 @@ def test_verify_attention_matches_dense_causal(q_per_seq, heads, num_splits, pag
     ctx = [0, 9, 21, 40]  # context before the step; the queries are the next q_per_seq
     case = paged_case([q_per_seq] * len(ctx), ctx, h, hkv, 16, 4)
     out = paged_decode_attention_triton(*_args(case), num_splits=num_splits, q_per_seq=q_per_seq)
-    torch.testing.assert_close(out.double().cpu(), dense_attention(case).cpu(), **TOL)
+    torch.testing.assert_close(out.double().cpu(), dense_attention(case), **TOL)
     ref = paged_decode_attention_ref(*_args(case), q_per_seq=q_per_seq)
-    torch.testing.assert_close(ref.double().cpu(), dense_attention(case).cpu(), **TOL)
+    torch.testing.assert_close(ref.double().cpu(), dense_attention(case), **TOL)
 
 
 def test_one_query_per_sequence_is_plain_decode(paged_case):
