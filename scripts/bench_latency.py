@@ -13,7 +13,10 @@ a prefill into a cache hit; the same prompts go through both paths. One warm-up 
 of the same shape precedes each path's timed repetitions; the medians are printed.
 
 - pipeline: Pipeline + Client.stream. TTFT is from the call to the first delta carrying a
-  token; TPOT is (last token's arrival - first's) / (tokens after the first delta).
+  token; TPOT is (last token's arrival - first's) / (tokens after the first delta). Over
+  the timed requests it also prints, from the scheduler's published counters, how many
+  steps were planned two ahead and the workers' device time per step: what the pacing
+  meter behind `--plans-ahead auto` compares the host's chain with.
 - direct: scheduler_proc.Scheduler + gpu_workers.ModelRunner in this process, as in
   scripts/bench_offline.py (overlap off: execute() is synchronous, there is nothing to
   overlap with). TTFT is from add_request to the first sampled token; TPOT is the mean
@@ -83,6 +86,7 @@ def bench_pipeline(engine_cfg, reqs: list[list[int]], warm: list[int], max_token
     t0 = time.perf_counter()
     with Pipeline(engine_cfg) as pipeline, Client(pipeline.address) as client:
         startup = time.perf_counter() - t0
+        stats = StatsWindow(pipeline)
 
         splits: list[dict[str, float]] = []
 
@@ -101,8 +105,47 @@ def bench_pipeline(engine_cfg, reqs: list[list[int]], warm: list[int], max_token
 
         one(warm)
         splits.clear()
+        stats.mark()
         runs = [one(p) for p in reqs]
-    return startup, runs, splits
+        steps = stats.since_mark()
+    return startup, runs, splits, steps
+
+
+class StatsWindow:
+    """The scheduler's counters over the timed requests, from the EngineStats it publishes
+    every 0.5 s: each end of the window waits for a message newer than itself."""
+
+    def __init__(self, pipeline) -> None:
+        from frontend.metrics.subscriber import StatsSubscriber
+
+        self._latest = None
+        ep = pipeline.endpoints
+        self._sub = StatsSubscriber(ep.deltas_pub, ep.keys, self._take)
+        self._start = None
+
+    def _take(self, stats) -> None:
+        self._latest = stats
+
+    def _fresh(self, timeout_s: float = 3.0):
+        asked = time.monotonic()
+        while time.monotonic() < asked + timeout_s:
+            if self._latest is not None and self._latest.time_s > asked:
+                return self._latest
+            time.sleep(0.05)
+        return None
+
+    def mark(self) -> None:
+        self._start = self._fresh()
+
+    def since_mark(self) -> dict | None:
+        """Steps, steps planned two ahead and the workers' device time per step (ms)."""
+        end = self._fresh()
+        self._sub.close()
+        if self._start is None or end is None or end.steps == self._start.steps:
+            return None
+        steps = end.steps - self._start.steps
+        return dict(steps=steps, two_ahead=end.steps_two_ahead - self._start.steps_two_ahead,
+                    busy_ms=1e3 * (end.gpu_busy_s - self._start.gpu_busy_s) / steps)
 
 
 def ttft_split(sent: float, first_token: float, m) -> dict[str, float]:
@@ -278,11 +321,16 @@ def main() -> None:
     warm_p, warm_d = prompts(2, args.prompt_len, mc.vocab_size, first_seed=1_000_000)
 
     # The pipeline first: its processes give the GPU back entirely when it stops.
-    p_start, p_runs, p_splits = bench_pipeline(engine_cfg, reqs, warm_p, args.max_tokens)
+    p_start, p_runs, p_splits, p_steps = bench_pipeline(engine_cfg, reqs, warm_p,
+                                                         args.max_tokens)
     pipe = summarize(p_runs)
     print(f"pipeline (overlap={'on' if args.overlap else 'off'}, start-up {p_start:.1f} s): "
           f"TTFT {pipe['ttft_ms']:.2f} ms, TPOT {pipe['tpot_ms']:.3f} ms "
           f"(median of {args.reps})", flush=True)
+    if p_steps:
+        pipe["steps"] = p_steps
+        print(f"pipeline steps: {p_steps['steps']}, {p_steps['two_ahead']} planned two ahead; "
+              f"the workers' device time {p_steps['busy_ms']:.3f} ms per step", flush=True)
     if p_splits:
         split = {k: 1e3 * statistics.median(s[k] for s in p_splits) for k in p_splits[0]}
         pipe["ttft_split_ms"] = {k: round(v, 3) for k, v in split.items()}
