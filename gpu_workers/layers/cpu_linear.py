@@ -1,21 +1,31 @@
 """Matmuls on the CPU with weights reordered once for oneDNN.
 
-`F.linear` on the CPU goes to MKL's sgemm, reading the [out, in] weight transposed; for the
-few rows of a decode step that reaches about half the machine's memory bandwidth (and on AMD
-CPUs MKL takes a generic path). oneDNN's inner product over a weight reordered once into its
+`F.linear` on the CPU goes to MKL's sgemm, reading the [out, in] weight transposed; on AMD
+CPUs MKL takes a generic path, which for the few rows of a decode step reaches about half the
+machine's memory bandwidth. oneDNN's inner product over a weight reordered once into its
 blocked layout reads the weights near the bandwidth: on two EPYC cores a SmolLM2-135M decode
 step's matmuls take about 0.65x the time at batch 1 and 16 (`python scripts/profile_cpu.py
 --ops 8` shows them), and prefills of 256 to 4,096 rows take about the same time (±10%).
 
+At one or two rows the answer depends on the CPU: on two cores of an Intel Xeon (AVX-512, no
+AMX) MKL's GEMV over the plain weights took 21.8 ms for a SmolLM2-135M step's matmuls against
+25.3 through oneDNN, while oneDNN won from four rows on (32.9 against 39.8 ms at four, 47.2
+against 60.6 at 16); on two AMD EPYC cores, where MKL takes a generic path, oneDNN was the
+faster at one row too. So on an Intel CPU the layers keep their plain weights beside the
+reordered ones (twice the weight memory) and use them for steps of up to FEW_ROWS rows. The
+choice is the CPU's, not a timing's at start-up, so a machine runs the same kernels (and
+rounds the same way) every time.
+
 After loading, `use_onednn_weights` gives every linear layer and the LM head on the CPU an
-`onednn_weight` and drops the plain one (a tied LM head's stays with the embedding, which
-looks rows up). Where oneDNN is missing or cannot take the dtype (bf16 needs AVX-512 or
-AVX-NE-CONVERT), the layer keeps its plain weight and F.linear. NANOPIPE_PLAIN_CPU_LINEAR=1
-keeps them all plain, to compare.
+`onednn_weight` and, unless the plain one is kept as above, drops the plain one (a tied LM
+head's stays with the embedding, which looks rows up). Where oneDNN is missing or cannot
+take the dtype (bf16 needs AVX-512 or AVX-NE-CONVERT), the layer keeps its plain weight and
+F.linear. NANOPIPE_PLAIN_CPU_LINEAR=1 keeps them all plain, to compare.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -23,6 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PLAIN_ENV = "NANOPIPE_PLAIN_CPU_LINEAR"
+FEW_ROWS = 2
+"""Steps of at most this many rows may take the plain weights (see the module's docstring)."""
 
 
 def onednn_wanted() -> bool:
@@ -51,7 +63,7 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor | None, onednn_weight: torc
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """The layer's matmul: over its reordered weight where it has one (only ever on the CPU),
     else F.linear over the plain one."""
-    if onednn_weight is not None:
+    if onednn_weight is not None and (weight is None or x.numel() > FEW_ROWS * x.shape[-1]):
         return onednn_linear(x, onednn_weight, bias)
     return F.linear(x, weight, bias)
 
@@ -62,6 +74,7 @@ def use_onednn_weights(model: nn.Module) -> None:
     using a copy the forward no longer does."""
     if not onednn_wanted():
         return
+    layers = []
     for module in model.modules():
         if not hasattr(module, "onednn_weight") or module.onednn_weight is not None:
             continue
@@ -70,4 +83,28 @@ def use_onednn_weights(model: nn.Module) -> None:
             continue
         reordered = onednn_layout(weight)
         if reordered is not None:
-            module.onednn_weight, module.weight = reordered, None
+            layers.append((module, reordered))
+    keep_plain = bool(layers) and few_rows_take_plain()
+    for module, reordered in layers:
+        module.onednn_weight = reordered
+        if not keep_plain:
+            module.weight = None
+
+
+def few_rows_take_plain() -> bool:
+    """Whether steps of up to FEW_ROWS rows use MKL over the plain weights: where torch has MKL
+    and the CPU is Intel's (see the module's docstring)."""
+    return torch.backends.mkl.is_available() and cpu_vendor() == "GenuineIntel"
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD"), "" elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
