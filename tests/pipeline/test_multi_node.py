@@ -28,10 +28,22 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PROMPTS = [[5, 6, 7, 8], [300, 2, 71, 9, 44, 12, 3], [17] * 20]
 
 
+def _ephemeral_ports() -> range:
+    """The ports the kernel hands to outgoing connections (Linux's default without /proc)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def _free_port_range(count: int) -> int:
-    """A first port P with P .. P+count-1 all free on loopback now."""
+    """A first port P with P .. P+count-1 all free on loopback now, below the ephemeral range:
+    the ranks' rendezvous opens outgoing connections before the scheduler binds its ports,
+    and one of them may take a free port from that range first."""
+    top = max(_ephemeral_ports().start, 20000 + 2 * count)
     for _ in range(200):
-        first = random.randint(20000, 60000 - count)
+        first = random.randint(10000, top - count)
         socks = []
         try:
             for port in range(first, first + count):
