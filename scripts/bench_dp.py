@@ -17,51 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import threading
 import time
 
-import zmq
-from benchlib import greedy, random_ids, random_prompts
+from benchlib import StatsFollower, greedy, random_ids, random_prompts
 
 from frontend import LLM
 from frontend.router import Router, RouterConfig
-from protocol import Decoder
-from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
-
-
-class StatsFollower:
-    """The latest EngineStats of one replica."""
-
-    def __init__(self, address: str) -> None:
-        self.latest: EngineStats | None = None
-        self._ctx = zmq.Context()
-        self._sub = self._ctx.socket(zmq.SUB)
-        self._sub.setsockopt(zmq.SUBSCRIBE, ENGINE_STATS_TOPIC)
-        self._sub.connect(address)
-        self._decoder = Decoder(EngineStats)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if self._sub.poll(50):
-                self.latest = self._decoder.decode(self._sub.recv())
-
-    def after(self, t: float, timeout: float = 30.0) -> EngineStats:
-        """The first stats taken after monotonic time `t`."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.latest is not None and self.latest.time_s > t:
-                return self.latest
-            time.sleep(0.05)
-        raise TimeoutError("no stats from a replica")
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sub.close(linger=0)
-        self._ctx.term()
 
 
 def make_groups(args: argparse.Namespace, vocab: int) -> list[list[list[int]]]:
@@ -79,7 +40,7 @@ def run_mode(args: argparse.Namespace, routing: str, groups: list[list[list[int]
     with LLM(args.model, device="cpu", dtype="float32", data_parallel_size=args.dp,
              routing=routing, max_model_len=args.max_model_len, block_size=args.block_size,
              kv_cache_bytes=args.kv_cache_bytes) as llm:
-        followers = [StatsFollower(r.deltas_pub) for r in llm.pipeline.replicas]
+        followers = [StatsFollower(r.deltas_pub, r.keys) for r in llm.pipeline.replicas]
         try:
             before = [f.after(time.monotonic()) for f in followers]
             firsts = [g[0] for g in groups]

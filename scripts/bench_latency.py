@@ -44,7 +44,15 @@ import statistics
 import tempfile
 import time
 
-from benchlib import default_device, drain, greedy, hardware_bound_s, random_ids, run
+from benchlib import (
+    StatsFollower,
+    default_device,
+    drain,
+    greedy,
+    hardware_bound_s,
+    random_ids,
+    run,
+)
 from benchlib.cli import add_model_source, add_plans_ahead, resolve_model_dir
 
 from protocol import (
@@ -86,7 +94,8 @@ def bench_pipeline(engine_cfg, reqs: list[list[int]], warm: list[int], max_token
     t0 = time.perf_counter()
     with Pipeline(engine_cfg) as pipeline, Client(pipeline.address) as client:
         startup = time.perf_counter() - t0
-        stats = StatsWindow(pipeline)
+        ep = pipeline.endpoints
+        stats = StatsFollower(ep.deltas_pub, ep.keys)
 
         splits: list[dict[str, float]] = []
 
@@ -103,49 +112,25 @@ def bench_pipeline(engine_cfg, reqs: list[list[int]], warm: list[int], max_token
                 splits.append(ttft_split(wall, first_wall, metrics))
             return ttft_tpot(start, arrivals)
 
-        one(warm)
-        splits.clear()
-        stats.mark()
-        runs = [one(p) for p in reqs]
-        steps = stats.since_mark()
-    return startup, runs, splits, steps
+        try:
+            one(warm)
+            splits.clear()
+            before = stats.after(time.monotonic())
+            runs = [one(p) for p in reqs]
+            after = stats.after(time.monotonic())
+        finally:
+            stats.close()
+    return startup, runs, splits, step_counts(before, after)
 
 
-class StatsWindow:
-    """The scheduler's counters over the timed requests, from the EngineStats it publishes
-    every 0.5 s: each end of the window waits for a message newer than itself."""
-
-    def __init__(self, pipeline) -> None:
-        from frontend.metrics.subscriber import StatsSubscriber
-
-        self._latest = None
-        ep = pipeline.endpoints
-        self._sub = StatsSubscriber(ep.deltas_pub, ep.keys, self._take)
-        self._start = None
-
-    def _take(self, stats) -> None:
-        self._latest = stats
-
-    def _fresh(self, timeout_s: float = 3.0):
-        asked = time.monotonic()
-        while time.monotonic() < asked + timeout_s:
-            if self._latest is not None and self._latest.time_s > asked:
-                return self._latest
-            time.sleep(0.05)
+def step_counts(before, after) -> dict | None:
+    """Steps between two EngineStats, those planned two ahead, and the workers' device time
+    per step (ms)."""
+    steps = after.steps - before.steps
+    if steps == 0:
         return None
-
-    def mark(self) -> None:
-        self._start = self._fresh()
-
-    def since_mark(self) -> dict | None:
-        """Steps, steps planned two ahead and the workers' device time per step (ms)."""
-        end = self._fresh()
-        self._sub.close()
-        if self._start is None or end is None or end.steps == self._start.steps:
-            return None
-        steps = end.steps - self._start.steps
-        return dict(steps=steps, two_ahead=end.steps_two_ahead - self._start.steps_two_ahead,
-                    busy_ms=1e3 * (end.gpu_busy_s - self._start.gpu_busy_s) / steps)
+    return dict(steps=steps, two_ahead=after.steps_two_ahead - before.steps_two_ahead,
+                busy_ms=1e3 * (after.gpu_busy_s - before.gpu_busy_s) / steps)
 
 
 def ttft_split(sent: float, first_token: float, m) -> dict[str, float]:

@@ -31,6 +31,7 @@ import statistics
 import time
 
 import zmq
+from benchlib import StatsFollower
 
 from protocol import (
     AddRequest,
@@ -43,7 +44,6 @@ from protocol import (
     StepResult,
     TokenDeltas,
 )
-from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
 from protocol.limits import DEEP_PLAN_MAX_SEQS
 from protocol.sockets import MessageSocket
 from scheduler_proc import SchedulerConfig
@@ -108,17 +108,6 @@ class FakeWorker:
         return 1
 
 
-def _last_stats(sub: MessageSocket) -> EngineStats:
-    """The scheduler's counters as published after the run (every 0.5 s: the last of 1.5 s)."""
-    last, deadline = None, time.monotonic() + 1.5
-    while time.monotonic() < deadline or (last is None and time.monotonic() < deadline + 10):
-        if sub.poll(100):
-            last = sub.recv()
-    if last is None:
-        raise SystemExit("the scheduler published no stats")
-    return last
-
-
 def _spin(seconds: float) -> float:
     """Busy the host for `seconds` (a launch's host work, or waiting on the device)."""
     end = time.perf_counter() + seconds
@@ -165,9 +154,7 @@ def main() -> None:
         if not control.poll(30_000) or not isinstance(control.recv(), Ready):
             raise SystemExit("the scheduler did not start")
         front = MessageSocket(ctx, zmq.PUSH, ep.scheduler_in, bind=False)
-        stats = MessageSocket(ctx, zmq.SUB, ep.deltas_pub, bind=False, accepts=(EngineStats,))
-        stats.socket.setsockopt(zmq.UNSUBSCRIBE, b"")
-        stats.socket.setsockopt(zmq.SUBSCRIBE, ENGINE_STATS_TOPIC)
+        stats = StatsFollower(ep.deltas_pub, ep.keys)
         params = SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
         for rid in range(args.seqs):
             front.send(AddRequest(rid, [(rid + i) % 1000 for i in range(8)], params, []))
@@ -182,11 +169,14 @@ def main() -> None:
         print(f"{args.seqs} decoding sequence(s), {mode}: {med * 1e6:.1f} µs per step "
               f"(median of {args.repeats} runs of {args.steps} steps; "
               f"{min(per_step) * 1e6:.1f}-{max(per_step) * 1e6:.1f}); "
-              f"{_last_stats(stats).steps_two_ahead} steps planned two ahead", flush=True)
+              f"{stats.after(time.monotonic()).steps_two_ahead} steps planned two ahead",
+              flush=True)
     finally:
         scheduler.terminate()
         scheduler.join(5)
-        for sock in (control, worker.steps, worker.results, worker.detok, front, stats):
+        if stats is not None:
+            stats.close()
+        for sock in (control, worker.steps, worker.results, worker.detok, front):
             if sock is not None:
                 sock.close()
         ctx.term()

@@ -14,18 +14,19 @@ import zmq
 
 from benchlib.workloads import W1_WARMUP_PROMPT, w1_params
 from protocol import ProtocolError
+from protocol.auth import CurveKeys
 from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
 from protocol.sockets import MessageSocket
 
 
 class StatsFollower:
-    """Keeps the latest EngineStats of a pipeline (frontend.engine.pipeline.Pipeline)."""
+    """Keeps the latest EngineStats a scheduler publishes at `address` (its endpoints'
+    `deltas_pub`; `keys`: their CURVE keys, where the links use them)."""
 
-    def __init__(self, pipeline) -> None:
+    def __init__(self, address: str, keys: CurveKeys | None = None) -> None:
         self._ctx = zmq.Context()
-        endpoints = pipeline.endpoints
-        self._sub = MessageSocket(self._ctx, zmq.SUB, endpoints.deltas_pub, bind=False,
-                                  accepts=(EngineStats,), security=endpoints.keys)
+        self._sub = MessageSocket(self._ctx, zmq.SUB, address, bind=False,
+                                  accepts=(EngineStats,), security=keys)
         self._sub.socket.setsockopt(zmq.UNSUBSCRIBE, b"")
         self._sub.socket.setsockopt(zmq.SUBSCRIBE, ENGINE_STATS_TOPIC)
         self.latest: EngineStats | None = None
@@ -68,7 +69,8 @@ class StatsFollower:
 def timed_w1_busy(llm, work) -> tuple[int, float, float]:
     """W1 through a frontend.LLM as benchlib.timed_w1 runs it, plus the GPU busy seconds the
     engine measured during the timed part: (output tokens, wall seconds, busy seconds)."""
-    with StatsFollower(llm.pipeline) as stats:
+    endpoints = llm.pipeline.endpoints
+    with StatsFollower(endpoints.deltas_pub, endpoints.keys) as stats:
         llm.generate([W1_WARMUP_PROMPT], w1_params(16), use_tqdm=False)
         before = stats.after(time.monotonic())
         params = [w1_params(m) for _, m in work]
