@@ -144,7 +144,7 @@ def test_a_bad_keyword_argument_names_the_field(kwargs, expected):
         EngineConfig(**kwargs)
 
 
-def test_an_auto_word_means_what_it_means_on_the_command_line(tmp_path):
+def test_an_auto_word_means_what_it_means_on_the_command_line():
     """LLM(device="auto") is --device auto: the word stands for None, the default."""
     words = dict(device="auto", dtype="auto", plans_ahead="auto", speculative="off")
     given = EngineConfig(**words)
