@@ -32,7 +32,8 @@ from scheduler_proc import Scheduler, SchedulerConfig
 
 def nanopipe_engine(model_dir: str, prompts: list[list[int]], steps: int, args) -> tuple:
     """After the prefill: (one decode step, the tokens so far per sequence)."""
-    max_len = max(map(len, prompts)) + steps + args.window + 8
+    extra = profiled_steps(args)
+    max_len = max(map(len, prompts)) + steps + extra + 8
     config = WorkerConfig(model=model_dir, device="cpu", dtype="float32", max_model_len=max_len,
                           max_num_seqs=16, max_num_batched_tokens=max(2048, max_len))
     runner = ModelRunner(config)
@@ -41,7 +42,7 @@ def nanopipe_engine(model_dir: str, prompts: list[list[int]], steps: int, args) 
         max_num_seqs=16, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=max_len, overlap=False))
     eos = list(runner.model_config.eos_token_ids)
-    params = SamplingParams(temperature=0, max_tokens=steps + args.window + 4, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=steps + extra + 4, ignore_eos=True)
     for k, p in enumerate(prompts):
         scheduler.add_request(AddRequest(k, p, params, eos))
 
@@ -54,6 +55,11 @@ def nanopipe_engine(model_dir: str, prompts: list[list[int]], steps: int, args) 
 
     step()  # prefill
     return step, tokens
+
+
+def profiled_steps(args) -> int:
+    """The steps the --ops and --cprofile windows run after the timed ones."""
+    return args.window * (bool(args.ops) + bool(args.cprofile))
 
 
 def hf_engine(model, prompts: list[list[int]], pad_id: int, steps: int, args) -> tuple:
