@@ -33,10 +33,13 @@ class Printer:
     def __init__(self, model_dir: str, address: str, *extra: str,
                  argv: list[str] | None = None) -> None:
         self.started = time.monotonic()
+        # faulthandler: a printer stuck past a test's deadline is sent SIGABRT and prints
+        # where each of its threads stood (stuck_at).
         self.proc = subprocess.Popen(
             argv or [sys.executable, "-m", "frontend.actors.stdout_detokenizer",
                      "--model", model_dir, address, *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"})
         self.out: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.err: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.stdout: list[str] = []
@@ -55,8 +58,24 @@ class Printer:
             seen.append(line)
             if text in line:
                 return line
-        raise AssertionError(f"{text!r} never printed in {timeout:g} s (exit status "
-                             f"{self.proc.poll()}); stdout={self.stdout} stderr={seen}")
+        status = self.proc.poll()
+        raise AssertionError(f"{text!r} never printed in {timeout:g} s (exit status {status}); "
+                             f"stdout={self.stdout} stderr={seen}{self.stuck_at()}")
+
+    def stuck_at(self) -> str:
+        """The tracebacks of a printer that is still running, read after SIGABRT."""
+        if self.proc.poll() is not None:
+            return ""
+        self.proc.send_signal(signal.SIGABRT)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return "; it did not answer SIGABRT"
+        time.sleep(0.2)  # let the reader thread take the last lines
+        lines = []
+        while not self.err.empty():
+            lines.append(self.err.get())
+        return "; where it stood:\n" + "".join(lines)
 
     def stdout_until(self, text: str, timeout: float = 90) -> str:
         return self._until(self.out, self.stdout, text, timeout)
