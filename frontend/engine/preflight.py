@@ -8,12 +8,17 @@ process after seconds of loading, or not at all.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
+from pathlib import Path
 
 from frontend.engine.config import EngineConfig
 from protocol import model_config as hf
 from protocol.model_shape import ModelShape
+
+log = logging.getLogger(__name__)
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
 def check_model_path(model: str) -> None:
@@ -81,6 +86,28 @@ def check_port_free(host: str, port: int, what: str) -> None:
                              f"{exc.strerror}") from None
 
 
+def ephemeral_ports(range_file: str = EPHEMERAL_RANGE_FILE) -> range | None:
+    """The local ports the kernel hands to outgoing connections (Linux); None where unknown."""
+    try:
+        low, high = map(int, Path(range_file).read_text().split())
+    except (OSError, ValueError):
+        return None
+    return range(low, high + 1)
+
+
+def warn_if_ephemeral(ports: range, what: str, ephemeral: range | None) -> bool:
+    """Warn when ports the engine binds late lie in the ephemeral range: the ranks'
+    rendezvous opens outgoing connections before the scheduler binds them, and one of those
+    connections may take such a port first ("Address already in use" at start-up)."""
+    if ephemeral is None or ports.stop <= ephemeral.start or ports.start >= ephemeral.stop:
+        return False
+    log.warning("%s ports %d-%d overlap the kernel's ephemeral ports %d-%d, which outgoing "
+                "connections may take first; a port below %d (torch's usual 29500) avoids it",
+                what, ports.start, ports.stop - 1, ephemeral.start, ephemeral.stop - 1,
+                ephemeral.start - len(ports))
+    return True
+
+
 def check_config(config: EngineConfig) -> None:
     """Every check that needs no child process; raises ValueError with one line."""
     if config.model is not None:
@@ -93,5 +120,7 @@ def check_config(config: EngineConfig) -> None:
     if config.nnodes > 1 and config.node_rank == 0:
         from protocol import Endpoints
 
-        for port in Endpoints.cluster_ports(config.tensor_parallel_size, config.master_port):
+        ports = Endpoints.cluster_ports(config.tensor_parallel_size, config.master_port)
+        for port in ports:
             check_port_free(config.master_addr, port, "a --master-port")
+        warn_if_ephemeral(ports, "the --master-port", ephemeral_ports())

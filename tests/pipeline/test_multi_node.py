@@ -20,6 +20,7 @@ from process_watch import alive, descendants
 
 from frontend import LLM, Client
 from frontend.engine.cli import parse_serve_args
+from frontend.engine.preflight import ephemeral_ports
 from protocol import SamplingParams
 from protocol.auth import keys_from_secret, read_cluster_key
 
@@ -30,20 +31,18 @@ PROMPTS = [[5, 6, 7, 8], [300, 2, 71, 9, 44, 12, 3], [17] * 20]
 
 def _ephemeral_ports() -> range:
     """The ports the kernel hands to outgoing connections (Linux's default without /proc)."""
-    try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999
-    return range(low, high + 1)
+    return ephemeral_ports() or range(32768, 61000)
 
 
-def _free_port_range(count: int) -> int:
-    """A first port P with P .. P+count-1 all free on loopback now, below the ephemeral range:
-    the ranks' rendezvous opens outgoing connections before the scheduler binds its ports,
-    and one of them may take a free port from that range first."""
-    top = max(_ephemeral_ports().start, 20000 + 2 * count)
+def _free_port_range(count: int, ephemeral: bool = False) -> int:
+    """A first port P with P .. P+count-1 all free on loopback now, below the ephemeral range
+    (or inside it, when asked): the ranks' rendezvous opens outgoing connections before the
+    scheduler binds its ports, and one of them may take a free port from that range first."""
+    low, high = _ephemeral_ports().start, _ephemeral_ports().stop
+    if not ephemeral:
+        low, high = 10000, max(low, 20000 + 2 * count)
     for _ in range(200):
-        first = random.randint(10000, top - count)
+        first = random.randint(low, high - count)
         socks = []
         try:
             for port in range(first, first + count):
@@ -156,6 +155,21 @@ def test_a_node_alone_fails_clearly_within_the_timeout(tiny_qwen3_dir, tmp_path,
     assert node.returncode == 1
     assert message in err, err
     assert time.monotonic() - start < 60
+
+
+def test_node_0_warns_when_its_master_ports_are_ephemeral(tiny_qwen3_dir, tmp_path):
+    """A --master-port whose ports outgoing connections may take first is named at start-up,
+    with a port that avoids it."""
+    port = _free_port_range(5, ephemeral=True)
+    key = tmp_path / "cluster.key"
+    node = _launch(tiny_qwen3_dir, 0, port, key, "--startup-timeout-s", "4")
+    try:
+        _, err = node.communicate(timeout=90)
+    finally:
+        _stop(node)
+    assert f"the --master-port ports {port}-{port + 4} overlap the kernel's ephemeral" in err
+    below = int(re.search(r"a port below (\d+)", err).group(1))
+    assert below + 5 <= _ephemeral_ports().start
 
 
 def test_multi_node_flags_name_what_is_missing(tmp_path, capsys):
