@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from gpu_workers.config import DEFAULT_CPU_KV_BYTES, ModelConfig, WorkerConfig
+from protocol.process_runtime import ExplainedStartupError
 
 
-class KVCacheTooSmall(RuntimeError):
+class KVCacheTooSmall(ExplainedStartupError):
     """The KV pool cannot hold one sequence of max_model_len tokens."""
 
 

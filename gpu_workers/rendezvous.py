@@ -18,11 +18,13 @@ import struct
 
 import torch.distributed as dist
 
+from protocol.process_runtime import ExplainedStartupError
+
 SIOCGIFADDR = 0x8915
 IFNAME_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-class RendezvousError(RuntimeError):
+class RendezvousError(ExplainedStartupError):
     """The ranks of the group did not all meet in time."""
 
 

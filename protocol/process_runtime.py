@@ -36,6 +36,11 @@ POLL_MS = 100
 """How often a loop wakes up to notice a stop request when no message arrives."""
 
 
+class ExplainedStartupError(RuntimeError):
+    """A start-up failure whose message says all the user needs (a peer that never came, a
+    cache that cannot fit): logged in one line. Any other failure keeps its traceback."""
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Ask the kernel to send `sig` to this process when its parent dies (Linux only)."""
     if not sys.platform.startswith("linux"):
@@ -166,6 +171,10 @@ def start_and_serve(rt: ProcessRuntime, endpoints: Endpoints,
     name = rt.role if rt.role != "worker" else f"worker {rt.rank}"
     try:
         started = start()
+    except ExplainedStartupError as exc:
+        log.error("%s: start-up failed: %s", name, exc)
+        rt.report_failure(endpoints.control, exc, security=endpoints.keys)
+        raise SystemExit(1) from exc
     except Exception as exc:
         log.exception("%s: start-up failed", name)
         rt.report_failure(endpoints.control, exc, security=endpoints.keys)

@@ -103,3 +103,14 @@ def test_a_broken_config_is_one_line(tmp_path, config, expected):
     (tmp_path / "config.json").write_text(config)
     line = _one_line_error(_run([LAUNCH, "--model", str(tmp_path), "--device", "cpu"]))
     assert expected in line
+
+
+def test_a_kv_cache_too_small_says_what_to_change_without_a_traceback(tiny_qwen3_dir):
+    """A failure found only once the worker sizes its cache: the worker's line and the
+    launcher's give the reason and what to change; neither is a traceback."""
+    done = _run([LAUNCH, "--model", tiny_qwen3_dir, "--device", "cpu",
+                 "--kv-cache-bytes", "1000"], timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "worker 0: start-up failed: the KV cache holds 0 blocks" in done.stderr
+    assert "lower max_model_len" in done.stderr.splitlines()[-1]
+    assert "Traceback" not in done.stderr
