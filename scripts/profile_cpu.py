@@ -3,6 +3,7 @@ transformers' model forward on the same prompts, batch 1 and 16, float32 on the 
 
     python scripts/profile_cpu.py                     # embedded SmolLM2, batches 1 and 16
     python scripts/profile_cpu.py --ops 12 --cprofile # with the costliest aten ops / Python
+    python scripts/profile_cpu.py --no-matmul         # what a step costs besides its matmuls
 
 Both sides first prefill the W5 chat prompts (transformers left-padded at batch > 1, as
 `generate` does), then run --steps greedy decode steps; the figure is the median wall time
@@ -11,6 +12,9 @@ nanopipe's step is everything the worker does per step (batch building, model, l
 sampler, mirror) plus the scheduler's planning; transformers' is one forward with its
 KV cache plus the argmax, what `generate` does per token. With --ops the aten ops' self
 times of a profiled window are printed per step, and --cprofile the Python functions.
+With --no-matmul every linear layer of the decode steps (the LM head's too) returns a
+preallocated output instead of computing it, on both sides: the step times then show what
+each engine spends besides the matmuls (the tokens are then meaningless and not compared).
 """
 
 from __future__ import annotations
@@ -96,6 +100,41 @@ def hf_engine(model, prompts: list[list[int]], pad_id: int, steps: int, args) ->
     return step, tokens
 
 
+class MatmulStub:
+    """Linear layers that return a preallocated output of the right shape once switched on
+    (after the prefill), for --no-matmul."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.outputs: dict[tuple, torch.Tensor] = {}
+
+    def output(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
+        key = (*x.shape[:-1], out_features)
+        if key not in self.outputs:
+            self.outputs[key] = torch.full(key, 0.01)
+        return self.outputs[key]
+
+    def install(self) -> None:
+        import gpu_workers.layers.embedding as embedding
+        import gpu_workers.layers.linear as linear
+
+        real_cpu_linear, real_forward = linear.cpu_linear, torch.nn.Linear.forward
+
+        def cpu_linear(x, weight, onednn_weight, bias=None):
+            if not self.on:
+                return real_cpu_linear(x, weight, onednn_weight, bias)
+            w = weight if weight is not None else onednn_weight
+            return self.output(x, w.shape[0])
+
+        def forward(module, x):
+            if not self.on:
+                return real_forward(module, x)
+            return self.output(x, module.out_features)
+
+        linear.cpu_linear = embedding.cpu_linear = cpu_linear
+        torch.nn.Linear.forward = forward
+
+
 def profile_ops(step, window: int, top: int) -> None:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(window):
@@ -143,7 +182,12 @@ def main() -> None:
     ap.add_argument("--cprofile", type=int, default=0, help="print this many Python functions")
     ap.add_argument("--sort", default="tottime", help="cProfile order (tottime, cumulative)")
     ap.add_argument("--only", choices=("nanopipe", "transformers"), default=None)
+    ap.add_argument("--no-matmul", action="store_true",
+                    help="decode steps without their matmuls (see above)")
     args = ap.parse_args()
+    stub = MatmulStub()
+    if args.no_matmul:
+        stub.install()
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -167,6 +211,7 @@ def main() -> None:
             engines["nanopipe"] = nanopipe_engine(model_dir, batch, args.steps, args)
         if args.only != "nanopipe":
             engines["transformers"] = hf_engine(model, batch, pad_id, args.steps, args)
+        stub.on = args.no_matmul  # the prefills above ran with their matmuls
         ms = interleaved({name: step for name, (step, _) in engines.items()}, args.steps)
         line = "  ".join(f"{name} {w:7.2f} ms (cpu {c:7.2f})" for name, (w, c) in ms.items())
         ratio = ""
@@ -182,7 +227,8 @@ def main() -> None:
             if args.cprofile:
                 print(f"  {name}:")
                 profile_python(step, args.window, args.cprofile, args.sort)
-        if len(engines) == 2:
+        stub.on = False
+        if len(engines) == 2 and not args.no_matmul:
             n = min(len(t) for t in engines["transformers"][1])
             outs = {name: [t[:n] for t in tokens] for name, (_, tokens) in engines.items()}
             same = sum(a == b for a, b in zip(outs["nanopipe"], outs["transformers"]))
