@@ -107,6 +107,8 @@ class MatmulStub:
     def __init__(self) -> None:
         self.on = False
         self.outputs: dict[tuple, torch.Tensor] = {}
+        self.skipped = {"nanopipe": 0, "transformers": 0}
+        """Matmuls not computed, per engine (printed, so a run shows the stub was in force)."""
 
     def output(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
         key = (*x.shape[:-1], out_features)
@@ -124,11 +126,13 @@ class MatmulStub:
             if not self.on:
                 return real_cpu_linear(x, weight, onednn_weight, bias)
             w = weight if weight is not None else onednn_weight
+            self.skipped["nanopipe"] += 1
             return self.output(x, w.shape[0])
 
         def forward(module, x):
             if not self.on:
                 return real_forward(module, x)
+            self.skipped["transformers"] += 1
             return self.output(x, module.out_features)
 
         linear.cpu_linear = embedding.cpu_linear = cpu_linear
@@ -228,6 +232,10 @@ def main() -> None:
                 print(f"  {name}:")
                 profile_python(step, args.window, args.cprofile, args.sort)
         stub.on = False
+        if args.no_matmul:
+            print(f"batch {bs:>2}: matmuls skipped: " + ", ".join(
+                f"{name} {stub.skipped[name]}" for name in engines), flush=True)
+            stub.skipped = dict.fromkeys(stub.skipped, 0)
         if len(engines) == 2 and not args.no_matmul:
             n = min(len(t) for t in engines["transformers"][1])
             outs = {name: [t[:n] for t in tokens] for name, (_, tokens) in engines.items()}

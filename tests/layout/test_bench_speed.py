@@ -1,6 +1,6 @@
 """The speed tooling as a user runs it on a tiny CPU model: bench_pipeline's GPU idle share
-and figure, bench_serving's figure, --make-random smollm2-135m, and --nano-vllm's refusal of
-a directory that is no checkout."""
+and figure, bench_serving's figure, --make-random smollm2-135m, --nano-vllm's refusal of a
+directory that is no checkout, and profile_cpu with and without the matmuls."""
 
 from __future__ import annotations
 
@@ -189,3 +189,22 @@ def test_bench_step_loop_models_a_device_it_cannot_outrun():
         assert f"{ahead} plan(s) ahead, worker lookahead" in line
         per_step_us = float(line.split(": ")[1].split(" µs")[0])
         assert per_step_us >= 2000 * 59 / 60
+
+
+def test_profile_cpu_compares_steps_with_and_without_their_matmuls(tiny_qwen3_dir):
+    """Both engines decode the same greedy tokens; with --no-matmul every linear layer of each
+    decode step (and only those) is skipped on both sides."""
+    base = ("scripts/profile_cpu.py", "--model", tiny_qwen3_dir, "--steps", "4",
+            "--batch-sizes", "1,3")
+    out = run_script(*base).stdout
+    assert "batch  1: same greedy tokens over 5: 1/1 sequences" in out
+    assert "batch  3: same greedy tokens over 5: 3/3 sequences" in out
+    out = run_script(*base, "--no-matmul").stdout
+    layers = json.loads((Path(tiny_qwen3_dir) / "config.json").read_text())["num_hidden_layers"]
+    # nanopipe packs qkv and gate/up: four matmuls a layer against transformers' seven; the
+    # LM head is one more on each side.
+    steps = 4
+    skipped = (f"matmuls skipped: nanopipe {steps * (4 * layers + 1)}, "
+               f"transformers {steps * (7 * layers + 1)}")
+    assert f"batch  1: {skipped}" in out and f"batch  3: {skipped}" in out
+    assert out.count("per decode step") == 2 and "same greedy tokens" not in out
