@@ -171,12 +171,11 @@ def start_and_serve(rt: ProcessRuntime, endpoints: Endpoints,
     name = rt.role if rt.role != "worker" else f"worker {rt.rank}"
     try:
         started = start()
-    except ExplainedStartupError as exc:
-        log.error("%s: start-up failed: %s", name, exc)
-        rt.report_failure(endpoints.control, exc, security=endpoints.keys)
-        raise SystemExit(1) from exc
     except Exception as exc:
-        log.exception("%s: start-up failed", name)
+        if isinstance(exc, ExplainedStartupError):
+            log.error("%s: start-up failed: %s", name, exc)
+        else:
+            log.exception("%s: start-up failed", name)
         rt.report_failure(endpoints.control, exc, security=endpoints.keys)
         raise SystemExit(1) from exc
     rt.report_ready(endpoints.control, started.info, num_kv_blocks=started.num_kv_blocks,

@@ -114,3 +114,17 @@ def test_a_kv_cache_too_small_says_what_to_change_without_a_traceback(tiny_qwen3
     assert "worker 0: start-up failed: the KV cache holds 0 blocks" in done.stderr
     assert "lower max_model_len" in done.stderr.splitlines()[-1]
     assert "Traceback" not in done.stderr
+
+
+def test_an_unexpected_start_up_failure_keeps_its_traceback(tiny_qwen3_dir, tmp_path):
+    """A weights file cut short is no failure the worker foresaw: its traceback is logged for
+    the bug report, and the launcher's last line still names the error."""
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_qwen3_dir, broken)
+    weights = next(broken.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    done = _run([LAUNCH, "--model", str(broken), "--device", "cpu"], timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" in done.stderr and "load_weights" in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert "worker 0 failed to start" in last and "SafetensorError" in last
