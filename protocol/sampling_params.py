@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from protocol.codec import struct
 from protocol.outcomes import FieldError
@@ -176,3 +178,22 @@ class SamplingParams:
     def uses_penalties(self) -> bool:
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1)
+
+
+SamplingParamsLike = SamplingParams | Mapping[str, Any]
+"""What the LLM and the clients take for a request's parameters."""
+
+
+def as_sampling_params(value: Any, where: str) -> SamplingParams:
+    """`value` as SamplingParams: as it is, or a dict of its fields (as the LLM and the clients
+    take them). A TypeError names `where` (the argument) for anything else or an unknown
+    field; a value out of range is a SamplingParamsError naming its field."""
+    if isinstance(value, SamplingParams):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return SamplingParams(**value)
+        except TypeError as exc:  # an unknown field
+            raise TypeError(f"{where}: {exc}") from None
+    raise TypeError(f"{where} must be a SamplingParams (or a dict of its fields), got "
+                    f"{type(value).__name__}")

@@ -34,7 +34,7 @@ from frontend.client.outputs import (
     RequestOutput,
 )
 from frontend.client.transport import Links, check_address, monitor_event
-from protocol import SamplingParams
+from protocol.sampling_params import SamplingParamsLike
 
 
 class AsyncClient(ConnectionInfo):
@@ -70,7 +70,7 @@ class AsyncClient(ConnectionInfo):
 
     async def generate(self, prompt: str | None = None, *, prompt_token_ids: Any = None,
                        messages: Any = None,
-                       params: SamplingParams | None = None) -> RequestOutput:
+                       params: SamplingParamsLike | None = None) -> RequestOutput:
         request_id, q = await self._submit(prompt, prompt_token_ids, messages, params, False)
         collector = OutputCollector(request_id)
         try:
@@ -84,7 +84,7 @@ class AsyncClient(ConnectionInfo):
             raise
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: Any = None,
-               messages: Any = None, params: SamplingParams | None = None) -> AsyncResultStream:
+               messages: Any = None, params: SamplingParamsLike | None = None) -> AsyncResultStream:
         """An async iterator of deltas; aclose(), cancellation or dropping it aborts."""
         frame_args = (prompt, prompt_token_ids, messages, params, True)
         return AsyncResultStream(self, frame_args)
@@ -107,7 +107,7 @@ class AsyncClient(ConnectionInfo):
     # ---------------------------------------------------------- internals
 
     async def _submit(self, prompt: str | None, prompt_token_ids: Any, messages: Any,
-                      params: SamplingParams | None, stream: bool) -> tuple[str, asyncio.Queue]:
+                      params: SamplingParamsLike | None, stream: bool) -> tuple[str, asyncio.Queue]:
         await self.start()
         request_id = uuid.uuid4().hex
         frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream)

@@ -41,6 +41,7 @@ from protocol import (
 )
 from protocol.client_messages import as_token_ids
 from protocol.outcomes import finish_reason_string
+from protocol.sampling_params import SamplingParamsLike, as_sampling_params
 
 CONNECT_TIMEOUT_S = 60.0
 """How long the handshake may take before the pipeline is declared unreachable."""
@@ -59,8 +60,10 @@ this way are also aborted, so the engine does not run them unseen."""
 
 
 def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, messages: Any,
-                 params: SamplingParams | None, stream: bool) -> bytes:
-    """The encoded request; RequestRejected at once if no pipeline would read a frame so big."""
+                 params: SamplingParamsLike | None, stream: bool) -> bytes:
+    """The encoded request; RequestRejected at once if no pipeline would read a frame so big.
+    `params` may be a dict of SamplingParams' fields, as LLM.generate takes them."""
+    params = SamplingParams() if params is None else as_sampling_params(params, "params")
     if prompt_token_ids is not None:
         prompt_token_ids = as_token_ids(prompt_token_ids)
     if messages is not None:
@@ -68,7 +71,7 @@ def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, mes
                     for m in messages]
     frame = encode(GenerateRequest(
         client_request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
-        messages=messages, params=params or SamplingParams(), stream=stream))
+        messages=messages, params=params, stream=stream))
     if len(frame) > MAX_FRAME_BYTES:
         sizes = {"prompt": len(prompt or ""), "prompt_token_ids": len(prompt_token_ids or ()),
                  "messages": sum(len(m.content) for m in messages or ())}

@@ -37,7 +37,7 @@ from frontend.client.outputs import (
     RequestOutput,
 )
 from frontend.client.transport import Links, check_address, monitor_event
-from protocol import SamplingParams
+from protocol.sampling_params import SamplingParamsLike
 
 __all__ = ["Client", "ResultStream"]
 
@@ -79,7 +79,7 @@ class Client(ConnectionInfo):
         return self.welcome.max_model_len
 
     def generate(self, prompt: str | None = None, *, prompt_token_ids: Any = None,
-                 messages: Any = None, params: SamplingParams | None = None) -> RequestOutput:
+                 messages: Any = None, params: SamplingParamsLike | None = None) -> RequestOutput:
         request_id, q = self._submit(prompt, prompt_token_ids, messages, params, stream=False)
         collector = OutputCollector(request_id)
         done = False
@@ -95,7 +95,7 @@ class Client(ConnectionInfo):
         return collector.output()
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: Any = None,
-               messages: Any = None, params: SamplingParams | None = None) -> ResultStream:
+               messages: Any = None, params: SamplingParamsLike | None = None) -> ResultStream:
         """Submit now; iterate for deltas. Closing or dropping the iterator aborts."""
         request_id, q = self._submit(prompt, prompt_token_ids, messages, params, stream=True)
         return ResultStream(self, request_id, q)
@@ -120,7 +120,7 @@ class Client(ConnectionInfo):
     # ---------------------------------------------------------- caller side
 
     def _submit(self, prompt: str | None, prompt_token_ids: Any, messages: Any,
-                params: SamplingParams | None, stream: bool) -> tuple[str, queue.SimpleQueue]:
+                params: SamplingParamsLike | None, stream: bool) -> tuple[str, queue.SimpleQueue]:
         request_id = uuid.uuid4().hex
         frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream)
         q: queue.SimpleQueue = queue.SimpleQueue()

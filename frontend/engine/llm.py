@@ -17,6 +17,7 @@ from frontend.client.outputs import OutputCollector
 from frontend.engine.config import ENGINE_FIELDS, EngineConfig
 from frontend.engine.pipeline import Pipeline
 from protocol import SamplingParams
+from protocol.sampling_params import as_sampling_params
 
 Prompt = str | list[int]
 Message = Mapping[str, Any]
@@ -163,25 +164,13 @@ def _params_per_request(sampling_params: SamplingParams | Sequence[SamplingParam
     if sampling_params is None:
         sampling_params = SamplingParams()
     if isinstance(sampling_params, SamplingParams | Mapping):
-        return [_as_params(sampling_params, "sampling_params")] * count
+        return [as_sampling_params(sampling_params, "sampling_params")] * count
     if isinstance(sampling_params, str) or not isinstance(sampling_params, Sequence):
         raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got "
                         f"{type(sampling_params).__name__}")
     if len(sampling_params) != count:
         raise ValueError(f"sampling_params must be one or one per {what}")
-    return [_as_params(p, f"sampling_params[{i}]") for i, p in enumerate(sampling_params)]
-
-
-def _as_params(value: Any, where: str) -> SamplingParams:
-    if isinstance(value, SamplingParams):
-        return value
-    if isinstance(value, Mapping):
-        try:
-            return SamplingParams(**value)
-        except TypeError as exc:  # an unknown field
-            raise TypeError(f"{where}: {exc}") from None
-    raise TypeError(f"{where} must be a SamplingParams (or a dict of its fields), got "
-                    f"{type(value).__name__}")
+    return [as_sampling_params(p, f"sampling_params[{i}]") for i, p in enumerate(sampling_params)]
 
 
 def _as_conversations(value: Conversation | Sequence[Conversation]) -> list[list[dict[str, str]]]:
