@@ -17,6 +17,7 @@ from typing import Any
 
 import zmq
 
+from frontend.client.chat_input import as_chat_messages
 from frontend.client.outputs import (
     ClientClosedError,
     EngineDeadError,
@@ -26,7 +27,6 @@ from frontend.client.outputs import (
 from protocol import (
     MAX_FRAME_BYTES,
     AbortRequest,
-    ChatMessage,
     ClientHello,
     ClientWelcome,
     Decoder,
@@ -67,8 +67,7 @@ def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, mes
     if prompt_token_ids is not None:
         prompt_token_ids = as_token_ids(prompt_token_ids)
     if messages is not None:
-        messages = [m if isinstance(m, ChatMessage) else ChatMessage(m["role"], m["content"])
-                    for m in messages]
+        messages = as_chat_messages(messages)
     frame = encode(GenerateRequest(
         client_request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
         messages=messages, params=params, stream=stream))

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from frontend.actors.request_validation import CHAT_ROLES
 from frontend.client.async_client import AsyncClient
+from frontend.client.chat_input import as_chat_message
 from frontend.client.outputs import OutputCollector
 from frontend.engine.config import ENGINE_FIELDS, EngineConfig
 from frontend.engine.pipeline import Pipeline
@@ -192,24 +193,11 @@ def _as_conversations(value: Conversation | Sequence[Conversation]) -> list[list
 
 
 def _message(message: Any, where: str) -> dict[str, str]:
-    if not isinstance(message, Mapping):
-        raise TypeError(f"{where} must be a {{\"role\", \"content\"}} dict")
-    role, content = message.get("role"), message.get("content")
-    if role not in CHAT_ROLES:
+    msg = as_chat_message(message, where)
+    if msg.role not in CHAT_ROLES:
         raise ValueError(f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}, "
-                         f"got {role!r}")
-    if isinstance(content, list):  # OpenAI-style parts: only text ones are understood
-        texts = []
-        for k, part in enumerate(content):
-            if not (isinstance(part, Mapping) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
-                raise TypeError(f'{where}.content[{k}] must be a {{"type": "text", "text": ...}}'
-                                " part")
-            texts.append(part["text"])
-        content = "\n".join(texts)
-    if not isinstance(content, str):
-        raise TypeError(f"{where}.content must be a string or a list of text parts")
-    return {"role": role, "content": content}
+                         f"got {msg.role!r}")
+    return {"role": msg.role, "content": msg.content}
 
 
 class _Throughput:

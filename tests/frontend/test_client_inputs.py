@@ -1,6 +1,7 @@
-"""Both clients take a request's parameters as SamplingParams or as a dict of its fields, as
-LLM.generate does; anything else fails at the call with a TypeError or a SamplingParamsError
-that names what is wrong, and the client serves the next request."""
+"""What the clients take as users write it, as LLM.generate and LLM.chat do: parameters as
+SamplingParams or a dict of its fields, messages as {"role", "content"} dicts whose content may
+be OpenAI-style text parts. Anything else fails at the call with an error that names what is
+wrong, nothing reaches the engine, and the client serves the next request."""
 
 from __future__ import annotations
 
@@ -52,4 +53,31 @@ def test_bad_params_fail_at_the_call_and_the_client_goes_on(pipe, params, error,
         with pytest.raises(error, match=match):
             client.stream(PROMPT, params=params)
         assert len(pipe.scheduler.added) == sent  # nothing reached the engine
+        assert client.generate(PROMPT, params={"max_tokens": 2}).finish_reason == "length"
+
+
+def test_text_parts_are_the_same_request_as_their_joined_text(pipe):
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
+    with Client(pipe.address) as client:
+        client.generate(messages=[{"role": "user", "content": parts}], params=AS_DICT)
+        by_parts = pipe.scheduler.added[-1].prompt_token_ids
+        client.generate(messages=[{"role": "user", "content": "Hello\nthere"}], params=AS_DICT)
+        by_text = pipe.scheduler.added[-1].prompt_token_ids
+    assert list(by_parts) == list(by_text)
+
+
+@pytest.mark.parametrize("messages, match", [
+    ("hello", r"messages must be a list of \{"),
+    ({"role": "user", "content": "hi"}, r"messages must be a list of .* got dict"),
+    (["hi"], r"messages\[0\] must be a \{.* got str"),
+    ([{"role": "user"}], r"messages\[0\]\.content must be a string"),
+    ([{"content": "hi"}], r"messages\[0\]\.role must be a string, got None"),
+    ([{"role": "user", "content": [{"type": "image_url"}]}], r"messages\[0\]\.content\[0\]"),
+])
+def test_misshapen_messages_fail_at_the_call_and_the_client_goes_on(pipe, messages, match):
+    with Client(pipe.address) as client:
+        sent = len(pipe.scheduler.added)
+        with pytest.raises(TypeError, match=match):
+            client.generate(messages=messages)
+        assert len(pipe.scheduler.added) == sent
         assert client.generate(PROMPT, params={"max_tokens": 2}).finish_reason == "length"
