@@ -17,10 +17,12 @@ from frontend.client.chat_input import as_chat_message
 from frontend.client.outputs import OutputCollector
 from frontend.engine.config import ENGINE_FIELDS, EngineConfig
 from frontend.engine.pipeline import Pipeline
+from frontend.engine.prompt_input import as_requests
 from protocol import SamplingParams
 from protocol.sampling_params import as_sampling_params
 
-Prompt = str | list[int]
+Prompt = str | list[int] | Mapping[str, Any]
+"""A text, token ids, or {"prompt": text} / {"prompt_token_ids": ids} (see prompt_input)."""
 Message = Mapping[str, Any]
 """{"role": ..., "content": ...}; content is a string or a list of {"type": "text"} parts."""
 Conversation = Sequence[Message]
@@ -65,10 +67,7 @@ class LLM:
         """Results in input order: [{"text", "token_ids", "finish_reason", "metrics"}, ...]
         ("metrics": a RequestMetrics), with "logprobs" (and "top_logprobs": per token
         [(id, logprob)] best first) when asked for."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        requests = [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)}
-                    for p in prompts]
+        requests = as_requests(prompts)
         params = _params_per_request(sampling_params, len(requests), "prompt")
         return _run(self._generate(requests, params, use_tqdm))
 

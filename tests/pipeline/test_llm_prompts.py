@@ -1,0 +1,59 @@
+"""LLM.generate's prompts in every shape users write them (vLLM's included): a string, token
+ids (numpy's too), {"prompt"} / {"prompt_token_ids"} dicts, and lists or iterables of those,
+each the same request as its plain form; a wrong shape is a TypeError naming the prompt."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pipeline_config import tiny_engine
+
+from frontend import LLM
+from protocol import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+IDS = [5, 6, 7, 8, 9]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_dir):
+    with LLM(**tiny_engine(tiny_qwen3_dir)) as llm:
+        yield llm
+
+
+def tokens(results: list[dict]) -> list[list[int]]:
+    return [r["token_ids"] for r in results]
+
+
+def test_every_shape_of_a_prompt_is_the_same_request(llm):
+    by_text, by_ids = tokens(llm.generate(["The capital", IDS], GREEDY, use_tqdm=False))
+    shapes = {
+        "one string": ("The capital", [by_text]),
+        "one list of ids": (IDS, [by_ids]),
+        "a numpy row": (np.array(IDS, dtype=np.int64), [by_ids]),
+        "numpy integers": ([np.int32(t) for t in IDS], [by_ids]),
+        "vLLM's TextPrompt": ({"prompt": "The capital"}, [by_text]),
+        "vLLM's TokensPrompt": ({"prompt_token_ids": IDS}, [by_ids]),
+        "a mixed tuple": (("The capital", {"prompt_token_ids": IDS}), [by_text, by_ids]),
+        "a generator": ((p for p in ["The capital", IDS]), [by_text, by_ids]),
+        "a 2-D array": (np.array([IDS, IDS]), [by_ids, by_ids]),
+        "nothing": ([], []),
+    }
+    for name, (prompts, expected) in shapes.items():
+        assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected, name
+
+
+@pytest.mark.parametrize("prompts, match", [
+    (5, r"prompts must be a string, .* got int"),
+    (None, r"prompts must be .* got NoneType"),
+    (["fine", None], r"prompts\[1\] must be a string, .* got NoneType"),
+    ({"prompt": "a", "multi_modal_data": {}}, r"one of \"prompt\" and \"prompt_token_ids\" "
+                                              r"and nothing else; got \['multi_modal_data'"),
+    ({"prompt": "a", "prompt_token_ids": IDS}, "one of"),
+    ({"prompt": IDS}, r"prompts\['prompt'\] must be a string; got list"),
+    ([{"prompt_token_ids": "abc"}], r"prompts\[0\]\['prompt_token_ids'\] must be a list"),
+])
+def test_a_misshapen_prompt_fails_before_anything_runs(llm, prompts, match):
+    with pytest.raises(TypeError, match=match):
+        llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert len(llm.generate("still here", GREEDY, use_tqdm=False)[0]["token_ids"]) == 6
