@@ -58,6 +58,10 @@ class LLM:
         """Stop every process of the engine (also done at exit if never called)."""
         self._finalizer()
 
+    def _check_open(self) -> None:
+        if not self._finalizer.alive:
+            raise RuntimeError("this LLM is closed: its engine has stopped; make a new LLM")
+
     def generate(
         self,
         prompts: Sequence[Prompt] | Prompt,
@@ -67,6 +71,7 @@ class LLM:
         """Results in input order: [{"text", "token_ids", "finish_reason", "metrics"}, ...]
         ("metrics": a RequestMetrics), with "logprobs" (and "top_logprobs": per token
         [(id, logprob)] best first) when asked for."""
+        self._check_open()
         requests = as_requests(prompts)
         params = _params_per_request(sampling_params, len(requests), "prompt")
         return _run(self._generate(requests, params, use_tqdm))
@@ -86,6 +91,7 @@ class LLM:
         with `chat_template_kwargs` (e.g. {"enable_thinking": False}) it is applied here and
         the pipeline gets the token ids.
         """
+        self._check_open()
         conversations = _as_conversations(messages_or_conversations)
         if chat_template_kwargs:
             requests = [{"prompt_token_ids": self._chat_prompt_ids(c, chat_template_kwargs)}

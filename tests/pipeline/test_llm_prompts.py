@@ -1,6 +1,7 @@
 """LLM.generate's prompts in every shape users write them (vLLM's included): a string, token
 ids (numpy's too), {"prompt"} / {"prompt_token_ids"} dicts, and lists or iterables of those,
-each the same request as its plain form; a wrong shape is a TypeError naming the prompt."""
+each the same request as its plain form; a wrong shape is a TypeError naming the prompt, and
+a closed LLM says it is closed."""
 
 from __future__ import annotations
 
@@ -57,3 +58,14 @@ def test_a_misshapen_prompt_fails_before_anything_runs(llm, prompts, match):
     with pytest.raises(TypeError, match=match):
         llm.generate(prompts, GREEDY, use_tqdm=False)
     assert len(llm.generate("still here", GREEDY, use_tqdm=False)[0]["token_ids"]) == 6
+
+
+def test_a_closed_llm_says_so(tiny_qwen3_dir):
+    llm = LLM(**tiny_engine(tiny_qwen3_dir))
+    assert len(llm.generate("hi", GREEDY, use_tqdm=False)) == 1
+    llm.close()
+    llm.close()  # twice is fine
+    for call in (lambda: llm.generate("hi", GREEDY, use_tqdm=False),
+                 lambda: llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)):
+        with pytest.raises(RuntimeError, match="this LLM is closed"):
+            call()
