@@ -53,6 +53,11 @@ class AsyncClient(ConnectionInfo):
         self._start_lock: asyncio.Lock | None = None
 
     async def start(self) -> None:
+        started_on = self._conn.loop
+        if started_on is not None and started_on is not asyncio.get_running_loop():
+            # Its sockets and reader live on that loop: a request made here would wait forever.
+            raise RuntimeError("this AsyncClient belongs to the event loop it started on; "
+                               "make one per event loop (each asyncio.run starts a new one)")
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
         core = self._core

@@ -219,3 +219,17 @@ def test_a_cancelled_close_still_releases_the_sockets():
 
     asyncio.run(main())
     assert released == [True]
+
+
+def test_a_second_event_loop_is_told_the_client_belongs_to_the_first(pipe):
+    """asyncio.run twice with one AsyncClient (as a notebook might): the second loop's request
+    fails at once, instead of waiting on the first loop's closed sockets; a new client works."""
+    client = AsyncClient(pipe.address)
+
+    async def one(c: AsyncClient) -> str:
+        return (await c.generate(PROMPT, params=SamplingParams(max_tokens=3))).finish_reason
+
+    assert run(one(client)) == "length"
+    with pytest.raises(RuntimeError, match="belongs to the event loop it started on"):
+        run(one(client), timeout=10)
+    assert run(one(AsyncClient(pipe.address))) == "length"
