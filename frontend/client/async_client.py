@@ -246,12 +246,20 @@ class _AsyncConnection:
             await asyncio.wait([self.reader])
 
     def close_soon(self) -> None:
-        """The client was dropped unclosed: close on its loop, if that loop still runs."""
+        """The client was dropped unclosed: close on its loop while that loop is open; once
+        it has closed, here (no task of it runs any more, and a context left open would block
+        whichever thread garbage-collects it)."""
         loop = self.loop
-        if self.core.closed or loop is None or loop.is_closed():
+        if self.core.closed or loop is None:
             return
-        with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
-            loop.call_soon_threadsafe(self._begin_close)
+        if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: go on below
+                loop.call_soon_threadsafe(self._begin_close)
+                return
+        actions = self.core.close()
+        with contextlib.suppress(Exception):  # the aborts are best effort off their loop
+            self._apply(actions)
+        self.release()
 
     def _begin_close(self) -> None:
         self._closing = asyncio.ensure_future(self.aclose())  # the loop keeps only weak refs

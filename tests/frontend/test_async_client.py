@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 
 import pytest
 from transformers import AutoTokenizer
@@ -233,3 +234,23 @@ def test_a_second_event_loop_is_told_the_client_belongs_to_the_first(pipe):
     with pytest.raises(RuntimeError, match="belongs to the event loop it started on"):
         run(one(client), timeout=10)
     assert run(one(AsyncClient(pipe.address))) == "length"
+
+
+def test_a_client_dropped_after_its_loop_ended_releases_its_sockets(pipe):
+    """Used in one asyncio.run and never closed: dropping it closes its sockets and context
+    right away (left open, the context blocked the thread that later garbage-collected it)."""
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def use(c: AsyncClient) -> str:
+        return (await c.generate(PROMPT, params=SamplingParams(max_tokens=2))).finish_reason
+
+    gc.collect()
+    before = open_fds()
+    client = AsyncClient(pipe.address)
+    assert run(use(client)) == "length"
+    assert open_fds() > before
+    del client
+    gc.collect()
+    assert open_fds() == before
+    assert run(use(AsyncClient(pipe.address))) == "length"
