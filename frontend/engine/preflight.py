@@ -86,26 +86,26 @@ def check_port_free(host: str, port: int, what: str) -> None:
                              f"{exc.strerror}") from None
 
 
-def ephemeral_ports(range_file: str = EPHEMERAL_RANGE_FILE) -> range | None:
+def ephemeral_ports() -> range | None:
     """The local ports the kernel hands to outgoing connections (Linux); None where unknown."""
     try:
-        low, high = map(int, Path(range_file).read_text().split())
+        low, high = map(int, Path(EPHEMERAL_RANGE_FILE).read_text().split())
     except (OSError, ValueError):
         return None
     return range(low, high + 1)
 
 
-def warn_if_ephemeral(ports: range, what: str, ephemeral: range | None) -> bool:
-    """Warn when ports the engine binds late lie in the ephemeral range: the ranks'
-    rendezvous opens outgoing connections before the scheduler binds them, and one of those
+def warn_if_master_ports_ephemeral(ports: range) -> None:
+    """Warn when node 0's cluster ports lie in the ephemeral range: the ranks' rendezvous
+    opens outgoing connections before the scheduler binds those ports, and one of those
     connections may take such a port first ("Address already in use" at start-up)."""
+    ephemeral = ephemeral_ports()
     if ephemeral is None or ports.stop <= ephemeral.start or ports.start >= ephemeral.stop:
-        return False
-    log.warning("%s ports %d-%d overlap the kernel's ephemeral ports %d-%d, which outgoing "
-                "connections may take first; a port below %d (torch's usual 29500) avoids it",
-                what, ports.start, ports.stop - 1, ephemeral.start, ephemeral.stop - 1,
-                ephemeral.start - len(ports))
-    return True
+        return
+    log.warning("the --master-port ports %d-%d overlap the kernel's ephemeral ports %d-%d, "
+                "which outgoing connections may take first; a port below %d (torch's usual "
+                "29500) avoids it", ports.start, ports.stop - 1, ephemeral.start,
+                ephemeral.stop - 1, ephemeral.start - len(ports))
 
 
 def check_config(config: EngineConfig) -> None:
@@ -123,4 +123,4 @@ def check_config(config: EngineConfig) -> None:
         ports = Endpoints.cluster_ports(config.tensor_parallel_size, config.master_port)
         for port in ports:
             check_port_free(config.master_addr, port, "a --master-port")
-        warn_if_ephemeral(ports, "the --master-port", ephemeral_ports())
+        warn_if_master_ports_ephemeral(ports)

@@ -54,13 +54,12 @@ def _request(prompt: Any, where: str) -> dict[str, Any]:
     if isinstance(prompt, str):
         return {"prompt": prompt}
     if isinstance(prompt, Mapping):
-        keys = [k for k in PROMPT_KEYS if k in prompt]
-        extra = sorted(str(k) for k in prompt if k not in PROMPT_KEYS)
-        if len(keys) != 1 or extra:
+        if len(prompt) != 1 or next(iter(prompt)) not in PROMPT_KEYS:
             raise TypeError(f'{where} must hold one of "prompt" and "prompt_token_ids" and '
                             f"nothing else; got {sorted(map(str, prompt))}")
-        value, where = prompt[keys[0]], f"{where}[{keys[0]!r}]"
-        if keys[0] == "prompt_token_ids":
+        [(key, value)] = prompt.items()
+        where = f"{where}[{key!r}]"
+        if key == "prompt_token_ids":
             return {"prompt_token_ids": _token_ids(value, where)}
         if not isinstance(value, str):
             raise TypeError(f"{where} must be a string; got {type(value).__name__}")

@@ -38,9 +38,11 @@ def _free_port_range(count: int, ephemeral: bool = False) -> int:
     """A first port P with P .. P+count-1 all free on loopback now, below the ephemeral range
     (or inside it, when asked): the ranks' rendezvous opens outgoing connections before the
     scheduler binds its ports, and one of them may take a free port from that range first."""
-    low, high = _ephemeral_ports().start, _ephemeral_ports().stop
-    if not ephemeral:
-        low, high = 10000, max(low, 20000 + 2 * count)
+    ports = _ephemeral_ports()
+    if ephemeral:
+        low, high = ports.start, ports.stop
+    else:
+        low, high = 10000, max(ports.start, 20000 + 2 * count)
     for _ in range(200):
         first = random.randint(low, high - count)
         socks = []
