@@ -49,15 +49,16 @@ def check_fits(num_blocks: int, config: WorkerConfig, model: ModelConfig, world_
         return
     per_seq = need * (bytes_per_block(model, config.block_size, world_size) + extra_per_block)
     budget = (
-        f"gpu_memory_utilization={config.gpu_memory_utilization}"
+        f"gpu_memory_utilization={config.gpu_memory_utilization} (--gpu-memory-utilization)"
         if config.device == "cuda"
-        else f"kv_cache_bytes={config.kv_cache_bytes or DEFAULT_CPU_KV_BYTES}"
+        else f"kv_cache_bytes={config.kv_cache_bytes or DEFAULT_CPU_KV_BYTES} (--kv-cache-bytes)"
     )
     raise KVCacheTooSmall(
         f"the KV cache holds {num_blocks} blocks of {config.block_size} tokens "
         f"({num_blocks * config.block_size} tokens) but one sequence of max_model_len="
         f"{config.max_model_len} needs {need} blocks ({per_seq / 2**20:.1f} MiB per rank); "
-        f"lower max_model_len, raise {budget}, or use more tensor-parallel ranks"
+        f"lower max_model_len (--max-model-len), raise {budget}, or use more "
+        "tensor-parallel ranks"
     )
 
 

@@ -14,6 +14,8 @@ MAX_MODEL_LEN_CAP = 4096
 """With no max_model_len given: the model's own limit, capped at this."""
 BLOCK_SIZE = {"cuda": 256, "cpu": 16}
 """Tokens per KV block. 256 on cuda keeps block tables short (flash-attn's paged KV needs it)."""
+FLASH_BLOCK_MULTIPLE = 256
+"""flash-attn's paged kernels take blocks of a multiple of this many tokens."""
 MAX_NUM_BATCHED_TOKENS = {"cuda": 16384, "cpu": 2048}
 CPU_KV_CACHE_BYTES = 512 << 20
 """The KV cache's size on cpu unless kv_cache_bytes says otherwise (cuda sizes it from the

@@ -24,6 +24,7 @@ from protocol.limits import (
     BLOCK_SIZE,
     CPU_KV_CACHE_BYTES,
     DEEP_PLAN_MAX_SEQS,
+    FLASH_BLOCK_MULTIPLE,
     MAX_MODEL_LEN_CAP,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
@@ -148,6 +149,7 @@ class EngineConfig:
         resolve_auto_words(self)
         check_options(self)
         self._check_nodes()
+        self._check_block_size()
         if self.plans_ahead == 2 and not (self.overlap and self.worker_lookahead):
             raise ConfigError("EngineConfig", "plans_ahead",
                               "> 1 needs overlap and worker lookahead (a worker that "
@@ -192,6 +194,18 @@ class EngineConfig:
         if self.master_port + 2 + self.tensor_parallel_size > 65535:
             raise ConfigError(owner, "master_port", f"leaves no room for "
                               f"{3 + self.tensor_parallel_size} ports below 65536")
+
+    def _check_block_size(self) -> None:
+        """Refuse a block size the attention kernels cannot address before any process starts."""
+        size, backend = self.block_size, self.attention_backend
+        if size is None or backend == "torch":
+            return
+        if backend == "flash_attn" and size % FLASH_BLOCK_MULTIPLE:
+            problem = f"must be a multiple of {FLASH_BLOCK_MULTIPLE} for flash-attn, got {size}"
+            raise ConfigError("EngineConfig", "block_size", problem)
+        if size & (size - 1) and self.resolved_device == "cuda":
+            raise ConfigError("EngineConfig", "block_size", f"must be a power of two on cuda "
+                              f"(the Triton attention kernels tile blocks by it), got {size}")
 
     @property
     def local_ranks(self) -> range:

@@ -23,8 +23,8 @@ from gpu_workers.ops import (
     store_kv,
     store_kv_ref,
 )
+from protocol.limits import FLASH_BLOCK_MULTIPLE
 
-FLASH_BLOCK_MULTIPLE = 256
 FLASH_HEAD_DIMS = (64, 128, 256)
 
 

@@ -36,7 +36,8 @@ def test_kv_pool_too_small_for_max_model_len_fails_with_advice(tiny_qwen3_dir):
     with pytest.raises(KVCacheTooSmall) as err:
         make_runner(tiny_qwen3_dir, max_model_len=256, kv_cache_bytes=64 * 1024)
     msg = str(err.value)
-    assert "max_model_len=256" in msg and "kv_cache_bytes" in msg and "lower max_model_len" in msg
+    assert "max_model_len=256" in msg and "lower max_model_len (--max-model-len)" in msg
+    assert "raise kv_cache_bytes=65536 (--kv-cache-bytes)" in msg  # the LLM's name and the flag
 
 
 def test_worker_config_rejects_bad_values():
