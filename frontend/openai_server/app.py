@@ -88,7 +88,7 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
                            f"{model_name!r}", param="model", type="not_found_error",
                            code="model_not_found")
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         state = health_of(client, degraded() if degraded is not None else None)
         return JSONResponse(state.body(), status_code=state.http_status)
@@ -100,11 +100,17 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
         async def prometheus() -> Response:
             return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
+    card = {"id": model_name, "object": "model", "created": 0, "owned_by": "nanopipe",
+            "max_model_len": max_model_len}
+
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models() -> dict[str, Any]:
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "nanopipe",
-                "max_model_len": max_model_len}
         return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(authorize)])
+    async def model(model_id: str) -> dict[str, Any]:
+        check_model(model_id)
+        return card
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request) -> Response:

@@ -83,6 +83,9 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
         loc = loc[1:]
     if err.get("type") == "json_invalid":
         return invalid(f"request body is not valid JSON: {err.get('msg', '')}")
+    if not loc:  # FastAPI parses only a JSON content type, and the body must be an object
+        return invalid("the request body must be a JSON object, sent with "
+                       "'Content-Type: application/json'")
     param = ""
     for part in loc:
         param += f"[{part}]" if isinstance(part, int) else (f".{part}" if param else str(part))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from frontend.openai_server.errors import invalid, params_error
 from protocol import ChatMessage, SamplingParams, SamplingParamsError
@@ -37,11 +37,14 @@ Text = Annotated[str, AfterValidator(_utf8)]
 """Every string a request carries into the engine."""
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 """What the worker's int32 token columns hold (the tokenizer checks the vocabulary)."""
+FlagOrNullFalse = Annotated[bool, BeforeValidator(lambda v: False if v is None else v)]
+FlagOrNullTrue = Annotated[bool, BeforeValidator(lambda v: True if v is None else v)]
+"""OpenAI's booleans are "boolean or null", null meaning the default (clients send None)."""
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
-    include_usage: bool = False
+    include_usage: FlagOrNullFalse = False
 
 
 class _SamplingRequest(BaseModel):
@@ -58,9 +61,9 @@ class _SamplingRequest(BaseModel):
     seed: int | None = None
     stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    stream: bool = False
+    ignore_eos: FlagOrNullFalse = False
+    skip_special_tokens: FlagOrNullTrue = True
+    stream: FlagOrNullFalse = False
     stream_options: StreamOptions | None = None
     n: int | None = None
     presence_penalty: float | None = None
@@ -121,7 +124,7 @@ class CompletionRequest(_SamplingRequest):
     prompt: Text | list[TokenId] | list[Text] | list[list[TokenId]]
     logprobs: bool | int | None = None
     """None/false: none; true or 0: the sampled tokens' logprobs; N: also the N most likely."""
-    echo: bool = False
+    echo: FlagOrNullFalse = False
     best_of: int | None = None
     suffix: Text | None = None
 
@@ -181,7 +184,7 @@ class ChatMessageIn(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: FlagOrNullFalse = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None

@@ -236,6 +236,19 @@ def test_malformed_json_is_400(http):
     assert_error(resp, 400)
 
 
+@pytest.mark.parametrize("content, headers", [
+    (b'{"prompt": "p"}', {"content-type": "application/x-www-form-urlencoded"}),  # curl -d
+    (b'{"prompt": "p"}', {"content-type": "text/plain"}),
+    (b'["p"]', {"content-type": "application/json"}),
+    (b"null", {"content-type": "application/json"}),
+    (b"", {}),
+])
+def test_a_body_that_is_not_a_json_object_is_400_saying_so(http, content, headers):
+    err = assert_error(http.post("/v1/completions", content=content, headers=headers), 400)
+    assert err["message"] == ("the request body must be a JSON object, sent with "
+                              "'Content-Type: application/json'")
+
+
 def test_engine_rejection_is_400(http):
     for stream in (False, True):
         resp = http.post("/v1/completions",
@@ -275,6 +288,14 @@ def test_models_and_health(http):
     assert models["data"][0]["max_model_len"] == 512
     health = http.get("/health")
     assert (health.status_code, health.json()) == (200, {"status": "ready", "reason": None})
+    assert http.head("/health").status_code == 200  # load balancers' health checks use HEAD
+
+
+def test_a_model_is_retrieved_by_its_id(http):
+    """openai's `client.models.retrieve(name)` is GET /v1/models/{name}."""
+    assert http.get("/v1/models/fake-model").json() == http.get("/v1/models").json()["data"][0]
+    err = assert_error(http.get("/v1/models/gpt-9"), 404, "model")
+    assert err["code"] == "model_not_found"
 
 
 def test_health_is_starting_until_the_client_is_welcomed():

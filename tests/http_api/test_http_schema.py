@@ -138,3 +138,17 @@ def test_validation_errors_name_the_field(body, param):
     err = validation_error([{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()])
     assert err.status == 400 and err.param == param, err.message
     assert err.message.startswith(param)
+
+
+def test_null_booleans_mean_their_defaults():
+    """OpenAI's booleans are "boolean or null"; the openai client sends None as null."""
+    body = dict(stream=None, ignore_eos=None, skip_special_tokens=None, echo=None)
+    req = completion(**body)
+    assert (req.stream, req.ignore_eos, req.skip_special_tokens, req.echo) == (
+        False, False, True, False)
+    assert req.sampling_params() == SamplingParams(max_tokens=16)
+    req = chat(logprobs=None, stream=None)
+    assert req.sampling_params() == chat().sampling_params()
+    assert chat(stream=True, stream_options={"include_usage": None}).include_usage is False
+    with pytest.raises(ValidationError):
+        chat(stream="yes")
