@@ -108,10 +108,23 @@ def warn_if_master_ports_ephemeral(ports: range) -> None:
                 ephemeral.stop - 1, ephemeral.start - len(ports))
 
 
+def check_default_model(config: EngineConfig) -> None:
+    """The embedded model is converted (on first use) here, so that a missing package is a
+    one-line error saying what to install."""
+    from frontend.embedded_model import DefaultModelError
+
+    try:
+        config.model_dir  # noqa: B018 - finds or converts the default model
+    except DefaultModelError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def check_config(config: EngineConfig) -> None:
     """Every check that needs no child process; raises ValueError with one line."""
     if config.model is not None:
         check_model_path(config.model)
+    else:
+        check_default_model(config)
     check_device(config)
     check_model_fits_tp(config)
     config.resolved_max_model_len  # noqa: B018 - raises if above the model's limit

