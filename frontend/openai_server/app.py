@@ -3,6 +3,7 @@ turn every failure into OpenAI's error body."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,8 @@ def _error_response(exc: BaseException) -> JSONResponse:
 def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
                max_model_len: int | None = None, max_request_bytes: int | None = None,
                metrics: EngineMetrics | None = None,
-               degraded: Callable[[], str | None] | None = None) -> FastAPI:
+               degraded: Callable[[], str | None] | None = None,
+               drained: asyncio.Event | None = None) -> FastAPI:
     """The app serving `client`'s pipeline as `model_name`; `api_key` turns on Bearer auth.
     With `metrics`, `/metrics` serves them in the Prometheus text format (without auth, like
     /health: scrapers rarely hold API keys).
@@ -44,7 +46,10 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
     `max_model_len` is given. Bodies over `max_request_bytes` (default: derived from
     max_model_len) are refused with 413 before they are parsed. `degraded`, when given,
     says why some data-parallel replicas are down (None while all serve): /health reports it.
+    `drained` is set when a stopping server's grace is over (draining.Drain): requests still
+    running are then answered with a 503.
     """
+    drained = drained or asyncio.Event()
     if max_model_len is None:
         max_model_len = client.welcome.max_model_len
     if max_request_bytes is None:
@@ -117,7 +122,8 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
         check_model(body.model)
         params = body.choice_params(body.sampling_params())
         fmt = CompletionFormat(model_name, body.include_usage)
-        return await _respond(request, client, body.prompt_kwargs(), params, body.stream, fmt)
+        return await _respond(request, client, body.prompt_kwargs(), params, body.stream, fmt,
+                              drained)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -126,7 +132,7 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
         params = body.choice_params(body.sampling_params())
         fmt = ChatFormat(model_name, body.include_usage)
         kwargs = {"messages": body.wire_messages()}
-        return await _respond(request, client, kwargs, params, body.stream, fmt)
+        return await _respond(request, client, kwargs, params, body.stream, fmt, drained)
 
     return app
 
@@ -138,7 +144,7 @@ def _is_dead(client: AsyncClient) -> bool:
 
 async def _respond(request: Request, client: AsyncClient, kwargs: dict[str, Any],
                    params: list[SamplingParams], stream: bool,
-                   fmt: CompletionFormat | ChatFormat) -> Response:
+                   fmt: CompletionFormat | ChatFormat, drained: asyncio.Event) -> Response:
     if _is_dead(client):
         raise EngineDeadError("the pipeline is not running")
-    return await answer(request, client, kwargs, params, stream, fmt)
+    return await answer(request, client, kwargs, params, stream, fmt, drained)

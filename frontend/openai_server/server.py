@@ -16,6 +16,7 @@ from collections.abc import Callable
 from frontend.metrics import EngineMetrics, follow
 from frontend.openai_server.app import create_app
 from frontend.openai_server.body_limit import JSON_ROOM_BYTES, MAX_BYTES_PER_TOKEN
+from frontend.openai_server.draining import Drain
 
 
 def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -28,8 +29,8 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
     """Connect to the pipeline at `address` and serve it over HTTP until interrupted.
 
     `sock`, when given, is an already bound listening socket (host and port are then
-    ignored). `engine_alive`, when given, is checked every half second: the server stops
-    once it returns False, so the HTTP front never outlives its engine. `metrics`, when
+    ignored). `engine_alive`, when given, is polled: the server stops once it returns False,
+    so the HTTP front never outlives its engine. Stopping drains: see `draining`. `metrics`, when
     given, are served on /metrics; otherwise this server follows the pipeline's stats itself
     where it can without credentials (an ipc pipeline).
     `degraded`, when given, is /health's source for replicas that are down (see
@@ -39,12 +40,6 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
 
     from frontend.client.async_client import AsyncClient
 
-    async def stop_with_engine(server: uvicorn.Server) -> None:
-        while not server.should_exit:
-            if not engine_alive():
-                server.should_exit = True
-            await asyncio.sleep(0.5)
-
     async def run() -> None:
         async with AsyncClient(address) as client:
             name = model_name or client.welcome.model
@@ -52,18 +47,19 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
             stats_at = client.welcome.deltas_address
             if metrics is None and stats_at.startswith("ipc://"):
                 own_metrics, own = follow(stats_at, None)
+            drain = Drain()
             app = create_app(client, name, api_key, max_request_bytes=max_request_bytes,
                              metrics=metrics if own is None else own_metrics,
-                             degraded=degraded)
+                             degraded=degraded, drained=drain.over)
             config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                    lifespan="off", timeout_graceful_shutdown=5)
+                                    lifespan="off",
+                                    timeout_graceful_shutdown=drain.uvicorn_timeout_s)
             server = uvicorn.Server(config)
-            watch = asyncio.ensure_future(stop_with_engine(server)) if engine_alive else None
+            watch = asyncio.ensure_future(drain.watch(server, engine_alive))
             try:
                 await server.serve(sockets=[sock] if sock is not None else None)
             finally:
-                if watch is not None:
-                    watch.cancel()
+                watch.cancel()
                 if own is not None:
                     own.close()
 

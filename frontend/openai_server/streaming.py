@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from frontend.openai_server.draining import shutting_down
 from frontend.openai_server.errors import api_error
 from frontend.openai_server.responses import ChatFormat, CompletionFormat
 from protocol import SamplingParams
@@ -42,20 +43,24 @@ class ClientGone(Exception):
     """The HTTP client disconnected before its answer was ready; its request is aborted."""
 
 
-async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it (which aborts its request) if the HTTP client goes away."""
+async def _until_disconnected(request: Request, work: Awaitable[T], drained: asyncio.Event
+                              ) -> T:
+    """Await `work`, cancelling it (which aborts its request) if the HTTP client goes away or
+    the server's grace for stopping ends (`drained`)."""
     work_task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_wait_disconnect(request))
+    drain = asyncio.ensure_future(drained.wait())
     try:
-        await asyncio.wait({work_task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work_task, watch, drain}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
+        drain.cancel()
         if not work_task.done():
             work_task.cancel()
             with contextlib.suppress(BaseException):
                 await work_task
     if work_task.cancelled():
-        raise ClientGone()
+        raise shutting_down() if drained.is_set() else ClientGone()
     return work_task.result()
 
 
@@ -67,21 +72,22 @@ async def _wait_disconnect(request: Request) -> None:
 
 async def answer(request: Request, client: AsyncClient, kwargs: dict[str, Any],
                  params: list[SamplingParams], stream: bool,
-                 fmt: CompletionFormat | ChatFormat) -> Response:
-    """One engine request per choice (`n`); the shared prompt is a prefix-cache hit."""
+                 fmt: CompletionFormat | ChatFormat, drained: asyncio.Event) -> Response:
+    """One engine request per choice (`n`); the shared prompt is a prefix-cache hit.
+    Once `drained` is set (the server stopping, its grace over) what still runs is a 503."""
     if not stream:
         outs = await _until_disconnected(request, _all_or_none(
-            [client.generate(**kwargs, params=p) for p in params]))
+            [client.generate(**kwargs, params=p) for p in params]), drained)
         return JSONResponse(fmt.response(outs))
     streams = [client.stream(**kwargs, params=p) for p in params]
     try:
         # Wait for each choice's first delta before answering 200, so a rejection is a 400.
         firsts = await _until_disconnected(request, _all_or_none(
-            [anext(s, None) for s in streams]))
+            [anext(s, None) for s in streams]), drained)
     except BaseException:
         await _close_all(*streams)
         raise
-    events = _sse(fmt, len(streams), _merged(firsts, streams))
+    events = _sse(fmt, len(streams), _merged(firsts, streams, drained))
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS,
                              background=BackgroundTask(_close_all, events, *streams))
 
@@ -97,10 +103,15 @@ async def _all_or_none(works: list[Awaitable[T]]) -> list[T]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _merged(firsts: list[Any], streams: list[AsyncIterator[Any]]
+async def _merged(firsts: list[Any], streams: list[AsyncIterator[Any]], drained: asyncio.Event
                   ) -> AsyncIterator[tuple[int, Any]]:
-    """(choice index, delta) from every stream in arrival order; a failure ends it."""
+    """(choice index, delta) from every stream in arrival order; a failure, or the end of the
+    server's grace for stopping, ends it."""
     queue: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
+
+    async def stop_when_drained() -> None:
+        await drained.wait()
+        await queue.put((-1, None, shutting_down()))
 
     async def pump(index: int, delta: Any, stream: AsyncIterator[Any]) -> None:
         try:
@@ -114,8 +125,9 @@ async def _merged(firsts: list[Any], streams: list[AsyncIterator[Any]]
 
     tasks = [asyncio.ensure_future(pump(i, first, stream))
              for i, (first, stream) in enumerate(zip(firsts, streams, strict=True))]
+    tasks.append(asyncio.ensure_future(stop_when_drained()))
     try:
-        running = len(tasks)
+        running = len(streams)
         while running:
             index, delta, exc = await queue.get()
             if exc is not None:

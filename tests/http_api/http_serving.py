@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 
 import uvicorn
@@ -17,11 +17,14 @@ AppFactory = Callable[[], AbstractAsyncContextManager[FastAPI]]
 
 
 @contextlib.contextmanager
-def running_server(make_app: AppFactory, timeout: float = 30.0) -> Iterator[str]:
+def running_server(make_app: AppFactory, timeout: float = 30.0,
+                   beside: Callable[[uvicorn.Server], Awaitable[None]] | None = None,
+                   graceful_s: float = 2.0) -> Iterator[str]:
     """Yield the base URL (http://127.0.0.1:PORT) of `make_app()` served in its own loop.
 
     The app is built inside the server's event loop, because an AsyncClient belongs to the
-    loop it was created in.
+    loop it was created in. `beside(server)`, when given, runs as a task beside the server
+    (as the launcher runs its drain watch); uvicorn gives requests `graceful_s` to finish.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -32,10 +35,15 @@ def running_server(make_app: AppFactory, timeout: float = 30.0) -> Iterator[str]
     async def main() -> None:
         async with make_app() as app:
             config = uvicorn.Config(app, log_level="warning", lifespan="off",
-                                    timeout_graceful_shutdown=2)
+                                    timeout_graceful_shutdown=graceful_s)
             server = uvicorn.Server(config)
             holder["server"] = server
-            await server.serve(sockets=[sock])
+            task = asyncio.ensure_future(beside(server)) if beside is not None else None
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                if task is not None:
+                    task.cancel()
 
     def thread_main() -> None:
         try:
