@@ -27,7 +27,7 @@ from gpu_workers.loader import load_weights
 from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
 from gpu_workers.pending_step import PendingStep, patch_in_flight, pending_patch
-from gpu_workers.sampler import Sampler, top_logprobs
+from gpu_workers.sampler import Sampler, sampled_logprobs, top_logprobs
 from gpu_workers.speculative import SpecStep, prepare_proposals, settle_verified
 from gpu_workers.speculative.draft import DraftProposer
 from gpu_workers.step_graphs import StepGraphs
@@ -290,8 +290,7 @@ class ModelRunner:
             if spec is not None and self.drafter is not None and self.drafter.resample(
                     logits, table, batch.sample_entries, batch.sample_rows,
                     spec.num_verify[batch.sample_entries], tokens, self.sampler) and lp is not None:
-                raw = logits.float()
-                lp = raw.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(raw, dim=-1)
+                lp = sampled_logprobs(logits, tokens)
             if batch.sampling.top_logprobs:
                 top = top_logprobs(logits, batch.sampling.top_logprobs)
         else:

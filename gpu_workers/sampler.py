@@ -64,10 +64,19 @@ class SamplingBatch:
     """The most alternatives any row asked for (0: none)."""
 
 
+def sampled_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The logprob of each row's token [R] under raw logits [R, V]."""
+    raw = logits.float()
+    return raw.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(raw, dim=-1)
+
+
 def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k most likely tokens of each row of raw logits and their logprobs, best first."""
-    values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
-    return ids, values
+    """The k most likely tokens of each row of raw logits and their logprobs, best first.
+    Computed as `sampled_logprobs` computes them, so a sampled token among them has the same
+    logprob in both lists, to the bit."""
+    raw = logits.float()
+    values, ids = raw.topk(k, dim=-1)
+    return ids, values - torch.logsumexp(raw, dim=-1, keepdim=True)
 
 
 class Sampler:
@@ -102,11 +111,7 @@ class Sampler:
             tokens = self._sample(logits, b)
             if b.any_greedy:
                 tokens = torch.where(b.temperature == 0, logits.argmax(dim=-1), tokens)
-        logprobs = None
-        if b.logprobs:
-            raw = raw.float()
-            picked = raw.gather(1, tokens[:, None]).squeeze(1)
-            logprobs = picked - torch.logsumexp(raw, dim=-1)
+        logprobs = sampled_logprobs(raw, tokens) if b.logprobs else None
         return tokens, logprobs
 
     def _sample(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:

@@ -7,7 +7,7 @@ from random_prompts import random_prompts
 from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
 
-from gpu_workers.sampler import Sampler, SamplingBatch, row_seed
+from gpu_workers.sampler import Sampler, SamplingBatch, row_seed, sampled_logprobs, top_logprobs
 from protocol import SamplingParams
 
 
@@ -127,3 +127,16 @@ def test_runner_returns_logprobs_when_asked(tiny_qwen3_dir):
     result = runner.execute(planner.plan())
     assert result.logprobs is not None and len(result.logprobs) == 1
     assert result.logprobs[0] <= 0.0
+
+
+def test_a_sampled_tokens_logprob_is_its_top_logprobs_entry_to_the_bit(tiny_qwen3_dir):
+    """The two lists come from one formula; an HTTP client compares them."""
+    runner = make_runner(tiny_qwen3_dir)
+    planner = Planner(BLOCK_SIZE, runner.num_kv_blocks)
+    planner.add(0, [5, 6, 7], 2, SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3))
+    result = runner.execute(planner.plan())
+    assert result.top_token_ids[0][0] == result.token_ids[0]
+    assert result.top_logprobs[0][0] == result.logprobs[0]
+    logits = _logits(4)
+    ids, values = top_logprobs(logits, 3)
+    assert torch.equal(values[:, 0], sampled_logprobs(logits, ids[:, 0]))
