@@ -53,6 +53,16 @@ _BODY_NAMES = {"prompt_token_ids": "prompt", "client_request_id": None}
 """Engine request fields that the OpenAI body names otherwise (or not at all)."""
 
 
+_ENGINE_NAMES = re.compile(r"\bparams\.(?=\w)|\bprompt_token_ids\b")
+
+
+def in_body_words(message: str) -> str:
+    """An engine message with its fields named as the body names them ("params.max_tokens" is
+    `max_tokens`, "prompt_token_ids" is `prompt`)."""
+    return _ENGINE_NAMES.sub(lambda m: "prompt" if m.group(0) == "prompt_token_ids" else "",
+                             message)
+
+
 def http_param(field: str | None) -> str | None:
     """The body's name of a field the engine names as a GenerateRequest field
     ("params.max_tokens" is `max_tokens`, "prompt_token_ids" is `prompt`)."""
@@ -107,5 +117,5 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, RequestRejected) and exc.kind is ErrorKind.REQUEST_FAILED:
         return ApiError(500, str(exc), type="server_error")
     if isinstance(exc, RequestFieldError | RequestRejected):
-        return ApiError(400, str(exc), param=http_param(exc.field))
+        return ApiError(400, in_body_words(str(exc)), param=http_param(exc.field))
     return ApiError(500, f"internal error: {exc}", type="server_error")

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from frontend.openai_server.errors import invalid, params_error
+from frontend.openai_server.errors import ApiError, invalid, params_error
 from protocol import ChatMessage, SamplingParams, SamplingParamsError
 from protocol.client_messages import RequestFieldError
 from protocol.sampling_params import MAX_TOKEN_ID, MAX_TOP_LOGPROBS, check_token_ids
@@ -212,7 +212,12 @@ class ChatCompletionRequest(_SamplingRequest):
                 "top_logprobs")
         if top and not self.logprobs:
             raise invalid("top_logprobs needs logprobs=true", "top_logprobs")
-        max_tokens = self.max_completion_tokens
-        if max_tokens is None:
-            max_tokens = self.max_tokens
-        return self._params(max_tokens, self.logprobs, top)
+        if self.max_completion_tokens is None:
+            return self._params(self.max_tokens, self.logprobs, top)
+        try:
+            return self._params(self.max_completion_tokens, self.logprobs, top)
+        except ApiError as exc:  # named as the client named it
+            if exc.param != "max_tokens":
+                raise
+            raise invalid(exc.message.replace("max_tokens", "max_completion_tokens", 1),
+                          "max_completion_tokens") from None

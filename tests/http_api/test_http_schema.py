@@ -116,10 +116,22 @@ def test_chat_maps_messages_and_max_completion_tokens():
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"max_completion_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"), ({"max_tokens": 0}, "max_tokens"),
 ])
 def test_chat_refusals_name_the_field(body, param):
-    refused(lambda: chat(**body).sampling_params(), param)
+    assert param in refused(lambda: chat(**body).sampling_params(), param).message
+
+
+def test_engine_messages_name_fields_as_the_body_does():
+    from frontend.openai_server.errors import api_error
+    from protocol.client_messages import RequestFieldError
+
+    err = api_error(RequestFieldError("params.stop_token_ids", "params.stop_token_ids[0] = 9 "
+                                      "is outside the vocabulary [0, 5)"))
+    assert (err.message, err.param) == ("stop_token_ids[0] = 9 is outside the vocabulary "
+                                        "[0, 5)", "stop_token_ids")
+    err = api_error(RequestFieldError("prompt_token_ids", "prompt_token_ids has 9 tokens"))
+    assert (err.message, err.param) == ("prompt has 9 tokens", "prompt")
 
 
 @pytest.mark.parametrize("body,param", [
