@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 import weakref
 from collections.abc import Coroutine, Mapping, Sequence
@@ -152,6 +153,45 @@ class LLM:
 
 
 def _run(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Run main to its end, from a plain script or from inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _run_here(main)
+    return _run_beside(main)
+
+
+def _run_beside(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Inside a running event loop (a notebook cell, an async app): that loop cannot run main
+    while this call blocks it, so main runs in a loop of its own on a thread, and this call
+    waits for it as any synchronous call would. Ctrl-C cancels it (aborting its requests)."""
+    loop = asyncio.new_event_loop()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = loop.run_until_complete(main)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            box["error"] = exc
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    thread = threading.Thread(target=target, name="nanopipe-llm-call", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.1)
+    except KeyboardInterrupt:
+        loop.call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loop)])
+        thread.join()
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _run_here(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """asyncio.run(main), with Ctrl-C always a KeyboardInterrupt. asyncio.run turns Ctrl-C
     into one, except when the signal is handled while it sets up (CPython's runner installs
     its SIGINT handler, then resets the interrupt count the handler raised): main then ends

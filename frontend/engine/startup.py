@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from frontend.engine.children import Child
+from frontend.engine.spawner import popen
 from protocol import Endpoints, ProtocolError, Ready, StartupFailed
 from protocol.actor_start import ActorStart, encode_start, to_plain
 from protocol.control import StartupProgress
@@ -48,9 +49,8 @@ def spawn(children: list[Child], role: str, rank: int, module: str, config: dict
     env.update(env_overrides or {})
     # A session of its own: a Ctrl-C in the user's terminal reaches the launcher, which
     # then stops the children in order, instead of every process at once.
-    proc = subprocess.Popen([sys.executable, "-m", module, *(argv or [])],
-                            stdin=subprocess.PIPE, env=env, start_new_session=True,
-                            close_fds=True)
+    proc = popen([sys.executable, "-m", module, *(argv or [])], stdin=subprocess.PIPE, env=env,
+                 start_new_session=True, close_fds=True)
     children.append(Child(role, rank, module, proc, replica))
     assert proc.stdin is not None
     if argv is not None:
