@@ -118,6 +118,11 @@ class SamplingParams:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise _bad(name, f"must be an integer, got {value!r}")
+        for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                hint = (" (for the N most likely tokens too: logprobs=True, top_logprobs=N)"
+                        if name == "logprobs" else "")
+                raise _bad(name, f"must be True or False, got {getattr(self, name)!r}{hint}")
         if self.temperature < 0:
             raise _bad("temperature", f"must be >= 0, got {self.temperature}")
         if 0 < self.temperature < MIN_TEMPERATURE:

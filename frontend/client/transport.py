@@ -23,8 +23,12 @@ MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DIS
 
 
 def check_address(address: str) -> None:
-    """Refuse at once an ipc address whose socket file is missing or is no socket: no
-    pipeline can answer there (a pipeline binds its socket before it reports ready)."""
+    """Refuse at once an address that is not one a pipeline prints (a ValueError), and an
+    ipc address whose socket file is missing or is no socket: no pipeline can answer there (a
+    pipeline binds its socket before it reports ready)."""
+    if not isinstance(address, str) or not address.startswith(("ipc://", "tcp://")):
+        raise ValueError(f"{address!r} is not a pipeline address: give the one the launcher "
+                         "prints after 'clients connect to:' (ipc://... or tcp://HOST:PORT)")
     if not address.startswith("ipc://"):
         return
     path = address[len("ipc://"):]

@@ -127,7 +127,7 @@ class EngineConfig:
     draft_model: str | None = option(
         None, "draft model directory for --speculative draft: a smaller model with the same "
         "vocabulary, run in the same workers with its own KV cache", metavar="DIR")
-    seed: int = option(0, "seed of unseeded sampling")
+    seed: int = option(0, "seed of unseeded sampling", minimum=0, maximum=2**63 - 1)
     served_model_name: str | None = option(
         None, "the model id clients see (default: the model directory's name)")
     startup_timeout_s: float = option(900.0, "seconds start-up may take", above=0)
@@ -149,7 +149,7 @@ class EngineConfig:
         resolve_auto_words(self)
         check_options(self)
         self._check_nodes()
-        self._check_block_size()
+        self._check_attention()
         if self.plans_ahead == 2 and not (self.overlap and self.worker_lookahead):
             raise ConfigError("EngineConfig", "plans_ahead",
                               "> 1 needs overlap and worker lookahead (a worker that "
@@ -195,16 +195,16 @@ class EngineConfig:
             raise ConfigError(owner, "master_port", f"leaves no room for "
                               f"{3 + self.tensor_parallel_size} ports below 65536")
 
-    def _check_block_size(self) -> None:
-        """Refuse a block size the attention kernels cannot address before any process starts."""
-        size, backend = self.block_size, self.attention_backend
-        if size is None or backend == "torch":
-            return
+    def _check_attention(self) -> None:
+        """Refuse before any process starts what the attention kernels cannot run."""
+        size, backend, owner = self.block_size or 0, self.attention_backend, "EngineConfig"
+        if backend == "flash_attn" and self.resolved_device != "cuda":
+            raise ConfigError(owner, "attention_backend", "flash_attn needs cuda")
         if backend == "flash_attn" and size % FLASH_BLOCK_MULTIPLE:
-            problem = f"must be a multiple of {FLASH_BLOCK_MULTIPLE} for flash-attn, got {size}"
-            raise ConfigError("EngineConfig", "block_size", problem)
-        if size & (size - 1) and self.resolved_device == "cuda":
-            raise ConfigError("EngineConfig", "block_size", f"must be a power of two on cuda "
+            raise ConfigError(owner, "block_size", f"must be a multiple of "
+                              f"{FLASH_BLOCK_MULTIPLE} for flash-attn, got {size}")
+        if backend != "torch" and size & (size - 1) and self.resolved_device == "cuda":
+            raise ConfigError(owner, "block_size", f"must be a power of two on cuda "
                               f"(the Triton attention kernels tile blocks by it), got {size}")
 
     @property

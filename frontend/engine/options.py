@@ -102,10 +102,10 @@ def check_options(config: Any) -> None:
             raise ConfigError(owner, f.name, f"must be {wanted}, got {value!r}")
         low, high = opt.minimum, opt.maximum
         if low is not None and high is not None and not low <= value <= high:
-            raise ConfigError(owner, f.name, f"must be in {low:g}..{high:g}, got {value!r}")
+            raise ConfigError(owner, f.name, f"must be in {low}..{high}, got {value!r}")
         if low is not None and value < low:
-            raise ConfigError(owner, f.name, f"must be >= {low:g}, got {value!r}")
+            raise ConfigError(owner, f.name, f"must be >= {low}, got {value!r}")
         if high is not None and value > high:
-            raise ConfigError(owner, f.name, f"must be <= {high:g}, got {value!r}")
+            raise ConfigError(owner, f.name, f"must be <= {high}, got {value!r}")
         if opt.above is not None and not value > opt.above:
-            raise ConfigError(owner, f.name, f"must be > {opt.above:g}, got {value!r}")
+            raise ConfigError(owner, f.name, f"must be > {opt.above}, got {value!r}")

@@ -125,8 +125,10 @@ def test_help_shows_each_fields_own_default():
     (["--device", "cuda", "--block-size", "12"],
      "--block-size must be a power of two on cuda (the Triton attention kernels tile blocks "
      "by it), got 12"),
-    (["--attention-backend", "flash_attn", "--block-size", "128"],
+    (["--device", "cuda", "--attention-backend", "flash_attn", "--block-size", "128"],
      "--block-size must be a multiple of 256 for flash-attn, got 128"),
+    (["--device", "cpu", "--attention-backend", "flash_attn"],
+     "--attention-backend flash_attn needs cuda"),
 ])
 def test_a_bad_flag_is_a_usage_error_naming_it(argv, expected, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -144,6 +146,8 @@ def test_a_bad_flag_is_a_usage_error_naming_it(argv, expected, capsys):
     ({"attention_backend": "magic"}, "EngineConfig.attention_backend must be one of"),
     ({"kv_cache_bytes": -1}, "EngineConfig.kv_cache_bytes must be >= 1"),
     ({"device": "cuda", "block_size": 7}, "EngineConfig.block_size must be a power of two"),
+    ({"seed": -1}, r"EngineConfig.seed must be in 0..9223372036854775807, got -1"),
+    ({"seed": 2**64}, r"EngineConfig.seed must be in 0..9223372036854775807"),
 ])
 def test_a_bad_keyword_argument_names_the_field(kwargs, expected):
     with pytest.raises(ValueError, match=expected):

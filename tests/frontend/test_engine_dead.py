@@ -85,6 +85,15 @@ def test_unreachable_address_fails_fast(tmp_path):
     assert time.monotonic() - start < 2
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:27555", "tpc://127.0.0.1:27555", "", None])
+def test_something_that_is_no_address_is_a_value_error(address):
+    """Not a dead engine: the address itself is wrong, and the message says what one is."""
+    with pytest.raises(ValueError, match="is not a pipeline address.*clients connect to"):
+        Client(address)
+    with pytest.raises(ValueError, match="is not a pipeline address"):
+        asyncio.run(AsyncClient(address).start())
+
+
 def test_sigterm_stops_a_process_that_is_still_starting(tiny_qwen3_dir, tmp_path):
     import multiprocessing as mp
 

@@ -44,6 +44,9 @@ from protocol import SamplingParams, SamplingParamsError
         ({"temperature": 10**400}, "temperature"),
         ({"repetition_penalty": 1e-300}, "repetition_penalty"),
         ({"repetition_penalty": 1e300}, "repetition_penalty"),
+        ({"logprobs": 5}, "logprobs"),  # vLLM's meaning; refused when made, not in the engine
+        ({"ignore_eos": "yes"}, "ignore_eos"),
+        ({"skip_special_tokens": None}, "skip_special_tokens"),
     ],
 )
 def test_out_of_range_values_name_the_field(kwargs, field):
@@ -82,3 +85,8 @@ def test_the_largest_accepted_values_fit_the_worker_columns():
     assert table.new_failures == []
     assert (table.top_k[row], table.seed[row]) == (MAX_TOP_K, MAX_SEED)
     assert table.top_p[row] > 0 and table.temperature[row] > 0 and table.repetition[row] > 0
+
+
+def test_logprobs_as_a_count_points_to_top_logprobs():
+    with pytest.raises(SamplingParamsError, match="logprobs=True, top_logprobs=N"):
+        SamplingParams(logprobs=5)
