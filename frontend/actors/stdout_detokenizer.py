@@ -3,13 +3,14 @@
     python -m frontend.actors.stdout_detokenizer --model DIR ADDRESS
 
 ADDRESS is the pipeline's public client address (what the launcher prints as "clients
-connect to:"), its `deltas_pub` address, or its run directory (ipc pipelines). The printer
-subscribes to the scheduler's best-effort copy of each step's TokenDeltas, so it never slows
-the main path. It says "attached" (on stderr) once the scheduler has greeted its subscription
-and its tokenizer is loaded: every request submitted from then on is printed whole; a request
-that began earlier is decoded from where it joined. Text is written to stdout as it arrives; a
-`[client request id]` tag starts a new line whenever the output switches to another request,
-and each request ends with a `<finish: ...>` line.
+connect to:"), its `deltas_pub` address, or its run directory (a tcp pipeline needs the
+latter: its keys are there). The printer subscribes to the scheduler's best-effort copy of
+each step's TokenDeltas, so it never slows the main path. It says "attached" (on stderr) once
+the scheduler has greeted its subscription and its tokenizer is loaded: every request
+submitted from then on is printed whole; a request that began earlier is decoded from where
+it joined. Text is written to stdout as it arrives; a `[client request id]` tag starts a new
+line whenever the output switches to another request, and each request ends with a
+`<finish: ...>` line.
 
 It exits 0 when the pipeline stops, and 1 with a one-line message when it cannot attach
 (nothing at ADDRESS answers within --attach-timeout), when the engine dies, or when the
@@ -180,6 +181,10 @@ def attach(rt: ProcessRuntime, address: str, timeout_s: float = ATTACH_TIMEOUT_S
                 if not msg.deltas_address:
                     raise AttachError(f"the pipeline at {address} offers no deltas address: "
                                       "give its deltas_pub address instead")
+                if msg.deltas_address.startswith("tcp://") and keys is None:
+                    raise AttachError(f"the pipeline at {address} is a tcp pipeline, whose "
+                                      "deltas are encrypted: give its run directory (the "
+                                      "launcher prints it after 'attach a detokenizer:')")
                 poller.unregister(sub.socket)
                 sub.close()
                 sub = open_socket(rt, zmq.SUB, msg.deltas_address, WATCH_MESSAGES, keys)
@@ -270,7 +275,7 @@ def run_attached(model: str, address: str, skip_special_tokens: bool = True,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m frontend.{PROG}",
+    parser = argparse.ArgumentParser(prog=f"python -m frontend.actors.{PROG}",
                                      description="Print a running pipeline's output.")
     parser.add_argument("address", help="the pipeline's client address, its deltas_pub "
                                         "address, or its run directory")

@@ -153,6 +153,23 @@ def test_a_wrong_address_fails_within_seconds(tiny_qwen3_dir, tmp_path, kind):
     assert len(printer.stderr) == 1 and expected in printer.stderr[0]
 
 
+def test_a_tcp_pipelines_client_address_asks_for_its_run_directory(tiny_qwen3_dir):
+    """Its deltas are encrypted with keys kept in the run directory: the client address alone
+    cannot attach, and the printer says what to give instead of "no pipeline answered"."""
+    pipeline = Pipeline(EngineConfig(**tiny_engine(tiny_qwen3_dir), transport="tcp"))
+    pipeline.start()
+    try:
+        printer = Printer(tiny_qwen3_dir, pipeline.address, "--attach-timeout", "20")
+        try:
+            assert printer.wait(timeout=30) == 1
+        finally:
+            printer.kill()
+    finally:
+        pipeline.stop()
+    assert len(printer.stderr) == 1, printer.stderr
+    assert "is a tcp pipeline" in printer.stderr[0] and "run directory" in printer.stderr[0]
+
+
 @pytest.mark.parametrize("victim", ["worker", "scheduler"])
 def test_the_printer_exits_when_the_engine_dies(tiny_qwen3_dir, victim):
     """A dead worker: the scheduler says goodbye with the reason. A dead scheduler says
