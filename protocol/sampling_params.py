@@ -106,6 +106,8 @@ class SamplingParams:
     """With logprobs: also this many of the most likely tokens at each step, with logprobs."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # vLLM and OpenAI take one stop string as it is
+            object.__setattr__(self, "stop", [self.stop])
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             value = getattr(self, name)

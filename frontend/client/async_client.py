@@ -73,9 +73,8 @@ class AsyncClient(ConnectionInfo):
 
     # ---------------------------------------------------------- public API
 
-    async def generate(self, prompt: str | None = None, *, prompt_token_ids: Any = None,
-                       messages: Any = None,
-                       params: SamplingParamsLike | None = None) -> RequestOutput:
+    async def generate(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
+                       *, prompt_token_ids: Any = None, messages: Any = None) -> RequestOutput:
         request_id, q = await self._submit(prompt, prompt_token_ids, messages, params, False)
         collector = OutputCollector(request_id)
         try:
@@ -88,8 +87,8 @@ class AsyncClient(ConnectionInfo):
             self._abort_nowait(request_id)
             raise
 
-    def stream(self, prompt: str | None = None, *, prompt_token_ids: Any = None,
-               messages: Any = None, params: SamplingParamsLike | None = None) -> AsyncResultStream:
+    def stream(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
+               *, prompt_token_ids: Any = None, messages: Any = None) -> AsyncResultStream:
         """An async iterator of deltas; aclose(), cancellation or dropping it aborts."""
         frame_args = (prompt, prompt_token_ids, messages, params, True)
         return AsyncResultStream(self, frame_args)

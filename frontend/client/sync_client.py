@@ -78,8 +78,8 @@ class Client(ConnectionInfo):
         assert self.welcome is not None
         return self.welcome.max_model_len
 
-    def generate(self, prompt: str | None = None, *, prompt_token_ids: Any = None,
-                 messages: Any = None, params: SamplingParamsLike | None = None) -> RequestOutput:
+    def generate(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
+                 *, prompt_token_ids: Any = None, messages: Any = None) -> RequestOutput:
         request_id, q = self._submit(prompt, prompt_token_ids, messages, params, stream=False)
         collector = OutputCollector(request_id)
         done = False
@@ -94,8 +94,8 @@ class Client(ConnectionInfo):
             raise
         return collector.output()
 
-    def stream(self, prompt: str | None = None, *, prompt_token_ids: Any = None,
-               messages: Any = None, params: SamplingParamsLike | None = None) -> ResultStream:
+    def stream(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
+               *, prompt_token_ids: Any = None, messages: Any = None) -> ResultStream:
         """Submit now; iterate for deltas. Closing or dropping the iterator aborts."""
         request_id, q = self._submit(prompt, prompt_token_ids, messages, params, stream=True)
         return ResultStream(self, request_id, q)

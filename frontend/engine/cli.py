@@ -23,7 +23,7 @@ from frontend.engine.config import EngineConfig
 from frontend.engine.log_config import configure_logging
 from frontend.engine.options import ConfigError, Option, check_options, described_fields, option
 from frontend.engine.pipeline import Pipeline
-from frontend.engine.preflight import check_port_free
+from frontend.engine.preflight import check_port_free, warn_if_http_exposed
 from frontend.engine.startup import StartupError
 from frontend.engine.stop_signal import StopSignal
 
@@ -245,6 +245,7 @@ def serve(command: ServeCommand) -> int:
     try:
         if http.port is not None:
             http_sock = _bind_http(http.host, http.port)
+            warn_if_http_exposed(http.host, http.api_key)
         if http.metrics_port is not None:
             metrics_server = MetricsServer(metrics.registry, http.metrics_host,
                                            http.metrics_port)

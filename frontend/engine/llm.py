@@ -79,38 +79,46 @@ class LLM:
 
     def chat(
         self,
-        messages_or_conversations: Conversation | Sequence[Conversation],
+        messages: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> list[dict[str, Any]]:
         """Reply to one conversation (a list of {"role", "content"} dicts) or to a list of
         conversations, after the model's chat template with its generation prompt. Results
         in input order, the same dicts as `generate` returns.
 
         The tokenizer process applies the template, as it does for a client's `messages`;
-        with `chat_template_kwargs` (e.g. {"enable_thinking": False}) it is applied here and
-        the pipeline gets the token ids.
+        with `chat_template_kwargs` (e.g. {"enable_thinking": False}) or without the
+        generation prompt it is applied here and the pipeline gets the token ids.
         """
         self._check_open()
-        conversations = _as_conversations(messages_or_conversations)
-        if chat_template_kwargs:
-            requests = [{"prompt_token_ids": self._chat_prompt_ids(c, chat_template_kwargs)}
+        conversations = _as_conversations(messages)
+        template_kwargs = dict(chat_template_kwargs or {})
+        if not add_generation_prompt:
+            template_kwargs["add_generation_prompt"] = False
+        if template_kwargs:
+            requests = [{"prompt_token_ids": self._chat_prompt_ids(c, template_kwargs)}
                         for c in conversations]
         else:
             requests = [{"messages": c} for c in conversations]
         params = _params_per_request(sampling_params, len(requests), "conversation")
         return _run(self._generate(requests, params, use_tqdm))
 
+    def get_tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer, as the pipeline's tokenizer process loads it."""
+        return self._tokenizer
+
     @functools.cached_property
-    def _chat_tokenizer(self) -> Any:
+    def _tokenizer(self) -> Any:
         from frontend.actors.model_tokenizer import load_tokenizer
 
         return load_tokenizer(self.config.model_dir)
 
     def _chat_prompt_ids(self, conversation: list[dict[str, str]],
                          template_kwargs: dict[str, Any]) -> list[int]:
-        tokenizer = self._chat_tokenizer
+        tokenizer = self._tokenizer
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("this model has no chat template; use generate with a prompt")
         kwargs = {"add_generation_prompt": True, **template_kwargs, "tokenize": False}
@@ -222,7 +230,7 @@ def _params_per_request(sampling_params: SamplingParams | Sequence[SamplingParam
 def _as_conversations(value: Conversation | Sequence[Conversation]) -> list[list[dict[str, str]]]:
     """One conversation or a list of them, as lists of {"role", "content"} with text content."""
     if isinstance(value, str | Mapping) or not isinstance(value, Sequence) or not value:
-        raise TypeError("messages_or_conversations must be a non-empty list of "
+        raise TypeError("messages must be a non-empty list of "
                         '{"role", "content"} dicts, or a list of such lists')
     batch = not isinstance(value[0], Mapping)
     conversations = list(value) if batch else [value]

@@ -8,6 +8,7 @@ process after seconds of loading, or not at all.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -106,6 +107,20 @@ def warn_if_master_ports_ephemeral(ports: range) -> None:
                 "which outgoing connections may take first; a port below %d (torch's usual "
                 "29500) avoids it", ports.start, ports.stop - 1, ephemeral.start,
                 ephemeral.stop - 1, ephemeral.start - len(ports))
+
+
+def warn_if_http_exposed(host: str, api_key: str | None) -> None:
+    """Warn when the HTTP API listens beyond loopback with no API key: anyone who can reach
+    the host can then use the model."""
+    if api_key is not None or host == "localhost":
+        return
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:
+        pass  # a host name: it may resolve to any interface
+    log.warning("the HTTP API listens on %s without --api-key: anyone who can reach this "
+                "host can use it", host)
 
 
 def check_default_model(config: EngineConfig) -> None:

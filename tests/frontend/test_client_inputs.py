@@ -28,6 +28,20 @@ def test_a_dict_of_fields_is_the_same_request_as_its_sampling_params(pipe):
     assert len(by_dict.token_ids) == 3
 
 
+def test_params_may_follow_the_prompt_positionally(pipe):
+    """`client.generate(prompt, params)`, as `llm.generate(prompts, params)` is written."""
+    with Client(pipe.address) as client:
+        out = client.generate(PROMPT, AS_DICT)
+        assert pipe.scheduler.added[-1].params == SamplingParams(**AS_DICT)
+        assert "".join(d.text for d in client.stream(PROMPT, AS_DICT)) == out.text
+
+    async def main() -> str:
+        async with AsyncClient(pipe.address) as client:
+            return (await client.generate(PROMPT, AS_DICT)).text
+
+    assert asyncio.run(asyncio.wait_for(main(), 60)) == out.text
+
+
 def test_the_async_client_takes_a_dict_too(pipe):
     async def main() -> tuple[str, str]:
         async with AsyncClient(pipe.address) as client:

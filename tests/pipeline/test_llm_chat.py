@@ -95,3 +95,22 @@ def test_bad_conversations_fail_before_anything_runs(llm, bad, error, message):
     with pytest.raises(error, match=message):
         llm.chat(bad, GREEDY, use_tqdm=False)
     assert len(llm.chat(HELLO, GREEDY, use_tqdm=False)[0]["token_ids"]) == 12
+
+
+def test_vllm_spellings_of_chat_and_the_tokenizer(llm, tiny_qwen3_dir):
+    """vLLM's keywords: chat(messages=..., add_generation_prompt=False), get_tokenizer(), and
+    a stop given as one string."""
+    without_gen = _templated(tiny_qwen3_dir, HELLO, add_generation_prompt=False)
+    [out] = llm.chat(messages=HELLO, sampling_params=GREEDY, use_tqdm=False,
+                     add_generation_prompt=False)
+    assert out["token_ids"] == hf_greedy(tiny_qwen3_dir, without_gen, GREEDY.max_tokens)
+    tokenizer = llm.get_tokenizer()
+    assert tokenizer.encode("Hello") == AutoTokenizer.from_pretrained(tiny_qwen3_dir).encode(
+        "Hello")
+    [plain] = llm.generate(["Hello"], GREEDY, use_tqdm=False)
+    stop = plain["text"][len(plain["text"]) // 2:][:3]
+    assert stop.strip(), plain["text"]
+    [cut] = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=12, stop=stop),
+                         use_tqdm=False)
+    assert cut["finish_reason"] == "stop" and stop not in cut["text"]
+    assert plain["text"].startswith(cut["text"])
