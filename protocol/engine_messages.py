@@ -64,6 +64,8 @@ class DetokRequestInfo:
     logprobs: bool
     top_logprobs: int = 0
     """How many alternatives of each token to pass on (the step may carry more)."""
+    include_stop: bool = False
+    """Keep the stop string that ended the request at the end of its text."""
 
 
 # ---------------------------------------------------------------- scheduler -> watchers

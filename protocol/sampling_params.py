@@ -104,6 +104,8 @@ class SamplingParams:
     multiplied (as in transformers); 1 is off, above 1 discourages repeating."""
     top_logprobs: int = 0
     """With logprobs: also this many of the most likely tokens at each step, with logprobs."""
+    include_stop_str_in_output: bool = False
+    """A stop string that ends the request stays at the end of its text (vLLM's option)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # vLLM and OpenAI take one stop string as it is
@@ -120,7 +122,8 @@ class SamplingParams:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise _bad(name, f"must be an integer, got {value!r}")
-        for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
+        for name in ("ignore_eos", "logprobs", "skip_special_tokens",
+                     "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 hint = (" (for the N most likely tokens too: logprobs=True, top_logprobs=N)"
                         if name == "logprobs" else "")

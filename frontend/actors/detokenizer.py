@@ -178,7 +178,8 @@ class DetokenizerActor:
             return
         detok = IncrementalDetokenizer(
             self.decode, info.prompt_tail_token_ids,
-            skip_special_tokens=info.skip_special_tokens, stop=info.stop)
+            skip_special_tokens=info.skip_special_tokens, stop=info.stop,
+            include_stop=info.include_stop)
         self.requests[info.request_id] = _Request(info=info, detok=detok)
         for args in self.early.pop(info.request_id, ()):
             self._on_delta(*args)

@@ -10,8 +10,9 @@ Two things make this harder than `decode(new_ids)`:
   until a later token completes it, or until the request finishes.
 
 Stop strings are matched on the decoded text: the earliest match anywhere in the new text
-(also across deltas) ends the request, the stop string itself is never emitted, and a tail
-that could still grow into a stop string is held back until it cannot.
+(also across deltas) ends the request, the stop string itself is not emitted (unless asked
+for: include_stop), and a tail that could still grow into a stop string is held back until it
+cannot.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class IncrementalDetokenizer:
     """Decoding state of one request."""
 
     def __init__(self, decode: DecodeFn, prompt_tail: Sequence[int] = (), *,
-                 skip_special_tokens: bool = True, stop: Sequence[str] = ()) -> None:
+                 skip_special_tokens: bool = True, stop: Sequence[str] = (),
+                 include_stop: bool = False) -> None:
         self._decode = decode
         self._skip = skip_special_tokens
         self._tokens: list[int] = list(prompt_tail)
@@ -59,8 +61,10 @@ class IncrementalDetokenizer:
         self._read = len(self._tokens)
         self._stop = tuple(stop)
         self._max_stop = max((len(s) for s in self._stop), default=0)
+        self._include_stop = include_stop
         self.text = ""
-        """All text decoded so far (cut before the stop string once one matched)."""
+        """All text decoded so far, cut before the stop string once one matched (after it
+        with `include_stop`)."""
         self._emitted = 0
         self.stop_matched: str | None = None
 
@@ -114,7 +118,8 @@ class IncrementalDetokenizer:
             if i != -1 and (best == -1 or i < best):
                 best, self.stop_matched = i, s
         if best != -1:
-            self.text = self.text[:best]
+            kept = len(self.stop_matched) if self._include_stop else 0
+            self.text = self.text[:best + kept]
 
     def _release(self, final: bool) -> str:
         end = len(self.text)

@@ -65,7 +65,8 @@ def detok_request_info(request_id: int, client_id: str, req: GenerateRequest,
         request_id=request_id, client_id=client_id, client_request_id=req.client_request_id,
         prompt_tail_token_ids=ids[-PROMPT_TAIL_TOKENS:], num_prompt_tokens=len(ids),
         stop=list(params.stop), skip_special_tokens=params.skip_special_tokens,
-        stream=req.stream, logprobs=params.logprobs, top_logprobs=params.top_logprobs)
+        stream=req.stream, logprobs=params.logprobs, top_logprobs=params.top_logprobs,
+        include_stop=params.include_stop_str_in_output)
 
 
 def add_request(request_id: int, req: GenerateRequest, ids: list[int],

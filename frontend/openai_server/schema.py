@@ -62,6 +62,7 @@ class _SamplingRequest(BaseModel):
     stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: FlagOrNullFalse = False
+    include_stop_str_in_output: FlagOrNullFalse = False
     skip_special_tokens: FlagOrNullTrue = True
     stream: FlagOrNullFalse = False
     stream_options: StreamOptions | None = None
@@ -113,6 +114,7 @@ class _SamplingRequest(BaseModel):
         try:
             return SamplingParams(
                 **kwargs, ignore_eos=self.ignore_eos, stop=stop,
+                include_stop_str_in_output=self.include_stop_str_in_output,
                 stop_token_ids=list(self.stop_token_ids or []), logprobs=logprobs,
                 skip_special_tokens=self.skip_special_tokens, top_logprobs=top_logprobs,
             )

@@ -127,6 +127,14 @@ def test_stop_string_across_deltas_is_held_back_and_never_emitted():
     assert detok.finished and detok.text == "The "
 
 
+def test_include_stop_keeps_the_stop_string_and_nothing_after_it():
+    detok = IncrementalDetokenizer(chars, stop=["capital"], include_stop=True)
+    assert detok.add(ids_of("The cap")) == "The "
+    assert detok.add(ids_of("ital of")) == "capital"
+    assert detok.finished and detok.text == "The capital"
+    assert detok.add(ids_of("more")) == "" and detok.flush() == ""
+
+
 def test_held_back_prefix_is_released_when_it_cannot_match():
     detok = IncrementalDetokenizer(chars, stop=["capital"])
     assert detok.add(ids_of("The cap")) == "The "

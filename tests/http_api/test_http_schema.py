@@ -152,6 +152,11 @@ def test_validation_errors_name_the_field(body, param):
     assert err.message.startswith(param)
 
 
+def test_include_stop_str_in_output_reaches_the_sampling_params():
+    assert completion(stop="x", include_stop_str_in_output=True).sampling_params() == \
+        SamplingParams(max_tokens=16, stop=["x"], include_stop_str_in_output=True)
+
+
 def test_null_booleans_mean_their_defaults():
     """OpenAI's booleans are "boolean or null"; the openai client sends None as null."""
     body = dict(stream=None, ignore_eos=None, skip_special_tokens=None, echo=None)

@@ -114,3 +114,7 @@ def test_vllm_spellings_of_chat_and_the_tokenizer(llm, tiny_qwen3_dir):
                          use_tqdm=False)
     assert cut["finish_reason"] == "stop" and stop not in cut["text"]
     assert plain["text"].startswith(cut["text"])
+    [kept] = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=12, stop=stop,
+                                                    include_stop_str_in_output=True),
+                          use_tqdm=False)
+    assert kept["finish_reason"] == "stop" and kept["text"] == cut["text"] + stop

@@ -28,7 +28,7 @@ from protocol import SamplingParams, SamplingParamsError
         ({"seed": 1.5}, "seed"),
         ({"stop": [""]}, "stop"),
         ({"stop": ["ok", 3]}, "stop"),
-        ({"stop": "abc"}, "stop"),
+        ({"stop": ""}, "stop"),
         ({"stop": ["x"] * 100}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"stop_token_ids": ["a"]}, "stop_token_ids"),
@@ -90,3 +90,7 @@ def test_the_largest_accepted_values_fit_the_worker_columns():
 def test_logprobs_as_a_count_points_to_top_logprobs():
     with pytest.raises(SamplingParamsError, match="logprobs=True, top_logprobs=N"):
         SamplingParams(logprobs=5)
+
+
+def test_one_stop_string_may_be_given_as_it_is():
+    assert SamplingParams(stop="abc") == SamplingParams(stop=["abc"])
