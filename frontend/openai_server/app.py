@@ -19,8 +19,8 @@ from frontend.openai_server.errors import ApiError, api_error, error_body, valid
 from frontend.openai_server.health import health_of
 from frontend.openai_server.responses import ChatFormat, CompletionFormat
 from frontend.openai_server.schema import ChatCompletionRequest, CompletionRequest
-from frontend.openai_server.streaming import ClientGone, answer
-from protocol import SamplingParams, SamplingParamsError
+from frontend.openai_server.streaming import Choice, ClientGone, answer
+from protocol import SamplingParamsError
 
 if TYPE_CHECKING:
     from frontend.client.async_client import AsyncClient
@@ -121,18 +121,19 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model)
         params = body.choice_params(body.sampling_params())
-        fmt = CompletionFormat(model_name, body.include_usage)
-        return await _respond(request, client, body.prompt_kwargs(), params, body.stream, fmt,
-                              drained)
+        fmt = CompletionFormat(model_name, body.include_usage, len(params))
+        choices = [(prompt, p) for prompt in body.prompt_kwargs() for p in params]
+        return await _respond(request, client, choices, body.stream, fmt, drained)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
         # Without a max_tokens, a chat answer may fill the context (OpenAI's default).
         params = body.choice_params(body.sampling_params())
-        fmt = ChatFormat(model_name, body.include_usage)
-        kwargs = {"messages": body.wire_messages()}
-        return await _respond(request, client, kwargs, params, body.stream, fmt, drained)
+        fmt = ChatFormat(model_name, body.include_usage, len(params))
+        messages = {"messages": body.wire_messages()}
+        choices = [(messages, p) for p in params]
+        return await _respond(request, client, choices, body.stream, fmt, drained)
 
     return app
 
@@ -142,9 +143,8 @@ def _is_dead(client: AsyncClient) -> bool:
     return client.dead
 
 
-async def _respond(request: Request, client: AsyncClient, kwargs: dict[str, Any],
-                   params: list[SamplingParams], stream: bool,
+async def _respond(request: Request, client: AsyncClient, choices: list[Choice], stream: bool,
                    fmt: CompletionFormat | ChatFormat, drained: asyncio.Event) -> Response:
     if _is_dead(client):
         raise EngineDeadError("the pipeline is not running")
-    return await answer(request, client, kwargs, params, stream, fmt, drained)
+    return await answer(request, client, choices, stream, fmt, drained)

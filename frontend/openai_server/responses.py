@@ -28,20 +28,25 @@ class _Format:
     object = "text_completion"
     chunk_object = "text_completion"
 
-    def __init__(self, model: str, include_usage: bool = False) -> None:
+    def __init__(self, model: str, include_usage: bool = False,
+                 choices_per_prompt: int = 1) -> None:
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
-        self.prompt_tokens = 0
+        self.choices_per_prompt = choices_per_prompt
+        """`n`: choice i answers prompt i // n (a completions request may batch prompts)."""
+        self.prompt_tokens: dict[int, int] = {}
+        """Per prompt: each prompt is counted once, however many choices answer it."""
         self.completion_tokens: dict[int, int] = {}
-        """Per choice index: the prompt is counted once, every choice's tokens are added."""
+        """Per choice index: every choice's tokens are added."""
         self.metrics: dict[int, RequestMetrics] = {}
         """Per choice index, from its final output."""
 
     def _usage(self, out: Any, index: int = 0) -> dict[str, Any]:
         # completion_tokens is cumulative in every delta, so the last one seen is the total.
-        self.prompt_tokens = out.prompt_tokens or self.prompt_tokens
+        prompt = index // self.choices_per_prompt
+        self.prompt_tokens[prompt] = out.prompt_tokens or self.prompt_tokens.get(prompt, 0)
         previous = self.completion_tokens.get(index, 0)
         self.completion_tokens[index] = out.completion_tokens or previous
         if out.metrics is not None:
@@ -82,12 +87,13 @@ class _Format:
         return [chunk]
 
     def _usage_totals(self) -> dict[str, Any]:
-        completion = sum(self.completion_tokens.values())
-        usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens,
-                                 "completion_tokens": completion,
-                                 "total_tokens": self.prompt_tokens + completion}
+        prompt, completion = sum(self.prompt_tokens.values()), sum(self.completion_tokens.values())
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                                 "total_tokens": prompt + completion}
         if self.metrics:
-            usage.update(usage_extension([self.metrics[i] for i in sorted(self.metrics)]))
+            usage.update(usage_extension([self.metrics[i] for i in sorted(self.metrics)],
+                                         [i // self.choices_per_prompt
+                                          for i in sorted(self.metrics)]))
         return usage
 
 
@@ -99,18 +105,23 @@ def _timings(m: RequestMetrics) -> dict[str, Any]:
             "spec_accepted_tokens": m.spec_accepted_tokens}
 
 
-def usage_extension(metrics: list[RequestMetrics]) -> dict[str, Any]:
-    """The usage fields that come from the choices' metrics (in choice order).
+def usage_extension(metrics: list[RequestMetrics],
+                    prompts: list[int] | None = None) -> dict[str, Any]:
+    """The usage fields that come from the choices' metrics (in choice order; `prompts`: the
+    prompt each answers, all the first by default).
 
-    The prompt is counted once in usage, so is its cache use: the most any choice found
-    cached (with n > 1 the choices share the prompt, and all but the first usually hit).
-    `nanopipe` holds the first choice's timings, and with n > 1 every choice's in
-    `choices`."""
+    Each prompt is counted once in usage, so is its cache use: the most any of its choices
+    found cached (with n > 1 the choices share the prompt, and all but the first usually
+    hit). `nanopipe` holds the first choice's timings, and with several choices every
+    choice's in `choices`."""
+    prompts = prompts or [0] * len(metrics)
+    cached: dict[int, int] = {}
+    for m, p in zip(metrics, prompts, strict=True):
+        cached[p] = max(cached.get(p, 0), m.cached_prompt_tokens)
     extension = _timings(metrics[0])
     if len(metrics) > 1:
         extension["choices"] = [_timings(m) for m in metrics]
-    return {"prompt_tokens_details": {
-                "cached_tokens": max(m.cached_prompt_tokens for m in metrics)},
+    return {"prompt_tokens_details": {"cached_tokens": sum(cached.values())},
             "nanopipe": extension}
 
 

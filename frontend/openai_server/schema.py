@@ -19,6 +19,8 @@ from protocol.sampling_params import MAX_TOKEN_ID, MAX_TOP_LOGPROBS, check_token
 
 MAX_CHOICES = 16
 """Largest `n`: each choice is a request of its own in the engine."""
+MAX_BATCH_CHOICES = 1024
+"""Most choices of one completions request: its prompts times `n`."""
 _SEED_MODULUS = 2**63
 
 
@@ -130,19 +132,28 @@ class CompletionRequest(_SamplingRequest):
     best_of: int | None = None
     suffix: Text | None = None
 
-    def prompt_kwargs(self) -> dict[str, Any]:
-        """The client's `prompt=` or `prompt_token_ids=` for this request's single prompt."""
+    def prompt_kwargs(self) -> list[dict[str, Any]]:
+        """The client's `prompt=` or `prompt_token_ids=` for each of this request's prompts
+        (OpenAI's batch: a list of texts or of token-id lists is several prompts)."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            if len(prompt) != 1:
-                raise invalid("prompt: one prompt per request is supported", "prompt")
-            prompt = prompt[0]
+        batch = [prompt] if isinstance(prompt, str) or (
+            isinstance(prompt, list) and prompt and isinstance(prompt[0], int)) else prompt
+        if not batch:
+            raise invalid("prompt must not be empty", "prompt")
+        if len(batch) * self.num_choices > MAX_BATCH_CHOICES:
+            raise invalid(f"prompt: {len(batch)} prompts times n={self.num_choices} is more "
+                          f"than {MAX_BATCH_CHOICES} choices", "prompt")
+        return [self._one_prompt(p, f"prompt[{i}]" if len(batch) > 1 else "prompt")
+                for i, p in enumerate(batch)]
+
+    @staticmethod
+    def _one_prompt(prompt: str | list[int], where: str) -> dict[str, Any]:
         if isinstance(prompt, str):
             return {"prompt": prompt}
         if not prompt:
-            raise invalid("prompt must not be empty", "prompt")
+            raise invalid(f"{where} must not be empty", "prompt")
         try:
-            check_token_ids("prompt", prompt, RequestFieldError)
+            check_token_ids(where, prompt, RequestFieldError)
         except RequestFieldError as exc:
             raise invalid(str(exc), "prompt") from None
         return {"prompt_token_ids": list(prompt)}

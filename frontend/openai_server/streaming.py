@@ -36,6 +36,8 @@ except ImportError:  # pragma: no cover - orjson is optional
 
 
 T = TypeVar("T")
+Choice = tuple[dict[str, Any], SamplingParams]
+"""A choice's prompt (the client's prompt keyword arguments) and its parameters."""
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -70,16 +72,16 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-async def answer(request: Request, client: AsyncClient, kwargs: dict[str, Any],
-                 params: list[SamplingParams], stream: bool,
+async def answer(request: Request, client: AsyncClient, choices: list[Choice], stream: bool,
                  fmt: CompletionFormat | ChatFormat, drained: asyncio.Event) -> Response:
-    """One engine request per choice (`n`); the shared prompt is a prefix-cache hit.
-    Once `drained` is set (the server stopping, its grace over) what still runs is a 503."""
+    """One engine request per choice (each prompt times `n`); a prompt shared by n choices is
+    a prefix-cache hit. Once `drained` is set (the server stopping, its grace over) what
+    still runs is a 503."""
     if not stream:
         outs = await _until_disconnected(request, _all_or_none(
-            [client.generate(**kwargs, params=p) for p in params]), drained)
+            [client.generate(**prompt, params=p) for prompt, p in choices]), drained)
         return JSONResponse(fmt.response(outs))
-    streams = [client.stream(**kwargs, params=p) for p in params]
+    streams = [client.stream(**prompt, params=p) for prompt, p in choices]
     try:
         # Wait for each choice's first delta before answering 200, so a rejection is a 400.
         firsts = await _until_disconnected(request, _all_or_none(

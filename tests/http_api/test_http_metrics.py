@@ -196,7 +196,11 @@ def test_n_choices_report_the_prompts_cache_once_and_each_choices_timings():
                            FinishReason.LENGTH)
         return RequestOutput("r", "text", [1, 2, 3, 4, 5], "length", 60, 5, None, metrics=m)
 
-    body = CompletionFormat("tiny").response([output(0, 0.2), output(48, 0.05)])
+    two_prompts = CompletionFormat("tiny").response([output(0, 0.2), output(48, 0.05)])
+    assert two_prompts["usage"]["prompt_tokens"] == 120  # a batch counts each prompt
+    assert two_prompts["usage"]["prompt_tokens_details"] == {"cached_tokens": 48}
+    body = CompletionFormat("tiny", choices_per_prompt=2).response(
+        [output(0, 0.2), output(48, 0.05)])
     usage = body["usage"]
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (60, 10)
     assert usage["prompt_tokens_details"] == {"cached_tokens": 48}

@@ -132,6 +132,15 @@ def test_n_choices_sampled_and_greedy(oai, direct, model):
     assert first[1] == one.text  # choice i is seeded with seed + i
 
 
+def test_a_batch_of_prompts_as_the_openai_client_sends_it(oai, direct, model):
+    """`prompt=[...]` (as LangChain's OpenAI LLM batches): choice i answers prompt i."""
+    expected = [direct.generate(p, params=GREEDY) for p in PROMPTS]
+    got = oai.completions.create(model=model, prompt=PROMPTS, **GREEDY_BODY)
+    assert [c.index for c in got.choices] == list(range(len(PROMPTS)))
+    assert [c.text for c in got.choices] == [e.text for e in expected]
+    assert got.usage.prompt_tokens == sum(e.prompt_tokens for e in expected)
+
+
 def test_n_choices_streamed(oai, direct, model):
     expected = direct.generate(messages=MESSAGES, params=GREEDY)
     chunks = list(oai.chat.completions.create(model=model, messages=MESSAGES, n=2, stream=True,
@@ -200,7 +209,8 @@ def test_stop_string(oai, direct, model):
 def test_engine_rejections_are_400(oai, model):
     with pytest.raises(openai.BadRequestError) as info:
         oai.completions.create(model=model, prompt=[1, 10**9], max_tokens=2)
-    assert "prompt_token_ids" in info.value.message and info.value.param == "prompt"
+    assert "prompt[1] = 1000000000 is outside the vocabulary" in info.value.message
+    assert info.value.param == "prompt"  # named as the body names it, not prompt_token_ids
     with pytest.raises(openai.BadRequestError) as info:
         oai.completions.create(model=model, prompt="hi", max_tokens=10_000, stream=True)
     assert "max_tokens" in info.value.message and info.value.param == "max_tokens"

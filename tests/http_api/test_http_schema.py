@@ -45,13 +45,19 @@ def test_completion_fields_map_onto_sampling_params():
 
 
 def test_completion_prompt_forms():
-    assert completion(prompt="abc").prompt_kwargs() == {"prompt": "abc"}
-    assert completion(prompt="").prompt_kwargs() == {"prompt": ""}  # the engine refuses it
-    assert completion(prompt=[1, 2, 3]).prompt_kwargs() == {"prompt_token_ids": [1, 2, 3]}
-    assert completion(prompt=["abc"]).prompt_kwargs() == {"prompt": "abc"}
-    assert completion(prompt=[[4, 5]]).prompt_kwargs() == {"prompt_token_ids": [4, 5]}
-    refused(lambda: completion(prompt=["a", "b"]).prompt_kwargs(), "prompt")
+    assert completion(prompt="abc").prompt_kwargs() == [{"prompt": "abc"}]
+    assert completion(prompt="").prompt_kwargs() == [{"prompt": ""}]  # the engine refuses it
+    assert completion(prompt=[1, 2, 3]).prompt_kwargs() == [{"prompt_token_ids": [1, 2, 3]}]
+    assert completion(prompt=["abc"]).prompt_kwargs() == [{"prompt": "abc"}]
+    assert completion(prompt=[[4, 5]]).prompt_kwargs() == [{"prompt_token_ids": [4, 5]}]
+    assert completion(prompt=["a", "b"]).prompt_kwargs() == [{"prompt": "a"}, {"prompt": "b"}]
+    assert completion(prompt=[[4], [5, 6]]).prompt_kwargs() == [
+        {"prompt_token_ids": [4]}, {"prompt_token_ids": [5, 6]}]
     refused(lambda: completion(prompt=[]).prompt_kwargs(), "prompt")
+    assert "prompt[1] must not be empty" in refused(
+        lambda: completion(prompt=[[4], []]).prompt_kwargs(), "prompt").message
+    assert "more than 1024 choices" in refused(
+        lambda: completion(prompt=["a"] * 65, n=16).prompt_kwargs(), "prompt").message
 
 
 @pytest.mark.parametrize("body,param", [
