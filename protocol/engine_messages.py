@@ -95,6 +95,9 @@ class WatchRequest:
 
     request_id: int
     client_request_id: str
+    stop: list[str] = field(default_factory=list)
+    """The request's stop strings: a watcher cuts its text where the client's is cut."""
+    include_stop: bool = False
 
 
 @message(0x42)

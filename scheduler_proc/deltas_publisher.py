@@ -63,7 +63,7 @@ class DeltasPublisher:
         self.sink = MessageSocket(ctx, zmq.PUSH, inproc, bind=False)
         """Where the step loop sends encoded frames to publish (its only user)."""
         self._lock = threading.Lock()
-        self._running: dict[int, str] = {}  # request id -> client request id
+        self._running: dict[int, WatchRequest] = {}  # by request id
         self._goodbye: WatchGoodbye | None = None
         self._thread = threading.Thread(target=self._run, name="scheduler-publisher",
                                         daemon=True)
@@ -71,11 +71,11 @@ class DeltasPublisher:
 
     # ------------------------------------------------------------ step loop side
 
-    def announce(self, request_id: int, client_request_id: str) -> WatchRequest:
+    def announce(self, request: WatchRequest) -> WatchRequest:
         """Remember a new request; returns the message to publish ahead of its deltas."""
         with self._lock:
-            self._running[request_id] = client_request_id
-        return WatchRequest(request_id, client_request_id)
+            self._running[request.request_id] = request
+        return request
 
     def forget_finished(self, deltas: TokenDeltas) -> None:
         if deltas.finish_reasons.count(None) == len(deltas.finish_reasons):
@@ -151,9 +151,9 @@ class DeltasPublisher:
         # Every watcher gets this; those attached already ignore the repeated names.
         self._publish(self._heartbeat())
         with self._lock:
-            running = list(self._running.items())
-        for request_id, client_request_id in running:
-            self._publish(encode(WatchRequest(request_id, client_request_id)))
+            running = list(self._running.values())
+        for request in running:
+            self._publish(encode(request))
         self._publish_stats()  # a new follower of the counters gets its baseline at once
 
     def _heartbeat(self) -> bytes:

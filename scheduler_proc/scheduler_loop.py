@@ -35,7 +35,7 @@ from protocol import (
     TokenDeltas,
 )
 from protocol.actor_start import from_plain, read_start
-from protocol.engine_messages import WatchGoodbye
+from protocol.engine_messages import WatchGoodbye, WatchRequest
 from protocol.host_timeline import host_timeline
 from protocol.process_runtime import ProcessRuntime, Started, actor_process, start_and_serve
 from protocol.sockets import MessageSocket
@@ -112,8 +112,9 @@ class SchedulerLoop:
             self.timeline.mark(msg.step_id, "result_done")
         elif isinstance(msg, AddRequest):
             # Watchers learn the client's name of a request before any of its tokens.
-            self.outbox.send((self.deltas_pub,), self.publisher.announce(
-                msg.request_id, msg.client_request_id))
+            self.outbox.send((self.deltas_pub,), self.publisher.announce(WatchRequest(
+                msg.request_id, msg.client_request_id, list(msg.params.stop),
+                msg.params.include_stop_str_in_output)))
             if self.dead_reason is not None:
                 self._emit(TokenDeltas(OUT_OF_BAND_STEP, [msg.request_id], [[]],
                                        [FinishReason.ERROR], [_dead(self.dead_reason)], None))

@@ -102,19 +102,25 @@ class StdoutPrinter:
         self.detoks: dict[int, IncrementalDetokenizer] = {}
         self.names: dict[int, str] = {}
         """The client's id of each announced request; others show as #<engine id>."""
+        self.stops: dict[int, tuple[list[str], bool]] = {}
+        """Each announced request's stop strings, so its text is cut where the client's is."""
         self.current: int | None = None  # whose text the last line holds
         self.line_open = False
 
     def on_request(self, msg: WatchRequest) -> None:
         if msg.client_request_id:
             self.names[msg.request_id] = msg.client_request_id
+        if msg.stop:
+            self.stops[msg.request_id] = (msg.stop, msg.include_stop)
 
     def on_deltas(self, msg: TokenDeltas) -> None:
         for i, request_id in enumerate(msg.request_ids):
             detok = self.detoks.get(request_id)
             if detok is None:
+                stop, include_stop = self.stops.get(request_id, ((), False))
                 detok = self.detoks[request_id] = IncrementalDetokenizer(
-                    self.decode, self.context, skip_special_tokens=self.skip)
+                    self.decode, self.context, skip_special_tokens=self.skip, stop=stop,
+                    include_stop=include_stop)
             finish, error = msg.finish_reasons[i], msg.errors[i]
             text = detok.add(msg.token_ids[i])
             if finish is not None or error is not None:
@@ -127,6 +133,7 @@ class StdoutPrinter:
                 note = f"error: {error.message}" if error is not None else f"finish: {finish}"
                 self.out.write(f"[{self._tag(request_id)}] <{note}>\n")
                 self.names.pop(request_id, None)
+                self.stops.pop(request_id, None)
                 self.current = None
         self.out.flush()
 

@@ -38,6 +38,22 @@ def test_printer_tags_each_request_with_its_client_id(tiny_qwen3_dir):
     assert printer.names == {} and printer.detoks == {}
 
 
+def test_printer_cuts_the_text_where_the_client_gets_it_cut(tiny_qwen3_dir):
+    """Tokens past a stop string reach the watchers (the engine learns of the match a step
+    later); the printer cuts them as the client's detokenizer does."""
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    out = io.StringIO()
+    printer = StdoutPrinter(make_decode_fn(tok), out)
+    printer.on_request(WatchRequest(3, "cut", ["answer"]))
+    printer.on_request(WatchRequest(4, "kept", ["answer"], include_stop=True))
+    ids = tok.encode(" Paris. The answer is")
+    printer.on_deltas(deltas(0, {3: (ids, FinishReason.STOP)}))
+    printer.on_deltas(deltas(1, {4: (ids, FinishReason.STOP)}))
+    assert out.getvalue() == ("[cut]  Paris. The \n[cut] <finish: stop>\n"
+                              "[kept]  Paris. The answer\n[kept] <finish: stop>\n")
+    assert printer.stops == {}
+
+
 def test_resolve_address(tmp_path):
     assert resolve_address("tcp://127.0.0.1:5") == "tcp://127.0.0.1:5"
     assert resolve_address(str(tmp_path)) == f"ipc://{tmp_path}/deltas_pub"

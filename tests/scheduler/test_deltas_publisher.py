@@ -44,18 +44,18 @@ def test_each_subscriber_is_greeted_at_once_with_the_running_requests(wiring):
     ctx, address = wiring
     pub = DeltasPublisher(ctx, address, interval_s=60.0)  # no periodic beat during the test
     try:
-        pub.announce(1, "first")
-        pub.announce(2, "second")
+        pub.announce(WatchRequest(1, "first"))
+        pub.announce(WatchRequest(2, "second", ["stop"]))
         pub.forget_finished(finished(1))
         started = time.monotonic()
         early = subscribe(ctx, address)
         assert receive(early) == WatchHeartbeat(60.0, None)
         assert time.monotonic() - started < 2.0
-        assert receive(early) == WatchRequest(2, "second")
+        assert receive(early) == WatchRequest(2, "second", ["stop"])  # with its stop strings
         late = subscribe(ctx, address)  # the same topic again: greeted too (XPUB_VERBOSE)
         assert receive(late) == WatchHeartbeat(60.0, None)
         # From the greeting on, nothing is missed, in order.
-        pub.sink.send(pub.announce(3, "third"))
+        pub.sink.send(pub.announce(WatchRequest(3, "third")))
         pub.sink.send(finished(3))
         for sub in (early, late):
             # A greeting racing the announcement may name request 3 twice; watchers ignore

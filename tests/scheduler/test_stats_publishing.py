@@ -70,7 +70,7 @@ def test_stats_come_at_the_greeting_every_interval_and_before_the_goodbye(wiring
         counts = [m.generated_tokens for m in seen]
         assert counts == sorted(counts) and len(set(counts)) == 5
         # Deltas and names are not sent to a stats-only subscriber.
-        pub.sink.send(pub.announce(1, "r"))
+        pub.sink.send(pub.announce(WatchRequest(1, "r")))
         pub.sink.send(TokenDeltas(0, [1], [[5]], [FinishReason.STOP], [None], None))
         pub.close("stopping", engine_dead=False)
         last = None
