@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
 MAX_ABS_PENALTY = 2.0
 MAX_TOP_LOGPROBS = 20
+MAX_N = 1024
 
 # Bounds set by where a value is stored. A value that passes here but not its column would
 # kill the worker that stores it, and every other request with it.
@@ -106,6 +108,9 @@ class SamplingParams:
     """With logprobs: also this many of the most likely tokens at each step, with logprobs."""
     include_stop_str_in_output: bool = False
     """A stop string that ends the request stays at the end of its text (vLLM's option)."""
+    n: int = 1
+    """Completions per prompt (LLM.generate / chat; HTTP has its own `n`). One engine request
+    each: an engine request itself is always one completion."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # vLLM and OpenAI take one stop string as it is
@@ -116,7 +121,7 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise _bad(name, f"must be a number, got {value!r}")
             _finite(name, value)
-        for name in ("top_k", "max_tokens", "top_logprobs"):
+        for name in ("top_k", "max_tokens", "top_logprobs", "n"):
             value = getattr(self, name)
             if name == "max_tokens" and value is None:
                 continue
@@ -150,6 +155,8 @@ class SamplingParams:
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise _bad("top_logprobs",
                        f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        if not 1 <= self.n <= MAX_N:
+            raise _bad("n", f"must be in [1, {MAX_N}], got {self.n}")
         if self.top_logprobs and not self.logprobs:
             raise _bad("top_logprobs", "needs logprobs=True")
         if self.max_tokens is not None and not 1 <= self.max_tokens <= MAX_MAX_TOKENS:
@@ -207,3 +214,12 @@ def as_sampling_params(value: Any, where: str) -> SamplingParams:
             raise TypeError(f"{where}: {exc}") from None
     raise TypeError(f"{where} must be a SamplingParams (or a dict of its fields), got "
                     f"{type(value).__name__}")
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """One engine request's params for each of n completions of a prompt. A seeded request
+    seeds completion j with seed + j, so the n differ and the whole answer still reproduces."""
+    if n == 1:
+        return [dataclasses.replace(params, n=1)] if params.n != 1 else [params]
+    return [dataclasses.replace(params, n=1, seed=None if params.seed is None
+                                else (params.seed + j) % (MAX_SEED + 1)) for j in range(n)]

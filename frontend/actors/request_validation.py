@@ -55,6 +55,10 @@ class RequestValidator:
         else:
             ids = self._chat_ids(req.messages or [])
         self._check_ids("params.stop_token_ids", req.params.stop_token_ids)
+        if req.params.n != 1:
+            raise InvalidRequest("params.n", f"params.n is {req.params.n}: an engine request is "
+                                 "one completion; send one request per choice (LLM.generate "
+                                 "and the HTTP API do that for n)")
         return list(ids)
 
     def _check_ids(self, field: str, ids: list[int]) -> None:

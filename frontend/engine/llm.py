@@ -20,7 +20,7 @@ from frontend.engine.config import ENGINE_FIELDS, EngineConfig
 from frontend.engine.pipeline import Pipeline
 from frontend.engine.prompt_input import as_requests
 from protocol import SamplingParams
-from protocol.sampling_params import as_sampling_params
+from protocol.sampling_params import as_sampling_params, choice_params
 
 Prompt = str | list[int] | Mapping[str, Any]
 """A text, token ids, or {"prompt": text} / {"prompt_token_ids": ids} (see prompt_input)."""
@@ -128,8 +128,11 @@ class LLM:
 
     async def _generate(self, requests: list[dict[str, Any]], params: list[SamplingParams],
                         use_tqdm: bool) -> list[dict[str, Any]]:
-        """requests: the prompt keyword arguments of AsyncClient.stream, one dict each."""
-        bar = tqdm(total=len(requests), desc="Generating", dynamic_ncols=True,
+        """requests: the prompt keyword arguments of AsyncClient.stream, one dict each. A
+        prompt whose params ask for n > 1 is n engine requests (see _grouped)."""
+        choices = [(i, kwargs, p) for i, (kwargs, sp) in enumerate(zip(requests, params))
+                   for p in choice_params(sp, sp.n)]
+        bar = tqdm(total=len(choices), desc="Generating", dynamic_ncols=True,
                    disable=not use_tqdm)
         meter = _Throughput()
         async with AsyncClient(self.pipeline.address) as client:
@@ -155,9 +158,20 @@ class LLM:
                 return result
 
             try:
-                return list(await asyncio.gather(*(one(r, s) for r, s in zip(requests, params))))
+                results = await asyncio.gather(*(one(r, p) for _, r, p in choices))
             finally:
                 bar.close()
+        return _grouped([i for i, _, _ in choices], results)
+
+
+def _grouped(prompt_of: list[int], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One dict per prompt. With n > 1 it is the first completion's, plus `outputs`: all n
+    (vLLM's RequestOutput.outputs), so code written for n = 1 reads the same keys."""
+    per_prompt: dict[int, list[dict[str, Any]]] = {}
+    for i, result in zip(prompt_of, results, strict=True):
+        per_prompt.setdefault(i, []).append(result)
+    return [group[0] if len(group) == 1 else {**group[0], "outputs": group}
+            for group in per_prompt.values()]
 
 
 def _run(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ Unknown fields (user, metadata, ...) are ignored, as OpenAI's own server does.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -15,13 +14,17 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from frontend.openai_server.errors import ApiError, invalid, params_error
 from protocol import ChatMessage, SamplingParams, SamplingParamsError
 from protocol.client_messages import RequestFieldError
-from protocol.sampling_params import MAX_TOKEN_ID, MAX_TOP_LOGPROBS, check_token_ids
+from protocol.sampling_params import (
+    MAX_TOKEN_ID,
+    MAX_TOP_LOGPROBS,
+    check_token_ids,
+    choice_params,
+)
 
 MAX_CHOICES = 16
 """Largest `n`: each choice is a request of its own in the engine."""
 MAX_BATCH_CHOICES = 1024
 """Most choices of one completions request: its prompts times `n`."""
-_SEED_MODULUS = 2**63
 
 
 def _utf8(text: str) -> str:
@@ -87,12 +90,8 @@ class _SamplingRequest(BaseModel):
         return self.n or 1
 
     def choice_params(self, params: SamplingParams) -> list[SamplingParams]:
-        """One SamplingParams per choice; a seeded request seeds choice i with seed + i, so the
-        choices differ from each other and the whole response still reproduces."""
-        if params.seed is None:
-            return [params] * self.num_choices
-        return [dataclasses.replace(params, seed=(params.seed + i) % _SEED_MODULUS)
-                for i in range(self.num_choices)]
+        """One SamplingParams per choice (protocol.sampling_params.choice_params)."""
+        return choice_params(params, self.num_choices)
 
     @property
     def include_usage(self) -> bool:

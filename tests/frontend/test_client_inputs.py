@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from frontend import AsyncClient, Client
+from frontend.client.outputs import RequestRejected
 from protocol import SamplingParams, SamplingParamsError
 
 PROMPT = "The capital of France is Paris."
@@ -40,6 +41,14 @@ def test_params_may_follow_the_prompt_positionally(pipe):
             return (await client.generate(PROMPT, AS_DICT)).text
 
     assert asyncio.run(asyncio.wait_for(main(), 60)) == out.text
+
+
+def test_n_above_one_is_refused_naming_it(pipe):
+    """An engine request is one completion; the client is told to send one per choice."""
+    with Client(pipe.address) as client:
+        with pytest.raises(RequestRejected, match="params.n is 2: an engine request is one"):
+            client.generate(PROMPT, {"n": 2, "max_tokens": 2})
+        assert len(client.generate(PROMPT, AS_DICT).token_ids) == 3
 
 
 def test_the_async_client_takes_a_dict_too(pipe):

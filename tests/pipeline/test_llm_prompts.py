@@ -60,6 +60,26 @@ def test_a_misshapen_prompt_fails_before_anything_runs(llm, prompts, match):
     assert len(llm.generate("still here", GREEDY, use_tqdm=False)[0]["token_ids"]) == 6
 
 
+def test_n_completions_per_prompt(llm):
+    """SamplingParams(n=...) as vLLM's: `outputs` holds the n completions of each prompt, the
+    first also at the top level; a seeded prompt's completion j is seed + j's."""
+    sampled = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=3)
+    many, one = llm.generate(["The capital", IDS], [SamplingParams(
+        temperature=1.0, max_tokens=6, ignore_eos=True, seed=3, n=3), sampled],
+        use_tqdm=False)
+    assert "outputs" not in one and len(many["outputs"]) == 3
+    assert {k: many[k] for k in ("text", "token_ids")} == {
+        k: many["outputs"][0][k] for k in ("text", "token_ids")}
+    for j, completion in enumerate(many["outputs"]):
+        alone = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=3 + j)
+        [expected] = llm.generate("The capital", alone, use_tqdm=False)
+        assert completion["token_ids"] == expected["token_ids"]
+    assert len({tuple(c["token_ids"]) for c in many["outputs"]}) > 1
+    greedy = llm.generate(IDS, SamplingParams(temperature=0, max_tokens=6, n=2),
+                          use_tqdm=False)[0]["outputs"]
+    assert greedy[0]["token_ids"] == greedy[1]["token_ids"]
+
+
 def test_a_closed_llm_says_so(tiny_qwen3_dir):
     llm = LLM(**tiny_engine(tiny_qwen3_dir))
     assert len(llm.generate("hi", GREEDY, use_tqdm=False)) == 1

@@ -44,6 +44,7 @@ from protocol import SamplingParams, SamplingParamsError
         ({"temperature": 10**400}, "temperature"),
         ({"repetition_penalty": 1e-300}, "repetition_penalty"),
         ({"repetition_penalty": 1e300}, "repetition_penalty"),
+        ({"n": 0}, "n"), ({"n": 1025}, "n"), ({"n": 2.0}, "n"),
         ({"logprobs": 5}, "logprobs"),  # vLLM's meaning; refused when made, not in the engine
         ({"ignore_eos": "yes"}, "ignore_eos"),
         ({"skip_special_tokens": None}, "skip_special_tokens"),
