@@ -21,9 +21,16 @@ from typing import Any
 
 from frontend.engine.config import EngineConfig
 from frontend.engine.log_config import configure_logging
-from frontend.engine.options import ConfigError, Option, check_options, described_fields, option
+from frontend.engine.options import (
+    ConfigError,
+    Option,
+    check_options,
+    described_fields,
+    flags_of,
+    option,
+)
 from frontend.engine.pipeline import Pipeline
-from frontend.engine.preflight import check_port_free, warn_if_http_exposed
+from frontend.engine.preflight import check_port_free, warn_if_exposed
 from frontend.engine.startup import StartupError
 from frontend.engine.stop_signal import StopSignal
 
@@ -81,10 +88,6 @@ _GROUPS = {
 }
 _CONFIGS = {"engine": EngineConfig, "http": HttpConfig}
 """Prefix of a flag's argparse dest -> the config class whose field it sets."""
-
-
-def flags_of(opt: Option, name: str) -> tuple[str, ...]:
-    return opt.flags or ("--" + name.replace("_", "-"),)
 
 
 def _help(f: Field, opt: Option, typ: type) -> str:
@@ -178,6 +181,16 @@ def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
     if "metrics_host" in http and "metrics_port" not in http:
         raise UsageError(f"{flag_for('http', 'metrics_host')} applies to "
                          f"{flag_for('http', 'metrics_port')}: add it")
+    if "metrics_port" in http and http.get("port") == http["metrics_port"]:
+        raise UsageError(f"{flag_for('http', 'metrics_port')} is the HTTP port, which serves "
+                         "/metrics already: leave it out, or give another port")
+    speculative = engine.get("speculative")
+    for name, applies in (("num_speculative_tokens", speculative is not None),
+                          ("ngram_size", speculative == "ngram")):
+        if name in engine and not applies:
+            needed = "ngram" if name == "ngram_size" else "ngram or draft"
+            raise UsageError(f"{flag_for('engine', name)} applies to "
+                             f"{flag_for('engine', 'speculative')} {needed}")
     if engine.get("node_rank", 0) > 0 and "port" in http:
         raise UsageError(f"{flag_for('http', 'port')} applies to node 0, which runs the front")
     transport = engine.get("transport", _default(EngineConfig, "transport"))
@@ -190,22 +203,6 @@ def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
 
 def _default(cls: type, name: str) -> Any:
     return next(f.default for f in dataclasses.fields(cls) if f.name == name)
-
-
-def to_argv(config: Any) -> list[str]:
-    """The flags that rebuild `config` (an EngineConfig or HttpConfig): the inverse of
-    parsing, naming only the fields that differ from their defaults."""
-    argv: list[str] = []
-    for f, opt, typ in described_fields(type(config)):
-        value = getattr(config, f.name)
-        if value == f.default:
-            continue
-        flag = flags_of(opt, f.name)[0]
-        if typ is bool:
-            argv.append(flag)
-        else:
-            argv += [flag, opt.auto if value is None else str(value)]
-    return argv
 
 
 def print_progress(text: str) -> None:
@@ -245,7 +242,8 @@ def serve(command: ServeCommand) -> int:
     try:
         if http.port is not None:
             http_sock = _bind_http(http.host, http.port)
-            warn_if_http_exposed(http.host, http.api_key)
+            if http.api_key is None:
+                warn_if_exposed("the HTTP API", http.host, "--api-key")
         if http.metrics_port is not None:
             metrics_server = MetricsServer(metrics.registry, http.metrics_host,
                                            http.metrics_port)

@@ -109,3 +109,24 @@ def check_options(config: Any) -> None:
             raise ConfigError(owner, f.name, f"must be <= {high}, got {value!r}")
         if opt.above is not None and not value > opt.above:
             raise ConfigError(owner, f.name, f"must be > {opt.above}, got {value!r}")
+
+
+def flags_of(opt: Option, name: str) -> tuple[str, ...]:
+    """The command-line flags of field `name` (its own, or --the-field-name)."""
+    return opt.flags or ("--" + name.replace("_", "-"),)
+
+
+def to_argv(config: Any) -> list[str]:
+    """The flags that rebuild `config` (an EngineConfig or HttpConfig): the inverse of
+    parsing, naming only the fields that differ from their defaults."""
+    argv: list[str] = []
+    for f, opt, typ in described_fields(type(config)):
+        value = getattr(config, f.name)
+        if value == f.default:
+            continue
+        flag = flags_of(opt, f.name)[0]
+        if typ is bool:
+            argv.append(flag)
+        else:
+            argv += [flag, opt.auto if value is None else str(value)]
+    return argv

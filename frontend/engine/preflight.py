@@ -109,18 +109,18 @@ def warn_if_master_ports_ephemeral(ports: range) -> None:
                 ephemeral.stop - 1, ephemeral.start - len(ports))
 
 
-def warn_if_http_exposed(host: str, api_key: str | None) -> None:
-    """Warn when the HTTP API listens beyond loopback with no API key: anyone who can reach
-    the host can then use the model."""
-    if api_key is not None or host == "localhost":
+def warn_if_exposed(what: str, host: str, unless: str) -> None:
+    """Warn that `what` listens on `host` beyond loopback with no credentials (`unless` says
+    which would guard it): anyone who can reach the host can then use the model."""
+    if host == "localhost":
         return
     try:
         if ipaddress.ip_address(host).is_loopback:
             return
     except ValueError:
         pass  # a host name: it may resolve to any interface
-    log.warning("the HTTP API listens on %s without --api-key: anyone who can reach this "
-                "host can use it", host)
+    log.warning("%s listens on %s without %s: anyone who can reach this host can use it",
+                what, host, unless)
 
 
 def check_default_model(config: EngineConfig) -> None:
@@ -143,8 +143,13 @@ def check_config(config: EngineConfig) -> None:
     check_device(config)
     check_model_fits_tp(config)
     config.resolved_max_model_len  # noqa: B018 - raises if above the model's limit
+    if config.transport == "tcp":
+        warn_if_exposed("the ZMQ client port", config.host, "authentication (clients are "
+                        "not authenticated: keep it on loopback, or behind the HTTP API's "
+                        "--api-key)")
     if (config.transport == "tcp" or config.nnodes > 1) and config.port is not None:
         check_port_free(config.host, config.port, "the client")
+    config.resolved_draft_model  # noqa: B018 - raises if it is no draft for this model
     if config.nnodes > 1 and config.node_rank == 0:
         from protocol import Endpoints
 

@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from frontend.engine.cli import HttpConfig, build_serve_parser, parse_serve_args, to_argv
+from frontend.engine.cli import HttpConfig, build_serve_parser, parse_serve_args
 from frontend.engine.config import EngineConfig
-from frontend.engine.options import described_fields
+from frontend.engine.options import described_fields, to_argv
 
 CONFIGS = {"engine": EngineConfig, "http": HttpConfig}
 MULTI_NODE = dict(nnodes=2, tensor_parallel_size=2, master_addr="10.0.0.8", master_port=29400,
@@ -80,6 +80,8 @@ def test_each_field_round_trips_through_its_flag(prefix, name):
         if name in ("speculative", "draft_model"):  # a draft model goes with its choice
             extra = {"speculative": "draft", "draft_model": "/some/draft"}
             value = extra[name]
+        if name in ("num_speculative_tokens", "ngram_size"):  # they tune the ngram proposer
+            extra = {"speculative": "ngram"}
         engine = EngineConfig(**{**extra, name: value})
     else:
         extra = {"port": 8000} if name in ("host", "api_key", "max_request_bytes") else {}
@@ -122,6 +124,13 @@ def test_help_shows_each_fields_own_default():
     (["--max-request-bytes", "10"], "--max-request-bytes applies to the HTTP API"),
     (["--metrics-port", "70000"], "--metrics-port must be in 1..65535, got 70000"),
     (["--metrics-host", "::1"], "--metrics-host applies to --metrics-port"),
+    (["--port", "8101", "--metrics-port", "8101"],
+     "--metrics-port is the HTTP port, which serves /metrics already"),
+    (["--num-speculative-tokens", "4"], "--num-speculative-tokens applies to --speculative "
+                                        "ngram or draft"),
+    (["--ngram-size", "5"], "--ngram-size applies to --speculative ngram"),
+    (["--speculative", "draft", "--draft-model", "/d", "--ngram-size", "5"],
+     "--ngram-size applies to --speculative ngram"),
     (["--device", "cuda", "--block-size", "12"],
      "--block-size must be a power of two on cuda (the Triton attention kernels tile blocks "
      "by it), got 12"),

@@ -3,6 +3,7 @@ process is a one-line error before anything starts; every flag has help."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -75,6 +76,28 @@ def test_http_beyond_loopback_without_a_key_is_warned_of(host, key, warned):
     expected = f"the HTTP API listens on {host} without --api-key: anyone who can reach"
     assert (expected in done.stderr) == warned, done.stderr
     assert "does not exist" in done.stderr.splitlines()[-1]
+
+
+def test_a_zmq_client_port_beyond_loopback_is_warned_of(tiny_qwen3_dir):
+    """Clients of the ZMQ port are not authenticated; --api-key guards HTTP only."""
+    with socket.socket() as taken:  # so that the command stops right after the warning
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = _run(_nanopipe("serve", tiny_qwen3_dir, "--device", "cpu", "--zmq-transport",
+                              "tcp", "--zmq-host", "0.0.0.0", "--zmq-port", port))
+    assert "the ZMQ client port listens on 0.0.0.0 without authentication" in done.stderr
+    assert "already in use" in done.stderr.splitlines()[-1]
+
+
+def test_a_draft_model_that_cannot_serve_is_one_line(tiny_qwen3_dir, tmp_path):
+    config = json.loads((Path(tiny_qwen3_dir) / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    for draft, expected in [("/no/such/draft", "is not a model directory"),
+                            (str(tmp_path), "a draft must share the target's vocabulary")]:
+        line = _one_line_error(_run(_nanopipe("serve", tiny_qwen3_dir, "--device", "cpu",
+                                              "--speculative", "draft", "--draft-model", draft)))
+        assert expected in line and "draft_model" in line
 
 
 def test_a_directory_without_config_is_one_line(tmp_path):

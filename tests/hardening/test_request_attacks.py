@@ -150,7 +150,7 @@ def _http_still_serves(base_url: str, reference: list[int]) -> None:
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 1000000000000000000000000000000}',
      "max_tokens"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], '
-     b'"max_completion_tokens": 18446744073709551616}', "max_tokens"),
+     b'"max_completion_tokens": 18446744073709551616}', "max_completion_tokens"),
     ("/v1/completions", b'{"prompt": [18446744073709551616]}', "prompt[0]"),
     ("/v1/completions", b'{"prompt": [[5, 2147483648]]}', "prompt[0][1]"),
     ("/v1/completions", b'{"prompt": [1.7, 2.2]}', "prompt[0]"),

@@ -236,31 +236,52 @@ def test_started_by_a_launcher_it_reports_to_the_control_socket(tiny_qwen3_dir, 
         ctx.term()
 
 
+def _lines_until(lines: queue.Queue, wanted, deadline: float, stderr_path: Path) -> list[str]:
+    """The launcher's stdout lines up to the first that `wanted` accepts. Past the deadline the
+    test fails with the launcher's stderr, which says where start-up or the printer stood."""
+    seen: list[str] = []
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            pytest.fail(f"no such line in time; stdout {seen!r}; stderr:\n"
+                        f"{stderr_path.read_text()[-4000:]}")
+        if line is None:
+            pytest.fail(f"the launcher closed stdout; stderr:\n{stderr_path.read_text()[-4000:]}")
+        seen.append(line)
+        if wanted(line):
+            return seen
+
+
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
 def test_launch_stdout_prints_the_first_request_sent_right_after_ready(tiny_qwen3_dir,
-                                                                       transport):
+                                                                       transport, tmp_path):
     """`launch.sh --stdout` says "ready" only once its printer is attached (over tcp, with
     the run's keys for the authenticated internal links)."""
-    proc = subprocess.Popen(
-        [str(ROOT / "scripts" / "launch.sh"), "--model", tiny_qwen3_dir, "--device", "cpu",
-         "--dtype", "float32", "--max-model-len", "256", "--max-num-batched-tokens", "512",
-         "--stdout", "--zmq-transport", transport],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        address = None
+    stderr_path = tmp_path / "launcher.err"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(
+            [str(ROOT / "scripts" / "launch.sh"), "--model", tiny_qwen3_dir, "--device", "cpu",
+             "--dtype", "float32", "--max-model-len", "256", "--max-num-batched-tokens", "512",
+             "--stdout", "--zmq-transport", transport, "--log-level", "debug"],
+            stdout=subprocess.PIPE, stderr=stderr, text=True)
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
         for line in proc.stdout:
-            if line.startswith("clients connect to: "):
-                address = line.split(": ", 1)[1].strip()
-                break
-        assert address is not None
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 240
+        ready = _lines_until(lines, lambda line: line.startswith("clients connect to: "),
+                             deadline, stderr_path)
+        address = ready[-1].split(": ", 1)[1].strip()
         with Client(address) as client:
             out = client.generate("first words", params=GREEDY)
         expected = f"[{out.request_id}] <finish: length>"
-        printed = []
-        for line in proc.stdout:
-            printed.append(line)
-            if expected in line:
-                break
+        printed = _lines_until(lines, lambda line: expected in line, deadline, stderr_path)
         assert f"[{out.request_id}] {out.text}\n" in "".join(printed)
     finally:
         proc.send_signal(signal.SIGTERM)
