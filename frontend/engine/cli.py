@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import signal
 import socket
 import sys
@@ -234,7 +235,8 @@ def serve(command: ServeCommand) -> int:
 
         return serve_node(config, print_progress)
     http_sock = None
-    metrics = metrics_server = stats_sub = None
+    metrics = metrics_server = None
+    stats_subs: list[Any] = []
     if http.port is not None or http.metrics_port is not None:
         from frontend.metrics import EngineMetrics, MetricsServer, StatsSubscriber
 
@@ -272,9 +274,10 @@ def serve(command: ServeCommand) -> int:
             if starting is not None:
                 starting.close()
         stop.check()
-        if metrics is not None:
-            stats_sub = StatsSubscriber(pipeline.endpoints.deltas_pub, pipeline.endpoints.keys,
-                                        metrics.update)
+        if metrics is not None:  # every replica publishes its own stats
+            stats_subs = [StatsSubscriber(r.deltas_pub, pipeline.endpoints.keys,
+                                          functools.partial(metrics.update, source=i))
+                          for i, r in enumerate(pipeline.replicas)]
         print(f"nanopipe ready: {config.model_name} on {config.resolved_device}"
               f" (tp={config.tensor_parallel_size}"
               f"{f', dp={config.data_parallel_size}' if config.data_parallel_size > 1 else ''}"
@@ -310,8 +313,8 @@ def serve(command: ServeCommand) -> int:
     except KeyboardInterrupt:
         print("nanopipe: stopping", file=sys.stderr, flush=True)
     finally:
-        if stats_sub is not None:
-            stats_sub.close()
+        for sub in stats_subs:
+            sub.close()
         pipeline.stop()
         if metrics_server is not None:
             metrics_server.close()

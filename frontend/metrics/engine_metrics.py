@@ -2,14 +2,17 @@
 pipelines in one process do not mix).
 
 Gauges and counters are read from the latest EngineStats at scrape time: its counters are
-cumulative already, so nothing is added up here and a missed message loses nothing.
-Histograms are observed from the finished-request records each EngineStats carries once.
+cumulative already, so a missed message loses nothing. With data-parallel replicas each
+publishes its own: the latest of each are summed (`combined`). Histograms are observed from
+the finished-request records each EngineStats carries once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -23,6 +26,33 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
                      0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+
+
+GAUGES = ("running", "waiting", "kv_blocks_used", "kv_blocks_total")
+SILENT_AFTER_S = 5.0
+"""A replica that published no stats for this long (they come every half second) is down: its
+gauges no longer count, its counters keep their last values."""
+
+
+def combined(stats: list[EngineStats], live: list[bool]) -> EngineStats:
+    """Several replicas' latest stats as one: counters summed over all, gauges over the `live`
+    ones (a stopped replica's last gauges would otherwise stay on forever)."""
+    values: dict[str, object] = {}
+    for f in dataclasses.fields(EngineStats):
+        name = f.name
+        if name == "finished":
+            values[name] = []
+        elif name == "time_s":
+            values[name] = max(s.time_s for s in stats)
+        elif name == "finished_by_reason":
+            width = max(len(s.finished_by_reason) for s in stats)
+            values[name] = [sum(s.finished_by_reason[i] for s in stats
+                                if i < len(s.finished_by_reason)) for i in range(width)]
+        else:
+            pool = [s for s, up in zip(stats, live, strict=True) if up] if name in GAUGES \
+                else stats
+            values[name] = sum(getattr(s, name) for s in pool)
+    return EngineStats(**values)
 
 
 class _LatestStats(Collector):
@@ -73,9 +103,11 @@ class _LatestStats(Collector):
 class EngineMetrics:
     """Prometheus metrics of one pipeline; feed it every EngineStats (`update`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self.registry = CollectorRegistry()
-        self.latest: EngineStats | None = None
+        self._latest: dict[int, tuple[EngineStats, float]] = {}
+        """Per source (a replica): its latest stats and when they arrived (by `clock`)."""
         self._lock = threading.Lock()
         self.registry.register(_LatestStats(self))
 
@@ -92,11 +124,26 @@ class EngineMetrics:
                                "Arrival to first scheduled (tokenizing included).",
                                LATENCY_BUCKETS)
 
-    def update(self, stats: EngineStats) -> None:
-        """Take one EngineStats: its gauges and counters, and its finished requests."""
+    @property
+    def latest(self) -> EngineStats | None:
+        """Every source's latest stats as one (None before the first)."""
         with self._lock:
-            if self.latest is None or stats.time_s >= self.latest.time_s:
-                self.latest = stats
+            entries = list(self._latest.values())
+        if not entries:
+            return None
+        now = self._clock()
+        live = [now - seen < SILENT_AFTER_S for _, seen in entries]
+        if len(entries) == 1 and live[0]:
+            return entries[0][0]
+        return combined([s for s, _ in entries], live)
+
+    def update(self, stats: EngineStats, source: int = 0) -> None:
+        """Take one EngineStats of `source` (a replica's index): its gauges and counters, and
+        its finished requests."""
+        with self._lock:
+            previous = self._latest.get(source)
+            if previous is None or stats.time_s >= previous[0].time_s:
+                self._latest[source] = (stats, self._clock())
             for m in stats.finished:
                 self.e2e.observe(m.e2e_s)
                 if m.queue_time_s is not None:
