@@ -64,6 +64,9 @@ def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, mes
     """The encoded request; RequestRejected at once if no pipeline would read a frame so big.
     `params` may be a dict of SamplingParams' fields, as LLM.generate takes them."""
     params = SamplingParams() if params is None else as_sampling_params(params, "params")
+    if prompt is not None and not isinstance(prompt, str):
+        hint = " (token ids go in prompt_token_ids=)" if isinstance(prompt, list | tuple) else ""
+        raise TypeError(f"prompt must be a string, got {type(prompt).__name__}{hint}")
     if prompt_token_ids is not None:
         prompt_token_ids = as_token_ids(prompt_token_ids)
     if messages is not None:

@@ -43,6 +43,14 @@ def test_params_may_follow_the_prompt_positionally(pipe):
     assert asyncio.run(asyncio.wait_for(main(), 60)) == out.text
 
 
+def test_token_ids_given_as_the_prompt_are_pointed_to_prompt_token_ids(pipe):
+    with Client(pipe.address) as client:
+        with pytest.raises(TypeError, match=r"prompt must be a string, got list \(token ids go "
+                                            r"in prompt_token_ids=\)"):
+            client.generate([1, 2, 3], AS_DICT)
+        assert client.generate(prompt_token_ids=[1, 2, 3], params=AS_DICT).token_ids
+
+
 def test_n_above_one_is_refused_naming_it(pipe):
     """An engine request is one completion; the client is told to send one per choice."""
     with Client(pipe.address) as client:
