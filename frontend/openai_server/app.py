@@ -146,5 +146,5 @@ def _is_dead(client: AsyncClient) -> bool:
 async def _respond(request: Request, client: AsyncClient, choices: list[Choice], stream: bool,
                    fmt: CompletionFormat | ChatFormat, drained: asyncio.Event) -> Response:
     if _is_dead(client):
-        raise EngineDeadError("the pipeline is not running")
+        raise EngineDeadError(client.dead_reason or "the pipeline is not running")
     return await answer(request, client, choices, stream, fmt, drained)

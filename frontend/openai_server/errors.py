@@ -109,7 +109,9 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, EngineDeadError | ClientClosedError):
-        return ApiError(503, f"engine is dead: {exc}", type="engine_dead", code="engine_dead")
+        text = str(exc)  # the engine's own words begin "engine dead: " already
+        text = text if text.startswith("engine dead") else f"engine dead: {text}"
+        return ApiError(503, text, type="engine_dead", code="engine_dead")
     if isinstance(exc, SamplingParamsError):
         return params_error(exc)
     if isinstance(exc, RequestRejected) and exc.kind is ErrorKind.BUSY:

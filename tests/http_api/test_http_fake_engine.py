@@ -317,7 +317,9 @@ def test_dead_engine_is_503(http, fake):
     for stream in (False, True):
         resp = http.post("/v1/completions",
                          json={"model": "fake-model", "prompt": "p", "stream": stream})
-        assert assert_error(resp, 503)["type"] == "engine_dead"
+        err = assert_error(resp, 503)
+        assert err["type"] == "engine_dead"
+        assert err["message"] == f"engine dead: {DEAD_REASON}"  # said once
 
 
 def test_engine_death_mid_stream_is_an_error_event(http):
