@@ -307,7 +307,7 @@ def serve(command: ServeCommand) -> int:
         if pipeline.dead_reason is not None:
             print(f"nanopipe: engine dead: {pipeline.dead_reason}", file=sys.stderr, flush=True)
             return 1
-    except StartupError as exc:
+    except (StartupError, ConfigError) as exc:
         print(f"nanopipe: {exc}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:

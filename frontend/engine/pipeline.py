@@ -34,6 +34,7 @@ import zmq
 from frontend.engine.children import Child, stop_children, wait_for_any_exit
 from frontend.engine.config import EngineConfig
 from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
+from frontend.engine.options import ConfigError
 from frontend.engine.ray_launch import RayPlacement
 from frontend.engine.startup import StartupError, await_ready, replica_env, spawn
 from frontend.engine.stats_log import StatsLogger
@@ -96,6 +97,8 @@ class Pipeline:
                                "start it with `nanopipe serve --node-rank ...` (NodeRanks)")
         try:
             check_config(self.config)
+        except ConfigError:
+            raise  # names its field, for LLM(...) callers
         except ValueError as exc:
             raise StartupError(str(exc)) from None
         # Registered before any child exists: the interpreter's exit stops the pipeline.

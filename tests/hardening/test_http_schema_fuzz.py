@@ -166,8 +166,8 @@ def handle(model: type, body: bytes) -> bytes | None:
         except ValidationError as exc:
             raise validation_error(list(exc.errors())) from None
         params = req.choice_params(req.sampling_params())
-        kwargs = (req.prompt_kwargs() if isinstance(req, CompletionRequest)
-                  else {"messages": req.wire_messages()})
+        prompts = (req.prompt_kwargs() if isinstance(req, CompletionRequest)
+                   else [{"messages": req.wire_messages()}])
     except ApiError as exc:
         assert 400 <= exc.status < 500, exc.message
         assert exc.param or not isinstance(obj, dict), exc.message
@@ -176,7 +176,7 @@ def handle(model: type, body: bytes) -> bytes | None:
         assert params_error(exc).param, exc
         return None
     frames = [make_request("r", kwargs.get("prompt"), kwargs.get("prompt_token_ids"),
-                           kwargs.get("messages"), p, False) for p in params]
+                           kwargs.get("messages"), p, False) for kwargs in prompts for p in params]
     for frame in frames:
         decoded = DECODER.decode(frame)  # the tokenizer must accept what the server sends
         try:
