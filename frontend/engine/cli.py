@@ -185,13 +185,10 @@ def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
     if "metrics_port" in http and http.get("port") == http["metrics_port"]:
         raise UsageError(f"{flag_for('http', 'metrics_port')} is the HTTP port, which serves "
                          "/metrics already: leave it out, or give another port")
-    speculative = engine.get("speculative")
-    for name, applies in (("num_speculative_tokens", speculative is not None),
-                          ("ngram_size", speculative == "ngram")):
-        if name in engine and not applies:
-            needed = "ngram" if name == "ngram_size" else "ngram or draft"
+    for name, kinds in (("num_speculative_tokens", ("ngram", "draft")), ("ngram_size", ("ngram",))):
+        if name in engine and engine.get("speculative") not in kinds:
             raise UsageError(f"{flag_for('engine', name)} applies to "
-                             f"{flag_for('engine', 'speculative')} {needed}")
+                             f"{flag_for('engine', 'speculative')} {' or '.join(kinds)}")
     if engine.get("node_rank", 0) > 0 and "port" in http:
         raise UsageError(f"{flag_for('http', 'port')} applies to node 0, which runs the front")
     transport = engine.get("transport", _default(EngineConfig, "transport"))

@@ -144,9 +144,8 @@ def check_config(config: EngineConfig) -> None:
     check_model_fits_tp(config)
     config.resolved_max_model_len  # noqa: B018 - raises if above the model's limit
     if config.transport == "tcp":
-        warn_if_exposed("the ZMQ client port", config.host, "authentication (clients are "
-                        "not authenticated: keep it on loopback, or behind the HTTP API's "
-                        "--api-key)")
+        warn_if_exposed("the ZMQ client port", config.host, "authentication (it has none: "
+                        "keep it on loopback, or serve the HTTP API with --api-key)")
     if (config.transport == "tcp" or config.nnodes > 1) and config.port is not None:
         check_port_free(config.host, config.port, "the client")
     config.resolved_draft_model  # noqa: B018 - raises if it is no draft for this model
