@@ -31,7 +31,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from gpu_workers.profiling import DIR_ENV
-from gpu_workers.profiling.summary import SAMPLER_RANGE
 from gpu_workers.profiling.rank_profile import (
     BUILD_BATCH_RANGE,
     FINISH_RANGE,
@@ -42,6 +41,7 @@ from gpu_workers.profiling.rank_profile import (
     WINDOW_END,
     rank_profile,
 )
+from gpu_workers.profiling.summary import SAMPLER_RANGE
 
 log = logging.getLogger("nanopipe.worker")
 STEPS_ENV = "NANOPIPE_PROFILE_STEPS"
