@@ -1,6 +1,7 @@
 """The workers' profiling window (gpu_workers.profiling.step_profiler): a TP=2 pipeline over
-gloo, started with NANOPIPE_PROFILE_DIR in its environment, leaves one file per rank that covers the window's
-plans and counts each step's collectives; a bad window is refused naming the variable."""
+gloo, started with NANOPIPE_PROFILE_DIR in its environment, leaves one file per rank that
+covers the window's plans and counts each step's collectives; a bad window is refused naming
+the variable."""
 
 from __future__ import annotations
 
