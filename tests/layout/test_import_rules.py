@@ -26,6 +26,9 @@ ALLOWED = {
 STARTERS = {
     "frontend/engine/pipeline.py", "frontend/engine/config.py", "frontend/engine/preflight.py",
 }
+# The benchmark tool measures every actor, some in this process (the runtime without its
+# processes); nothing on the serving path imports it.
+MEASURES_ALL = "frontend/bench/"
 FORBIDDEN_THIRD_PARTY = {"scheduler_proc": {"torch", "triton"}, "protocol": {"torch", "triton"}}
 
 
@@ -47,13 +50,33 @@ def test_packages_import_only_what_the_architecture_allows(package):
         rel = path.relative_to(ROOT).as_posix()
         imported = _imports(path)
         ours = (imported & OURS) - {package}
-        allowed = ALLOWED[package] | (OURS if rel in STARTERS else set())
+        starts = rel in STARTERS or rel.startswith(MEASURES_ALL)
+        allowed = ALLOWED[package] | (OURS if starts else set())
         if ours - allowed:
             problems.append(f"{rel} imports {sorted(ours - allowed)}")
         banned = imported & FORBIDDEN_THIRD_PARTY.get(package, set())
         if banned:
             problems.append(f"{rel} imports {sorted(banned)}")
     assert not problems, "\n".join(problems)
+
+
+def test_nothing_outside_the_bench_tool_imports_it():
+    """The serving path never loads the benchmark tool; the CLI hands off to it lazily."""
+    problems = []
+    for package in sorted(OURS):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(MEASURES_ALL):
+                continue
+            tree = ast.parse(path.read_text(), filename=rel)
+            for node in tree.body:  # module level only: a lazy import inside a function is fine
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                        "frontend.bench"):
+                    problems.append(rel)
+                if isinstance(node, ast.Import) and any(
+                        a.name.startswith("frontend.bench") for a in node.names):
+                    problems.append(rel)
+    assert not problems, f"imports the benchmark tool at module level: {problems}"
 
 
 def test_no_pickle_on_any_wire():
