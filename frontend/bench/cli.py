@@ -106,9 +106,6 @@ def run_entry(kind: str, table: dict[str, Entry], argv: list[str]) -> int:
     return 0
 
 
-def bench_main(argv: list[str]) -> int:
-    return run_entry("bench", BENCHMARKS, argv)
-
-
-def profile_main(argv: list[str]) -> int:
-    return run_entry("profile", PROFILES, argv)
+def run_command(kind: str, argv: list[str]) -> int:
+    """`nanopipe bench ARGV` (kind "bench") or `nanopipe profile ARGV` (kind "profile")."""
+    return run_entry(kind, BENCHMARKS if kind == "bench" else PROFILES, argv)

@@ -7,6 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def fmt(x: float) -> str:
+    """A figure as people read it: thousands separated, four significant digits below."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
 @dataclass(frozen=True)
 class Figure:
     """One measured quantity. `bound` and `peer` are in the same unit as `value`; for a time
@@ -35,14 +40,14 @@ class Figure:
         return self._ratio(self.peer)
 
     def line(self, peer_name: str | None = None) -> str:
-        text = f"{self.name}: {self.value:,.4g} {self.unit}".rstrip()
+        text = f"{self.name}: {fmt(self.value)} {self.unit}".rstrip()
         notes = []
         if self.ratio_to_bound is not None:
             notes.append(f"{self.ratio_to_bound:.4g} of the hardware bound "
-                         f"({self.bound:,.4g} {self.unit})".replace(" )", ")"))
+                         f"({fmt(self.bound)} {self.unit})".replace(" )", ")"))
         if self.ratio_to_peer is not None:
             notes.append(f"{self.ratio_to_peer:.3f}x {self.peer_name or peer_name or 'the peer'} "
-                         f"({self.peer:,.4g} {self.unit})".replace(" )", ")"))
+                         f"({fmt(self.peer)} {self.unit})".replace(" )", ")"))
         return text + (f"  [{'; '.join(notes)}]" if notes else "")
 
     def record(self) -> dict[str, float]:

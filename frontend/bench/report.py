@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from frontend.bench.errors import BenchUsageError
-from frontend.bench.figures import Figure
+from frontend.bench.figures import Figure, fmt
 from frontend.bench.record import Record, read
 from frontend.bench.registry import BENCHMARKS
 
@@ -72,7 +72,7 @@ def table(records: dict[str, Record], plots: dict[str, str]) -> str:
         peer = rec.figures.get(f"{name}/peer")
         label = f"[{workload}]({plots[workload]})" if workload in plots else workload
         rows.append("| " + " | ".join(_cell(c) for c in (
-            label, name, "-" if value is None else f"{value:,.4g}",
+            label, name, "-" if value is None else fmt(value),
             "-" if bound is None else f"{bound:.3f}", "-" if peer is None else f"{peer:.3f}x",
             rec.hardware or "-", rec.commit or "-", rec.date[:10] or "-",
             f"`{rec.command}`" if rec.command else "-")) + " |")

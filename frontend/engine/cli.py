@@ -328,14 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     top.add_argument("--version", action="version", version=f"nanopipe {package_version()}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="serve a model (nanopipe serve --help)", add_help=False)
-    commands.add_parser("bench", help="measure a workload (nanopipe bench --help)",
-                        add_help=False)
-    commands.add_parser("profile", help="see where a step's time goes (nanopipe profile --help)",
-                        add_help=False)
+    for name, what in (("bench", "measure a workload"), ("profile", "see where time goes")):
+        commands.add_parser(name, help=f"{what} (nanopipe {name} --help)", add_help=False)
     if argv and argv[0] in ("bench", "profile"):  # the benchmark tool, imported only here
-        from frontend.bench.cli import bench_main, profile_main
-
-        return (bench_main if argv[0] == "bench" else profile_main)(argv[1:])
+        from frontend.bench.cli import run_command
+        return run_command(argv[0], argv[1:])
     if not argv or argv[0] not in ("serve",):
         top.parse_args(argv)  # --help, --version, or an error naming the commands
         top.print_help()

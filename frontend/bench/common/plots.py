@@ -1,5 +1,6 @@
-"""PNG figures of benchmark results (matplotlib, the `bench` extra): W1 modes of
-bench_pipeline, with a profile's per-step breakdown when given, and W2's curves per rate."""
+"""PNG figures of benchmark results (matplotlib, the `bench` extra): the W1 modes of
+`nanopipe bench throughput`, with a profile's per-step breakdown when given, and W2's curves
+per rate."""
 
 from __future__ import annotations
 

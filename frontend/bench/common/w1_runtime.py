@@ -1,5 +1,5 @@
 """W1 loaded into the runtime of this process (a ModelRunner and a Scheduler without overlap),
-for the scripts that profile its decode steps one at a time (profile_step, profile_host)."""
+for the profiles of its decode steps one at a time (`nanopipe profile step`, `profile host`)."""
 
 from __future__ import annotations
 

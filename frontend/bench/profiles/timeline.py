@@ -7,7 +7,7 @@ chain they measure as it is.
     nanopipe profile timeline /tmp/tl
     NANOPIPE_HOST_TIMELINE=/tmp/tl nanopipe bench throughput --make-random smollm2-135m \\
         --modes ahead,ahead2
-    nanopipe profile timeline /tmp/tl/2-ahead2      # bench_pipeline: one per mode
+    nanopipe profile timeline /tmp/tl/2-ahead2      # bench throughput: one per mode
 
 One pipeline per directory: the files are named by actor and rank, so a later pipeline's
 replace an earlier one's (`nanopipe bench throughput` gives each mode a subdirectory of its own).

@@ -288,6 +288,6 @@ def run(args: argparse.Namespace) -> list[Figure]:
                    higher_is_better=False),
             Figure("ttft_ms[direct]", direct["ttft_ms"], "ms", bound=ttft_bound_ms,
                    higher_is_better=False),
-            *(Figure(f"zmq_hop_us[{h['message']}]", h["hop_us"], "us", higher_is_better=False)
-              for h in hops)]
+            *(Figure(f"zmq_hop_us[{what}]", h["hop_us"], "us", higher_is_better=False)
+              for what, h in zip(("result", "plan"), hops))]
 

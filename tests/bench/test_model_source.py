@@ -1,6 +1,6 @@
-"""benchlib.cli as the benchmark scripts use it: the model source and W1 options parse as the
-scripts document, and --make-random builds a model directory that is gone when the script exits
-(unless it was given a place to keep it)."""
+"""frontend.bench.common.model_source as the workloads use it: the model source and W1 options
+parse as documented, and --make-random builds a model directory that is gone when the process
+exits (unless it was given a place to keep it)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def cli(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the temp dirs it makes land here
-    from benchlib import cli
+    from frontend.bench.common import model_source
 
-    return cli
+    return model_source
 
 
 def parser(cli, **source) -> argparse.ArgumentParser:
@@ -51,7 +50,7 @@ def test_optional_source_out_and_device_default(cli):
     ap = parser(cli, required=False, device_default="cuda", out=True)
     args = ap.parse_args([])
     assert (args.model, args.make_random, args.out, args.device) == (None, None, None, "cuda")
-    assert cli.resolve_model_dir(args, "cpu") is None  # the script's own default model
+    assert cli.resolve_model_dir(args, "cpu") is None  # the workload's own default model
     assert "(default: embedded model)" in " ".join(ap.format_help().split())
     narrow = argparse.ArgumentParser()
     cli.add_w1_shape(narrow, batched_tokens=False)
@@ -71,7 +70,7 @@ def test_make_random_builds_a_model_dir_in_a_temp_dir(cli, tmp_path, capsys):
 
 _RESOLVE = """
 import sys
-from benchlib import cli
+from frontend.bench.common import model_source as cli
 import argparse
 ap = argparse.ArgumentParser()
 cli.add_model_source(ap)
@@ -81,10 +80,10 @@ print("MODEL_DIR=" + model_dir, flush=True)
 
 
 @pytest.mark.parametrize("device", ["cpu", "no-such-device"])
-def test_a_temp_model_dir_is_gone_when_the_script_exits(tmp_path, device):
+def test_a_temp_model_dir_is_gone_when_the_process_exits(tmp_path, device):
     """Built or not (a failed build), nothing is left behind: the 8B shape fills 16 GB."""
     env = {**os.environ, "TMPDIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", _RESOLVE, device, "--make-random",
                            "smollm2-135m"], env=env, capture_output=True, text=True, timeout=300)
     if device == "cpu":
