@@ -31,7 +31,7 @@ from benchlib.cli import add_model_source, add_w1_shape, resolve_model_dir
 from benchlib.step_profile import SAMPLER_RANGE, format_profile, summarize
 from benchlib.w1_runtime import add_runtime_options, w1_runtime
 
-from gpu_workers.step_profiler import Ranged
+from gpu_workers.profiling.step_profiler import Ranged
 
 
 def main() -> None:

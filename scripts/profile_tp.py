@@ -1,5 +1,5 @@
 """Where a tensor-parallel step's time goes, on every rank: the full pipeline (frontend.LLM) runs
-W1 with the workers' profiling window on (gpu_workers.step_profiler), then each rank's file is
+W1 with the workers' profiling window on (gpu_workers.profiling.step_profiler), then each rank's file is
 read back and printed.
 
     python scripts/profile_tp.py --make-random qwen3-8b --tp 1,2      # on a 2-GPU machine
@@ -36,7 +36,7 @@ from benchlib.tp_profile import compare_ranks, format_rank, format_scaling, read
 
 from frontend import LLM
 from gpu_workers import ModelConfig
-from gpu_workers.step_profiler import DIR_ENV, STEPS_ENV, TRACE_ENV
+from gpu_workers.profiling.step_profiler import DIR_ENV, STEPS_ENV, TRACE_ENV
 
 
 def profile_one(model_dir: str, tp: int, args: argparse.Namespace, work,

@@ -1,10 +1,10 @@
-"""Printing a StepProfile (gpu_workers.profile_summary): the per-step time by kernel category
+"""Printing a StepProfile (gpu_workers.profiling.summary): the per-step time by kernel category
 that scripts/profile_step.py and scripts/profile_tp.py report.
 """
 
 from __future__ import annotations
 
-from gpu_workers.profile_summary import SAMPLER_RANGE, StepProfile, summarize
+from gpu_workers.profiling.summary import SAMPLER_RANGE, StepProfile, summarize
 
 __all__ = ["SAMPLER_RANGE", "StepProfile", "format_profile", "summarize"]
 

@@ -1,4 +1,4 @@
-"""Reading and printing the per-rank profiles the workers write (gpu_workers.step_profiler):
+"""Reading and printing the per-rank profiles the workers write (gpu_workers.profiling.step_profiler):
 each rank's step, the ranks side by side, and how each cost scales from one TP size to another
 (a ratio of 1/N halves with N ranks; a ratio of 1 does not shrink at all)."""
 

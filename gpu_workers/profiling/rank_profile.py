@@ -1,6 +1,6 @@
 """What one rank's profiling window cost, step by step: the host time of the runner's ranges,
 and the collectives (how many, how many bytes), beside the per-category device time of
-gpu_workers.profile_summary.
+gpu_workers.profiling.summary.
 
 Steps are told apart by the host: step k runs from the start of its launch range to the start
 of the next one (the last to the window's end marker). A host event belongs to the step in
@@ -21,7 +21,7 @@ import math
 import re
 from typing import Any
 
-from gpu_workers.profile_summary import COLLECTIVE, summarize
+from gpu_workers.profiling.summary import COLLECTIVE, summarize
 
 LAUNCH_RANGE = "nanopipe.launch"
 FINISH_RANGE = "nanopipe.finish"

@@ -9,7 +9,7 @@ sampler's kernels are told apart by the profiler range the caller puts around th
 `_sample_*`) are recognised by name too, where no range reaches the device (sampling inside a
 CUDA graph).
 
-It lives with the workers because each rank's profiling window (gpu_workers.step_profiler)
+It lives with the workers because each rank's profiling window (gpu_workers.profiling.step_profiler)
 summarises its own trace; scripts/benchlib/step_profile.py prints it.
 """
 

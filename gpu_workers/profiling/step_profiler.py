@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from gpu_workers.profile_summary import SAMPLER_RANGE
-from gpu_workers.rank_profile import (
+from gpu_workers.profiling import DIR_ENV
+from gpu_workers.profiling.rank_profile import (
     BUILD_BATCH_RANGE,
     FINISH_RANGE,
     FORWARD_RANGE,
@@ -41,9 +41,9 @@ from gpu_workers.rank_profile import (
     WINDOW_END,
     rank_profile,
 )
+from gpu_workers.profiling.summary import SAMPLER_RANGE
 
 log = logging.getLogger("nanopipe.worker")
-DIR_ENV = "NANOPIPE_PROFILE_DIR"
 STEPS_ENV = "NANOPIPE_PROFILE_STEPS"
 TRACE_ENV = "NANOPIPE_PROFILE_TRACE"
 DEFAULT_STEPS = (300, 340)
