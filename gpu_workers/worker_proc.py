@@ -61,7 +61,7 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
     with actor_process("worker", endpoints, rank) as rt:
         def start() -> Started:
             from gpu_workers.model_runner import ModelRunner
-            from gpu_workers.step_profiler import profiled
+            from gpu_workers.profiling import profiled
 
             steps = rt.socket(zmq.PULL, endpoints.worker_steps[rank],
                               bind=not endpoints.scheduler_binds_steps,

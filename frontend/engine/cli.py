@@ -321,13 +321,18 @@ def serve(command: ServeCommand) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`nanopipe serve [MODEL] ...`, `nanopipe --version`."""
+    """`nanopipe serve [MODEL] ...`, `nanopipe bench|profile NAME ...`, `nanopipe --version`."""
     argv = sys.argv[1:] if argv is None else argv
     top = argparse.ArgumentParser(prog="nanopipe", description="nanopipe: a small, fast LLM "
                                   "inference engine built as a multiprocess actor pipeline.")
     top.add_argument("--version", action="version", version=f"nanopipe {package_version()}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="serve a model (nanopipe serve --help)", add_help=False)
+    for name, what in (("bench", "measure a workload"), ("profile", "see where time goes")):
+        commands.add_parser(name, help=f"{what} (nanopipe {name} --help)", add_help=False)
+    if argv and argv[0] in ("bench", "profile"):  # the benchmark tool, imported only here
+        from frontend.bench.cli import run_command
+        return run_command(argv[0], argv[1:])
     if not argv or argv[0] not in ("serve",):
         top.parse_args(argv)  # --help, --version, or an error naming the commands
         top.print_help()

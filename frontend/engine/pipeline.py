@@ -37,7 +37,7 @@ from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
 from frontend.engine.options import ConfigError
 from frontend.engine.ray_launch import RayPlacement
 from frontend.engine.startup import StartupError, await_ready, replica_env, spawn
-from frontend.engine.stats_log import StatsLogger
+from frontend.engine.stats_log import StatsLogger, device_label
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
 from protocol.actor_start import to_plain
 from protocol.control import ReplicaDown, StartupProgress
@@ -196,7 +196,8 @@ class Pipeline:
         self._watcher.start()
         if cfg.log_stats_interval > 0:
             self._stats_logger = StatsLogger(self._ctx, ep.deltas_pub, ep.keys,
-                                             cfg.log_stats_interval)
+                                             cfg.log_stats_interval,
+                                             device=device_label(cfg.resolved_device))
 
     def _spawn(self, role: str, rank: int, module: str, config: dict[str, Any],
                argv: list[str] | None = None, replica: int | None = None,

@@ -3,6 +3,8 @@
     nanopipe: 1,234.5 gen tok/s, 456.7 prompt tok/s, running 12, waiting 3, KV 41.2% used,
     prefix hits 37.5%, preemptions 0, GPU busy 94.0%[, spec accepted 61.0%]
 
+("CPU busy" on a CPU engine: the share is of the device the workers compute on.)
+
 The scheduler publishes cumulative counters on `deltas_pub` (EngineStats); every rate here is
 the difference of two of them over the difference of their scheduler timestamps, so a line
 says what happened in its interval however late it is printed.
@@ -79,11 +81,17 @@ def rates(prev: EngineStats, cur: EngineStats) -> StatsRates:
     )
 
 
-def format_line(r: StatsRates) -> str:
+def device_label(device: str) -> str:
+    """How the stats name the device whose busy share they report ("GPU", "CPU")."""
+    return "GPU" if device == "cuda" else device.upper()
+
+
+def format_line(r: StatsRates, device: str = "device") -> str:
+    """One stats line; `device` names what "busy" measures (a device_label, or "device")."""
     hits = "-" if r.prefix_hits is None else f"{r.prefix_hits:.1%}"
     return (f"{r.generated_tok_s:,.1f} gen tok/s, {r.prompt_tok_s:,.1f} prompt tok/s, "
             f"running {r.running}, waiting {r.waiting}, KV {r.kv_used:.1%} used, "
-            f"prefix hits {hits}, preemptions {r.preemptions}, GPU busy {r.gpu_busy:.1%}"
+            f"prefix hits {hits}, preemptions {r.preemptions}, {device} busy {r.gpu_busy:.1%}"
             + ("" if r.spec_accepted is None else f", spec accepted {r.spec_accepted:.1%}"))
 
 
@@ -97,8 +105,10 @@ class StatsLogger:
     emits a line every `interval_s`; while idle, only the first idle line."""
 
     def __init__(self, ctx: zmq.Context, address: str, keys: CurveKeys | None,
-                 interval_s: float, emit: Callable[[str], None] = print_line) -> None:
+                 interval_s: float, emit: Callable[[str], None] = print_line,
+                 device: str = "device") -> None:
         self.interval_s = interval_s
+        self.device = device
         self.emit = emit
         self._sub = MessageSocket(ctx, zmq.SUB, address, bind=False, accepts=(EngineStats,),
                                   security=keys)
@@ -127,7 +137,7 @@ class StatsLogger:
                     continue
                 r = rates(last, cur)
                 if not (r.idle and was_idle):
-                    self.emit(format_line(r))
+                    self.emit(format_line(r, self.device))
                 was_idle = r.idle
                 last = cur
         finally:

@@ -52,7 +52,7 @@ def _engine(view: TopView) -> Table:
                  f"{st.step_ms:,.2f} ms/step ({st.steps_per_s:,.1f} steps/s): "
                  f"schedule {st.schedule_ms:.2f}  results {st.result_ms:.2f}  "
                  f"workers+idle {st.other_ms:.2f} ms\n"
-                 f"GPU busy {st.gpu_ms:.2f} ms/step ({st.gpu_ms / st.step_ms:.1%})")
+                 f"device busy {st.gpu_ms:.2f} ms/step ({st.gpu_ms / st.step_ms:.1%})")
     return grid
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.engine.stats_log import format_line, rates
+from frontend.engine.stats_log import device_label, format_line, rates
 from protocol.engine_messages import EngineStats
 
 
@@ -30,8 +30,9 @@ def test_rates_are_differences_over_the_schedulers_interval():
     assert r.prefix_hits == pytest.approx(600 / 1500)  # of this interval's prefill only
     assert r.kv_used == pytest.approx(0.412)
     assert r.preemptions == 2 and not r.idle
-    assert format_line(r) == ("1,234.5 gen tok/s, 450.0 prompt tok/s, running 12, waiting 3, "
-                              "KV 41.2% used, prefix hits 40.0%, preemptions 2, GPU busy 94.0%, "
+    assert format_line(r, device_label("cuda")) == (
+        "1,234.5 gen tok/s, 450.0 prompt tok/s, running 12, waiting 3, "
+        "KV 41.2% used, prefix hits 40.0%, preemptions 2, GPU busy 94.0%, "
                               "spec accepted 61.0%")
 
 
@@ -46,8 +47,9 @@ def test_an_interval_without_prefill_shows_the_hit_rate_since_start():
 def test_a_fresh_idle_engine():
     r = rates(stats(1.0), stats(1.5))
     assert r.idle and r.prefix_hits is None and r.kv_used == 0.0
-    assert format_line(r) == ("0.0 gen tok/s, 0.0 prompt tok/s, running 0, waiting 0, "
-                              "KV 0.0% used, prefix hits -, preemptions 0, GPU busy 0.0%")
+    assert format_line(r, device_label("cpu")) == (
+        "0.0 gen tok/s, 0.0 prompt tok/s, running 0, waiting 0, "
+        "KV 0.0% used, prefix hits -, preemptions 0, CPU busy 0.0%")
 
 
 def test_stats_out_of_order_are_refused():

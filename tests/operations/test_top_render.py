@@ -62,7 +62,7 @@ def test_a_frame_shows_rates_gauges_step_split_and_requests():
     assert "25.0% recently   11.1% since start" in frame
     assert ("100.00 ms/step (10.0 steps/s): schedule 2.00  results 1.00  workers+idle 97.00 ms"
             in frame)
-    assert "GPU busy 80.00 ms/step (80.0%)" in frame
+    assert "device busy 80.00 ms/step (80.0%)" in frame and "GPU" not in frame
     rows = [line.split() for line in frame.splitlines() if line.split()[:1] in
             (["3"], ["4"], ["5"], ["6"])]
     # Running first (oldest first), then finished, newest first.

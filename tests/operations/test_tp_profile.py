@@ -1,6 +1,7 @@
-"""The workers' profiling window (gpu_workers.step_profiler): a TP=2 pipeline over gloo, started
-with NANOPIPE_PROFILE_DIR in its environment, leaves one file per rank that covers the window's
-plans and counts each step's collectives; a bad window is refused naming the variable."""
+"""The workers' profiling window (gpu_workers.profiling.step_profiler): a TP=2 pipeline over
+gloo, started with NANOPIPE_PROFILE_DIR in its environment, leaves one file per rank that
+covers the window's plans and counts each step's collectives; a bad window is refused naming
+the variable."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from pipeline_config import tiny_engine
 
 from frontend import LLM
-from gpu_workers.step_profiler import DIR_ENV, STEPS_ENV, ProfileWindow, profiled
+from gpu_workers.profiling.step_profiler import DIR_ENV, STEPS_ENV, ProfileWindow, profiled
 from protocol import SamplingParams
 
 FIRST, LAST = 2, 5
@@ -64,8 +65,8 @@ def test_a_ranged_sampler_keeps_what_the_decode_graphs_read():
     the sampler's draw_seeds through the wrap (it failed with an AttributeError at batch 1)."""
     import torch
 
+    from gpu_workers.profiling.step_profiler import Ranged
     from gpu_workers.sampler import Sampler
-    from gpu_workers.step_profiler import Ranged
 
     sampler = Sampler(torch.device("cpu"), seed=0)
     ranged = Ranged("nanopipe.sampler", sampler)

@@ -124,7 +124,7 @@ def test_launch_logs_a_stats_line_at_the_interval_asked_for(tiny_qwen3_dir):
         assert len(out.token_ids) == 6
         busy = read_until(r"^nanopipe: ([\d,.]+) gen tok/s, ([\d,.]+) prompt tok/s, running "
                           r"\d+, waiting \d+, KV [\d.]+% used, prefix hits \S+, "
-                          r"preemptions \d+, GPU busy [\d.]+%(, spec accepted [\d.]+%)?$",
+                          r"preemptions \d+, CPU busy [\d.]+%(, spec accepted [\d.]+%)?$",
                           timeout=10)
         while float(busy.group(1).replace(",", "")) == 0:  # an idle line before the request
             busy = read_until(r"^nanopipe: ([\d,.]+) gen tok/s", timeout=10)

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from gpu_workers.profile_summary import COLLECTIVE, categorize
-from gpu_workers.rank_profile import _kind
+from gpu_workers.profiling.rank_profile import _kind
+from gpu_workers.profiling.summary import COLLECTIVE, categorize
 
 ONE_SHOT_KERNEL = (
     "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>"
