@@ -94,7 +94,8 @@ class SequenceTable:
     _COLUMNS = ("tokens", "block_tables", "num_tokens", "num_prompt", "num_computed",
                 "num_blocks", "temperature", "top_p", "min_p", "top_k", "seed", "logprobs",
                 "presence", "frequency", "repetition", "top_logprobs", "constrained",
-                "penalized", "plain_draw", "inv_temperature", "epoch", "pending_pos", "pending_slot")
+                "penalized", "plain_draw", "inv_temperature", "epoch", "pending_pos",
+                "pending_slot")
 
     def _grow(self, extra: int) -> None:
         old = len(self.num_tokens)

@@ -19,7 +19,8 @@ MAX_TOKENS = 160
 
 @pytest.fixture(scope="module")
 def llm(smollm2_dir):
-    with LLM(smollm2_dir, device="cpu", dtype="float32", max_model_len=1024, max_num_seqs=32) as llm:
+    with LLM(smollm2_dir, device="cpu", dtype="float32", max_model_len=1024,
+             max_num_seqs=32) as llm:
         yield llm
 
 
