@@ -267,3 +267,15 @@ def test_report_without_records_says_how_to_make_them(tmp_path):
     done = nanopipe("bench", "report", "--results", str(tmp_path / "none.jsonl"), ok=False)
     assert done.returncode == 2
     assert f"no records at {tmp_path / 'none.jsonl'} (a benchmark run with --record" in done.stderr
+
+
+@pytest.mark.slow
+def test_profile_tp_records_each_size_step(tiny_qwen3_dir, tmp_path):
+    rec = tmp_path / "r.jsonl"
+    out = nanopipe("profile", "tp", "--model", tiny_qwen3_dir, "--device", "cpu", "--tp", "1,2",
+                   "--num-seqs", "3", "--max-input-len", "100", "--max-output-len", "100",
+                   "--window", "10,14", "--kv-cache-bytes", str(8 << 20), "--record", str(rec),
+                   timeout=600).stdout
+    figures = recorded(rec, "profile tp")
+    assert figures["wall_ms_per_step@tp1"] > 0 and figures["wall_ms_per_step@tp2"] > 0
+    assert "per step, rank 0: TP=2 against TP=1" in out

@@ -161,6 +161,9 @@ def run(args: argparse.Namespace) -> list[Figure]:
                               peer=None if nv is None else nv["output_tok_s"]))
         if r.get("gpu_idle_pct") is not None:
             figures.append(Figure(f"gpu_idle_pct[{key}]", r["gpu_idle_pct"], "%"))
+    if nv is not None:  # the peer's own figure against the same bound
+        figures.append(Figure(f"{HEADLINE}[nano-vllm]", nv["output_tok_s"], "tok/s",
+                              bound=nv["output_tokens"] / bound_s))
     if args.plot:
         from frontend.bench.common.plots import plot_pipeline
 
