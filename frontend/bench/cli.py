@@ -30,19 +30,15 @@ def _overview(kind: str, table: dict[str, Entry]) -> str:
 
 def add_shared(ap: argparse.ArgumentParser, module: ModuleType) -> None:
     """The flags every workload shares; the model source only where the workload runs one."""
-    from frontend.bench.common.random_model import SHAPES
+    from frontend.bench.common.model_source import add_model_source
 
     shared = ap.add_argument_group("shared")
     model = getattr(module, "MODEL", "none")
-    if model != "none":
-        src = shared.add_mutually_exclusive_group(required=model == "required")
-        src.add_argument("--model", metavar="DIR", help="a Hugging Face model directory"
-                         + ("" if model == "required" else " (default: the embedded model)"))
-        src.add_argument("--make-random", metavar="SHAPE", choices=sorted(SHAPES),
-                         help=f"random bf16 weights of a real shape, built on the device: "
-                         f"{', '.join(sorted(SHAPES))}")
-    shared.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                        help="default: cuda when visible, else cpu")
+    if model != "none":  # --model DIR or --make-random SHAPE, and --device
+        add_model_source(shared, required=model == "required")
+    else:
+        shared.add_argument("--device", default=None, help="cuda or cpu (default: cuda when "
+                            "visible)")
     if getattr(module, "PEERS", ()):
         shared.add_argument("--peer", nargs=2, metavar=("NAME", "DIR"),
                             help=f"also run the peer engine NAME ({', '.join(module.PEERS)}) "

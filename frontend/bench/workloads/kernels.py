@@ -11,8 +11,7 @@ kernel, alone, with the SiLU-mul before it (down_proj) and with the RMSNorm befo
 sampler (--only sampler) draws from W1's logits (153 rows of Qwen3's 151,936-token vocabulary)
 against torch's softmax and multinomial.
 
-    nanopipe bench kernels [--block-size 256] [--iters 50]
-                                    [--only small|attention|gemv|sampler]
+    nanopipe bench kernels [--block-size 256] [--iters 50] [--only small|attention|gemv|sampler]
 """
 
 from __future__ import annotations
