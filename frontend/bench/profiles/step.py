@@ -45,6 +45,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json", help="write the figures here as JSON")
     ap.add_argument("--trace", help="write a Chrome trace of the window here")
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     try:
         first, last = (int(x) for x in args.window.split(","))

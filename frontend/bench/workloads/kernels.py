@@ -241,13 +241,12 @@ def bench_sampler(rows: int, vocab: int, iters: int) -> Figure:
                   peer_name="torch softmax+multinomial", higher_is_better=False)
 
 
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--only", choices=["small", "attention", "gemv", "sampler"],
                         default=None)
+
 
 def run(args: argparse.Namespace) -> list[Figure]:
     if not torch.cuda.is_available():

@@ -203,6 +203,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--hop-iters", type=int, default=5000)
     ap.add_argument("--hop-plan-seqs", type=int, default=256)
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     if args.prompt_len < 1 or args.max_tokens < 2 or args.reps < 1:
         raise BenchUsageError("--prompt-len >= 1, --max-tokens >= 2 and --reps >= 1 are required")

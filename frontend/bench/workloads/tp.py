@@ -191,6 +191,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="also serve with `nanopipe serve --tp N` (largest N) and send the "
                          "parity prompts through a Client")
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     tps = [int(t) for t in args.tp.split(",") if t.strip()]
     if not tps or min(tps) < 1:
