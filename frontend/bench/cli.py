@@ -30,11 +30,11 @@ def _overview(kind: str, table: dict[str, Entry]) -> str:
 
 def add_shared(ap: argparse.ArgumentParser, module: ModuleType) -> None:
     """The flags every workload shares; the model source only where the workload runs one."""
-    from frontend.bench.common.model_source import add_model_source
-
     shared = ap.add_argument_group("shared")
     model = getattr(module, "MODEL", "none")
     if model != "none":  # --model DIR or --make-random SHAPE, and --device
+        from frontend.bench.common.model_source import add_model_source
+
         add_model_source(shared, required=model == "required")
     else:
         shared.add_argument("--device", default=None, help="cuda or cpu (default: cuda when "
@@ -50,8 +50,10 @@ def add_shared(ap: argparse.ArgumentParser, module: ModuleType) -> None:
 
 
 def _normalise(args: argparse.Namespace, module: ModuleType) -> None:
-    """Defaults every module may rely on: a device, model/make_random, peer (name, dir)."""
-    if args.device is None:
+    """Defaults every module may rely on: a device, model/make_random, peer (name, dir).
+    A module that runs nothing (no model, no record: the report) is left without torch."""
+    if args.device is None and (getattr(module, "MODEL", "none") != "none"
+                                or getattr(module, "RECORDS", True)):
         from frontend.bench.common.random_model import default_device
 
         args.device = default_device()

@@ -263,6 +263,23 @@ def test_report_reads_what_a_run_recorded(tiny_qwen3_dir, tmp_path):
     assert "| steploop | us_per_step@1 |" in (tmp_path / "b.md").read_text()
 
 
+def test_report_runs_without_torch(tmp_path):
+    """The report is plain data work: it loads neither torch nor a workload module."""
+    results = tmp_path / "results.jsonl"
+    _write_records(results)
+    code = ("import sys\n"
+            "from frontend.bench.cli import run_command\n"
+            f"assert run_command('bench', ['report', '--results', {str(results)!r}, '--doc', "
+            f"{str(tmp_path / 'b.md')!r}, '--no-plots']) == 0\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith("
+            "'frontend.bench.workloads')))")
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_report_without_records_says_how_to_make_them(tmp_path):
     done = nanopipe("bench", "report", "--results", str(tmp_path / "none.jsonl"), ok=False)
     assert done.returncode == 2
