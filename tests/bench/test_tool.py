@@ -4,6 +4,7 @@ records into the page's table and plots; the registry's contract; one-line usage
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from frontend.bench.cli import add_shared
 from frontend.bench.figures import Figure
 from frontend.bench.record import read
 from frontend.bench.registry import BENCHMARKS, PROFILES
@@ -52,6 +54,9 @@ def test_every_registered_module_keeps_the_contract():
             assert callable(module.add_arguments) and callable(module.run), name
             assert getattr(module, "MODEL", "none") in ("none", "optional", "required"), name
             assert module.__doc__, name
+            ap = argparse.ArgumentParser()  # its flags and the shared ones do not clash
+            module.add_arguments(ap)
+            add_shared(ap, module)
     listing = nanopipe("bench", "--help").stdout
     assert all(f"  {name} " in listing for name in BENCHMARKS)
     assert all(f"  {name} " in nanopipe("profile", "--help").stdout for name in PROFILES)
