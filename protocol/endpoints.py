@@ -64,7 +64,7 @@ class Endpoints:
         user could read the keys from the pipeline's memory anyway, so keys would guard
         nothing more. (Its cost is not the reason: one ipc hop of a 256-sequence StepPlan
         measured 199-246 us with CURVE and 186-205 us without, interleaved runs of
-        scripts/bench_latency.py's hop on a loaded 2-core machine: within the noise.)"""
+        `nanopipe bench latency`'s hop on a loaded 2-core machine: within the noise.)"""
         run_dir = _private_run_dir(run_dir)
         addr = {name: f"ipc://{run_dir}/{name}" for name in _NAMES}
         steps = tuple(f"ipc://{run_dir}/step_r{rank}" for rank in range(world_size))

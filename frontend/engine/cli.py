@@ -345,17 +345,22 @@ def serve(command: ServeCommand) -> int:
     return EXIT_STOPPED
 
 
-COMMANDS = ("serve",)
+COMMANDS = ("serve", "bench", "profile")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`nanopipe serve [MODEL] ...`, `nanopipe --version`."""
+    """`nanopipe serve [MODEL] ...`, `nanopipe bench|profile NAME ...`, `nanopipe --version`."""
     argv = sys.argv[1:] if argv is None else argv
     top = OneLineParser(prog="nanopipe", description="nanopipe: a small, fast LLM "
                         "inference engine built as a multiprocess actor pipeline.")
     top.add_argument("--version", action="version", version=f"nanopipe {package_version()}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="serve a model (nanopipe serve --help)", add_help=False)
+    for name, what in (("bench", "measure a workload"), ("profile", "see where time goes")):
+        commands.add_parser(name, help=f"{what} (nanopipe {name} --help)", add_help=False)
+    if argv and argv[0] in ("bench", "profile"):  # the benchmark tool, imported only here
+        from frontend.bench.cli import run_command
+        return run_command(argv[0], argv[1:])
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
         hint = closest(argv[0], COMMANDS)
         top.error(f"unknown command {argv[0]!r}" + (f" (did you mean {hint}?)" if hint else ""))
