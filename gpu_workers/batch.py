@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from gpu_workers.layers.attention import AttentionBatch
-from gpu_workers.mirror import SequenceTable
 from gpu_workers.penalties import gather_penalties
 from gpu_workers.sampler import SamplingBatch, row_seed
+from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.static_inputs import StaticInputs, send_named
 from gpu_workers.token_layout import PART_NAMES, lay_out, pad_ragged
 

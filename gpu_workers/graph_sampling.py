@@ -16,8 +16,8 @@ import torch
 
 from gpu_workers.batch import seeded_draws
 from gpu_workers.cuda_graphs import DecodeGraphs, SampleFn
-from gpu_workers.mirror import SequenceTable
 from gpu_workers.sampler import Sampler
+from gpu_workers.sequence_table import SequenceTable
 from kernels.sampling import sample_from_logits
 
 

@@ -25,10 +25,10 @@ from gpu_workers.layers.cpu_linear import use_onednn_weights
 from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.layers.peer_all_reduce import create_peer_all_reduce
 from gpu_workers.loader import load_weights
-from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
 from gpu_workers.pending_step import PendingStep, patch_in_flight, pending_patch
 from gpu_workers.sampler import Sampler, sampled_logprobs, top_logprobs
+from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.speculative import SpecStep, prepare_proposals, settle_verified
 from gpu_workers.speculative.draft import DraftProposer
 from gpu_workers.step_graphs import StepGraphs

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpu_workers.mirror import SequenceTable
+from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.transfer import to_device
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from gpu_workers.batch import StepBatch
-from gpu_workers.mirror import SequenceTable
+from gpu_workers.sequence_table import SequenceTable
 
 
 @dataclass(eq=False)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from gpu_workers.layers.attention import AttentionBatch
-from gpu_workers.mirror import SequenceTable
+from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.transfer import to_device
 
 if TYPE_CHECKING:  # static_inputs imports this module

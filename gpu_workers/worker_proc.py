@@ -105,10 +105,10 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
     speculating plan that reads the host's token history settles the step in flight first,
     and a verification step comes back settled: ModelRunner._launch.)
 
-    One request's contents never end this loop: the mirror refuses a sequence it cannot run
-    and the StepResult reports it (see gpu_workers.mirror). What still raises here is not one
-    request's doing (a desync, a device failure) and ends the worker, so the launcher declares
-    the engine dead and every client gets an error instead of waiting.
+    One request's contents never end this loop: the sequence table refuses a sequence it
+    cannot run and the StepResult reports it (gpu_workers.sequence_table). What still
+    raises here is not one request's doing (a desync, a device failure) and ends the worker,
+    so the launcher declares the engine dead and every client gets an error instead of waiting.
 
     A step in flight is finished as soon as the next one is queued on the device, inside
     that one's launch (ModelRunner.launch's `meanwhile`).

@@ -25,8 +25,8 @@ DEEP_PLAN_MAX_SEQS = 32
 """With plans_ahead left to auto on a GPU: the scheduler plans a second step ahead only while at
 most this many sequences run, all decoding and none waiting, and only where the host's chain
 from a step's tokens to the launch of the next (two hops, the plan, the launch) is measured to
-be longer than the device's step (scheduler_proc.pacing): planning one more step ahead hides
-it. Where the device paces, the extra plan would only delay a new prompt by a step."""
+be longer than the device's step (scheduler_proc.plans_in_flight): planning one more step
+ahead hides it. Where the device paces, the extra plan would only delay a new prompt by a step."""
 
 
 def plans_in_flight(overlap: bool, plans_ahead: int = 1) -> int:

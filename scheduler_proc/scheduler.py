@@ -31,7 +31,7 @@ from scheduler_proc.admission import admission_error, with_resolved_max_tokens
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.invariants import check_integrity
-from scheduler_proc.pacing import PacingMeter
+from scheduler_proc.plans_in_flight import PacingMeter
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import SchedulerState
 from scheduler_proc.stats import snapshot
@@ -131,7 +131,7 @@ class Scheduler:
         """Whether the loop may plan another step while `plans_in_flight` are out: below the
         config's depth, and into the deepest slot of plans_ahead=2 only where it pays: a
         small batch that only decodes (step_planner.deep_plan_pays), paced by the host's
-        chain rather than by the device (scheduler_proc.pacing)."""
+        chain rather than by the device (scheduler_proc.plans_in_flight)."""
         depth = self.config.max_plans_in_flight
         if plans_in_flight >= depth:
             return False

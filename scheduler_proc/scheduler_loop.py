@@ -4,7 +4,8 @@ One thread owns every socket: it takes what has arrived (step results first, the
 aborts and engine-dead notices), plans, and sends. The chain from a step's result to the next
 plan paces decoding at small batches, so nothing else sits on it: no thread hand-off (each
 costs a wake-up), and the token deltas of the results just taken go out after that plan (their
-encoding and two sends are not on the chain). Sends never block (scheduler_proc.outbox). While
+encoding and two sends are not on the chain). Sends never block
+(scheduler_proc.nonblocking_sender). While
 a result is due the loop polls without sleeping for `result_spin_s` (a wake-up from a blocking
 poll takes tens of µs or more on an idle host), then blocks.
 
@@ -41,7 +42,7 @@ from protocol.process_runtime import ProcessRuntime, Started, actor_process, sta
 from protocol.sockets import MessageSocket
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.deltas_publisher import DeltasPublisher
-from scheduler_proc.outbox import FLUSH_RETRY_S, Outbox
+from scheduler_proc.nonblocking_sender import FLUSH_RETRY_S, Outbox
 from scheduler_proc.scheduler import Scheduler
 
 log = logging.getLogger("nanopipe.scheduler")

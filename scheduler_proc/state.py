@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from protocol import FinishReason
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
-from scheduler_proc.delta_buffer import DeltaBuffer
 from scheduler_proc.sequence import Sequence, SequenceStatus
 from scheduler_proc.stats import SchedulerStats, request_metrics
+from scheduler_proc.token_deltas_columns import TokenDeltasColumns
 
 RUNNING = SequenceStatus.RUNNING
 WAITING = SequenceStatus.WAITING
@@ -64,7 +64,7 @@ class SchedulerState:
         # an earlier plan, never by a neighbour in the same batch.
         self.to_hash: list[Sequence] = []
         # Deltas not produced by a step (admission errors, aborts, refusals) wait here.
-        self.deltas = DeltaBuffer()
+        self.deltas = TokenDeltasColumns()
         self.stats = SchedulerStats()
 
     def unlink(self, seq: Sequence) -> None:

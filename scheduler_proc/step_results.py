@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 
 from protocol import ErrorKind, FinishReason, RequestError, StepResult, TokenDeltas
-from scheduler_proc.delta_buffer import NO_LOGPROBS
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import FINISHED, RUNNING, PlanInFlight, SchedulerState
+from scheduler_proc.token_deltas_columns import NO_LOGPROBS
 
 STOP, LENGTH, ERROR = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ERROR
 

@@ -44,9 +44,9 @@ from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.cpu_linear import use_onednn_weights
 from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.loader import load_weights
-from gpu_workers.mirror import SequenceTable
 from gpu_workers.models import CausalLM
 from gpu_workers.sampler import Sampler
+from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.speculative.rejection import (
     categorical,
     filtered_probs,

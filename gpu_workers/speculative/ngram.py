@@ -1,7 +1,7 @@
 """N-gram (prompt-lookup) proposer: guess the next tokens by copying what followed the last
 n tokens the previous time they occurred in the sequence.
 
-Why in the worker: every rank mirrors each running sequence's tokens (gpu_workers.mirror), so
+Why in the worker: every rank holds each running sequence's tokens (gpu_workers.sequence_table);
 proposing there costs the plan nothing (the scheduler sends only a per-entry cap, num_spec),
 and every rank of a tensor-parallel group proposes the same tokens from the same mirror, with
 no extra message. The scheduler never learns the proposals, only how many were accepted.

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpu_workers.mirror import SequenceTable
 from gpu_workers.sampler import SamplingBatch, _thresholds
+from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.transfer import to_device
 
 

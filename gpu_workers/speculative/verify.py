@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from gpu_workers.batch import StepBatch
-from gpu_workers.mirror import SequenceTable
 from gpu_workers.pending_step import PendingStep
+from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.speculative.ngram import propose_ngram_batch
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_workers.mirror import SequenceTable
+from gpu_workers.sequence_table import SequenceTable
 from protocol import (
     AddRequest,
     CachedSequences,

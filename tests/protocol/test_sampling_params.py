@@ -67,7 +67,7 @@ def test_defaults_and_greedy():
 
 def test_the_largest_accepted_values_fit_the_worker_columns():
     """Every bound is what its column holds: the mirror stores the extremes unchanged."""
-    from gpu_workers.mirror import SequenceTable
+    from gpu_workers.sequence_table import SequenceTable
     from protocol import CachedSequences, NewSequence, StepPlan
     from protocol.sampling_params import (
         MAX_SEED,

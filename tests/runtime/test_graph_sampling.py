@@ -11,8 +11,8 @@ from test_sampler_fast import batch, logits
 
 from gpu_workers.cuda_graphs import DecodeGraphs
 from gpu_workers.graph_sampling import graph_sample_inputs, sample_inputs
-from gpu_workers.mirror import SequenceTable
 from gpu_workers.sampler import Sampler, row_seed
+from gpu_workers.sequence_table import SequenceTable
 from kernels.sampling import sample_from_logits
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan
 

@@ -235,7 +235,7 @@ def test_lookahead_equals_step_by_step_on_cuda(tiny_qwen3_dir, enforce_eager):
 def test_a_late_token_never_lands_in_a_row_given_to_another_sequence():
     import numpy as np
 
-    from gpu_workers.mirror import SequenceTable
+    from gpu_workers.sequence_table import SequenceTable
     from protocol import CachedSequences, NewSequence, StepPlan
 
     def plan(step, drops=(), new=()):

@@ -92,7 +92,7 @@ def test_a_decode_batch_built_into_static_inputs_is_the_fresh_one(tiny_qwen3_dir
 def test_in_flight_tokens_are_patched_where_their_entries_start(q_per_seq):
     """Rows 0 and 2 have a token still being sampled by the step in flight (slots 1 and 0 of
     its tokens); row 1's is known. The patch puts each value at its entry's token."""
-    from gpu_workers.mirror import SequenceTable
+    from gpu_workers.sequence_table import SequenceTable
 
     table = SequenceTable(4, 32, 2, vocab_size=100, num_blocks=8, block_size=16)
     seqs = [NewSequence(i, [5, 6, 7], 3, 2, 1, [i], SamplingParams()) for i in range(3)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_workers.mirror import MirrorError, SequenceTable
+from gpu_workers.sequence_table import MirrorError, SequenceTable
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan
 
 BS = 4

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_workers.mirror import SequenceTable
+from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.speculative import (
     accept_lengths,
     prepare_proposals,

@@ -50,7 +50,7 @@ FUNCTIONS = {
     "gpu_workers.model_runner": ["ModelRunner.launch", "ModelRunner.finish", "build_batch",
                                  "graph_sample_inputs", "pending_patch", "patch_in_flight"],
     "gpu_workers.batch": ["lay_out"],
-    "gpu_workers.mirror": ["SequenceTable.apply", "SequenceTable.append_placeholders",
+    "gpu_workers.sequence_table": ["SequenceTable.apply", "SequenceTable.append_placeholders",
                            "SequenceTable.fill_tokens"],
     "gpu_workers.static_inputs": ["StaticInputs.stage", "Staged.send"],
     "gpu_workers.cuda_graphs": ["DecodeGraphs.run", "DecodeGraphs.sample_step"],

@@ -1,4 +1,4 @@
-"""The worker's mirror of running sequences, kept as numpy columns (one row per sequence).
+"""SequenceTable: the worker's copy of the running sequences, numpy columns, one row each.
 
 Rows are changed only by StepPlans (drop, new, cached deltas) and by the tokens this worker
 samples, so a continuing sequence never needs its tokens or block table re-sent.
@@ -14,9 +14,8 @@ One sequence's bad contents fail that sequence only: a NewSequence is checked in
 ids in the vocabulary, block ids in the pool, lengths that fit, parameters that fit their
 columns) before any column is written, and one that does not pass, or whose new blocks do not
 fit later, is left out of the step and remembered as failed until the scheduler drops it.
-With tensor parallelism every rank applies the same plan to the same mirror, and these checks
-depend on nothing else, so every rank leaves out the same sequences; rank 0 reports them in
-its StepResult.
+With tensor parallelism every rank applies the same plan to the same table and leaves out the
+same sequences; rank 0 reports them in its StepResult.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ NO_LOGPROBS: list[float] = []
 leaves the column out)."""
 
 
-class DeltaBuffer:
+class TokenDeltasColumns:
     """Column buffers for one TokenDeltas message.
 
     Columns rather than row objects because the message is column-oriented on the wire, and

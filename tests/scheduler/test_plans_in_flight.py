@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_proc.pacing import PacingMeter
+from scheduler_proc.plans_in_flight import PacingMeter
 
 
 def feed(meter: PacingMeter, first: int, n: int, *, period_s: float, busy_s: float,

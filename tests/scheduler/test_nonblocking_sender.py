@@ -6,7 +6,7 @@ import zmq
 
 from protocol import Shutdown
 from protocol.sockets import MessageSocket
-from scheduler_proc.outbox import Outbox
+from scheduler_proc.nonblocking_sender import Outbox
 
 
 def test_a_frame_waits_for_its_peer_in_order_and_others_are_not_held_up(tmp_path):
