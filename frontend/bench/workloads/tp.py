@@ -107,7 +107,7 @@ def serve_check(model_dir: str, tp: int, args: argparse.Namespace,
 
     max_model_len = max(len(p) for p in prompts) + args.max_tokens
     cmd = [sys.executable, "-m", "frontend.engine.cli", "--model", model_dir, "--tp", str(tp),
-           "--device", args.device, "--max-model-len", str(max_model_len)]
+           "--device", args.device, "--max-model-len", str(max_model_len), "--no-http"]
     if not args.worker_lookahead:
         cmd.append("--no-worker-lookahead")
     t0 = time.perf_counter()
