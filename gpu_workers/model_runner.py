@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from gpu_workers.batch import StepBatch, build_batch
 from gpu_workers.config import ModelConfig, WorkerConfig
+from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.graph_sampling import graph_sample_fn, graph_sample_inputs
 from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks, cuda_num_blocks
 from gpu_workers.layers.attention import resolve_backend
@@ -76,6 +77,9 @@ class ModelRunner:
         """Where every step runs (no other stream is ever made current), kept: looking it up
         costs more host time than recording an event on it."""
         self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.stream)
+        self.grammars = GrammarBook(config.model, mc.vocab_size) if rank == 0 else None
+        """Rank 0's grammar matchers (structured outputs); the tokenizer behind them loads
+        on a thread of its own, and only constrained requests ever use it."""
         self.graphs: StepGraphs | None = None
         self.table: SequenceTable | None = None
         self._unsettled: list[PendingStep] = []
@@ -181,12 +185,16 @@ class ModelRunner:
             in_flight = self._unsettled[-1]
         seq_ids, rows, num_new = table.apply(plan)
         failures = table.new_failures
+        if self.grammars is not None and table is self.table:
+            self._track_grammars(plan, table)
         if len(rows) == 0:
             return PendingStep.empty(plan.step_id, table, failures)
         if in_flight is not None:
-            # Penalties and proposers read the token history on the host: such a step waits
-            # for the one in flight (lookahead then only helps the steps that do neither).
-            reads_history = table.uses_penalties(rows) | self._proposes_from_history(table)
+            # Penalties, proposers and grammar matchers read the token history on the host:
+            # such a step waits for the one in flight (lookahead then only helps the steps
+            # that do none of them). Every rank decides alike (the mirror is the same).
+            reads_history = (table.uses_penalties(rows) | table.constrained[rows]
+                             | self._proposes_from_history(table))
             if reads_history.any() and ((table.pending_pos[rows] >= 0) & reads_history).any():
                 self._settle(in_flight)
         spec, run_new = None, num_new
@@ -266,12 +274,27 @@ class ModelRunner:
             return table.step_spec > 0
         return False
 
+    def _track_grammars(self, plan: StepPlan, table: SequenceTable) -> None:
+        """Give each constrained sequence this plan brings a matcher (its compile starts
+        now, while the step runs); a resumed one replays the tokens it had generated."""
+        for seq in plan.new_seqs:
+            spec = seq.params.structured_outputs
+            row = table.rows.get(seq.seq_id)
+            if spec is not None and row is not None:
+                self.grammars.add(row, int(table.epoch[row]), spec,
+                                  list(seq.token_ids[seq.num_prompt_tokens:]))
+
     def _settle(self, pending: PendingStep) -> None:
         if pending.settled:
             return
         pending.wait()
         pending.table.fill_tokens(pending.rows, pending.positions, pending.epochs,
                                   pending.host_tokens)
+        if self.grammars is not None and pending.table is self.table and len(pending.rows):
+            on = pending.table.constrained[pending.rows]
+            if on.any():
+                self.grammars.accept(pending.rows[on], pending.epochs[on],
+                                     pending.host_tokens[on])
         pending.settled = True
         if pending in self._unsettled:
             self._unsettled.remove(pending)
@@ -286,6 +309,10 @@ class ModelRunner:
         n = len(batch.logits_indices)
         lp = top = None
         if self.rank == 0:
+            constrained = table.constrained[batch.sample_rows]
+            if self.grammars is not None and table is self.table and constrained.any():
+                self.grammars.mask_logits(logits, batch.sample_rows,
+                                          table.epoch[batch.sample_rows], constrained)
             tokens, lp = self.sampler(logits, batch.sampling)
             if spec is not None and self.drafter is not None and self.drafter.resample(
                     logits, table, batch.sample_entries, batch.sample_rows,
