@@ -141,6 +141,11 @@ class Endpoints:
         return replace(self, **dict(zip(own, addr)), worker_steps=tuple(addr[len(own):]),
                        dist_init_method=f"file://{self.run_dir}/dist_init_r{index}")
 
+    @property
+    def run_dir_missing(self) -> bool:
+        """The run directory was removed under the pipeline (its sockets with it)."""
+        return self.run_dir is not None and not os.path.isdir(self.run_dir)
+
     def cleanup(self) -> None:
         """Remove the run directory and every socket file in it."""
         if self.run_dir:

@@ -34,6 +34,8 @@ log = logging.getLogger("nanopipe.actor")
 _PR_SET_PDEATHSIG = 1
 POLL_MS = 100
 """How often a loop wakes up to notice a stop request when no message arrives."""
+REPORT_WAIT_MS = 2000
+"""How long a failed start-up waits for the launcher's control link to take its report."""
 
 
 class ExplainedStartupError(RuntimeError):
@@ -121,9 +123,13 @@ class ProcessRuntime:
         try:
             secure(sock, security, server=False)
             sock.connect(control_address)
-            sock.send(encode(StartupFailed(role=self.role, rank=self.rank, error=error)))
+            # Bounded: with the launcher's socket gone a send would wait forever, and this
+            # process with it.
+            if sock.poll(REPORT_WAIT_MS, zmq.POLLOUT):
+                sock.send(encode(StartupFailed(role=self.role, rank=self.rank, error=error)),
+                          zmq.NOBLOCK)
         finally:
-            sock.close(linger=2000)
+            sock.close(linger=REPORT_WAIT_MS)
 
     def remove_run_dir_if_orphaned(self, endpoints: Endpoints) -> None:
         """The launcher was killed and cannot clean up: remove the run directory for it.
@@ -172,6 +178,9 @@ def start_and_serve(rt: ProcessRuntime, endpoints: Endpoints,
     try:
         started = start()
     except Exception as exc:
+        if endpoints.run_dir_missing:  # the launcher sees it too and says so in one line
+            log.debug("%s: start-up failed without its run directory: %s", name, exc)
+            raise SystemExit(1) from exc
         if isinstance(exc, ExplainedStartupError):
             log.error("%s: start-up failed: %s", name, exc)
         else:

@@ -30,19 +30,15 @@ def _overview(kind: str, table: dict[str, Entry]) -> str:
 
 def add_shared(ap: argparse.ArgumentParser, module: ModuleType) -> None:
     """The flags every workload shares; the model source only where the workload runs one."""
-    from frontend.bench.common.random_model import SHAPES
-
     shared = ap.add_argument_group("shared")
     model = getattr(module, "MODEL", "none")
-    if model != "none":
-        src = shared.add_mutually_exclusive_group(required=model == "required")
-        src.add_argument("--model", metavar="DIR", help="a Hugging Face model directory"
-                         + ("" if model == "required" else " (default: the embedded model)"))
-        src.add_argument("--make-random", metavar="SHAPE", choices=sorted(SHAPES),
-                         help=f"random bf16 weights of a real shape, built on the device: "
-                         f"{', '.join(sorted(SHAPES))}")
-    shared.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                        help="default: cuda when visible, else cpu")
+    if model != "none":  # --model DIR or --make-random SHAPE, and --device
+        from frontend.bench.common.model_source import add_model_source
+
+        add_model_source(shared, required=model == "required")
+    else:
+        shared.add_argument("--device", default=None, help="cuda or cpu (default: cuda when "
+                            "visible)")
     if getattr(module, "PEERS", ()):
         shared.add_argument("--peer", nargs=2, metavar=("NAME", "DIR"),
                             help=f"also run the peer engine NAME ({', '.join(module.PEERS)}) "
@@ -54,8 +50,10 @@ def add_shared(ap: argparse.ArgumentParser, module: ModuleType) -> None:
 
 
 def _normalise(args: argparse.Namespace, module: ModuleType) -> None:
-    """Defaults every module may rely on: a device, model/make_random, peer (name, dir)."""
-    if args.device is None:
+    """Defaults every module may rely on: a device, model/make_random, peer (name, dir).
+    A module that runs nothing (no model, no record: the report) is left without torch."""
+    if args.device is None and (getattr(module, "MODEL", "none") != "none"
+                                or getattr(module, "RECORDS", True)):
         from frontend.bench.common.random_model import default_device
 
         args.device = default_device()

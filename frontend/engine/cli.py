@@ -2,10 +2,10 @@
 
 It runs a whole pipeline in the foreground until Ctrl-C or SIGTERM, printing what start-up
 is doing. Clients reach it over ZeroMQ at the printed address, and over the
-OpenAI-compatible HTTP API when `--port` (or `--http`) is given; Prometheus scrapes its
-metrics at the HTTP server's /metrics, or at `--metrics-port`. Every check that needs no
-process (model path, device, tensor-parallel size, ports) is made before anything starts,
-and a wrong one is a one-line error.
+OpenAI-compatible HTTP API on 127.0.0.1:8000 (`--port`, `--host`; `--no-http` serves none);
+Prometheus scrapes its metrics at the HTTP server's /metrics, or at `--metrics-port`. Every
+check that needs no process (model path, device, tensor-parallel size, ports) is made before
+anything starts, and a wrong one is a one-line error. Exit statuses: frontend/engine/usage.py.
 """
 
 from __future__ import annotations
@@ -34,8 +34,20 @@ from frontend.engine.pipeline import Pipeline
 from frontend.engine.preflight import check_port_free, warn_if_exposed
 from frontend.engine.startup import StartupError
 from frontend.engine.stop_signal import StopSignal
+from frontend.engine.usage import (
+    EXIT_FAILED,
+    EXIT_STOPPED,
+    EXIT_USAGE,
+    OneLineParser,
+    closest,
+)
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_HTTP_PORT = 8000
+"""vLLM's: `nanopipe serve MODEL` answers where `vllm serve MODEL` would."""
+DEVICE_FLAGS = {"gpu_memory_utilization": "cuda", "enforce_eager": "cuda",
+                "kv_cache_bytes": "cpu"}
+"""Engine fields that only one device reads: given for the other, they would be ignored."""
 
 
 def package_version() -> str:
@@ -53,9 +65,12 @@ class UsageError(ValueError):
 class HttpConfig:
     """What `nanopipe serve` adds to the engine: the OpenAI-compatible HTTP API, and logging."""
 
-    port: int | None = option(
-        None, "serve /v1/completions, /v1/chat/completions, /v1/models and /health on this port",
-        flags=("--port", "--http"), minimum=1, maximum=65535, group="http")
+    port: int = option(
+        DEFAULT_HTTP_PORT, "serve /v1/completions, /v1/chat/completions, /v1/models and "
+        "/health on this port", flags=("--port", "--http"), minimum=1, maximum=65535,
+        group="http")
+    serve_http: bool = option(True, "serve no HTTP API: clients connect over ZeroMQ only",
+                              flags=("--no-http",), group="http")
     host: str = option("127.0.0.1", "interface of the HTTP server", flags=("--host",),
                        group="http")
     api_key: str | None = option(None, "require 'Authorization: Bearer KEY'", group="http")
@@ -84,7 +99,7 @@ class ServeCommand:
 _GROUPS = {
     "engine": "engine",
     "zmq": "ZeroMQ client API",
-    "http": "OpenAI-compatible HTTP API (served when --port is given)",
+    "http": "OpenAI-compatible HTTP API (on 127.0.0.1:8000 unless --no-http)",
     "metrics": "Prometheus metrics",
 }
 _CONFIGS = {"engine": EngineConfig, "http": HttpConfig}
@@ -119,7 +134,7 @@ def _add_options(p: argparse.ArgumentParser, prefix: str, cls: type,
 
 def build_serve_parser(prog: str = "nanopipe serve") -> argparse.ArgumentParser:
     """The flags of `nanopipe serve`, generated from EngineConfig's and HttpConfig's fields."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog=prog, description="Serve a model with a nanopipe pipeline until Ctrl-C or SIGTERM.")
     p.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
                    help="same as --model MODEL")
@@ -159,8 +174,9 @@ def parse_serve_args(argv: list[str] | None, prog: str = "nanopipe serve") -> Se
                 raise UsageError("give the model either as MODEL or as --model, not both")
             engine["model"] = args.model_path
         check_flags(engine, http)
-        return ServeCommand(_build(EngineConfig, "engine", engine),
-                            _build(HttpConfig, "http", http))
+        config = _build(EngineConfig, "engine", engine)
+        check_device_flags(config, engine)
+        return ServeCommand(config, _build(HttpConfig, "http", http))
     except UsageError as exc:
         parser.error(str(exc))
 
@@ -173,12 +189,12 @@ def _build(cls: type, prefix: str, values: dict[str, Any]) -> Any:
 
 
 def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
-    """Refuse flags that would be ignored: HTTP ones without --port, tcp ones with ipc."""
-    if "port" not in http:
-        for name in ("host", "api_key", "max_request_bytes"):
+    """Refuse flags that would be ignored: HTTP ones with --no-http, tcp ones with ipc."""
+    if http.get("serve_http") is False:
+        for name in ("port", "host", "api_key", "max_request_bytes"):
             if name in http:
-                raise UsageError(f"{flag_for('http', name)} applies to the HTTP API: "
-                                 f"add {flag_for('http', 'port')} to serve it")
+                raise UsageError(f"{flag_for('http', name)} applies to the HTTP API, which "
+                                 f"{flag_for('http', 'serve_http')} turns off")
     if "metrics_host" in http and "metrics_port" not in http:
         raise UsageError(f"{flag_for('http', 'metrics_host')} applies to "
                          f"{flag_for('http', 'metrics_port')}: add it")
@@ -197,6 +213,14 @@ def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
             if name in engine:
                 raise UsageError(f"{flag_for('engine', name)} applies to "
                                  f"{flag_for('engine', 'transport')} tcp")
+
+
+def check_device_flags(config: EngineConfig, given: dict[str, Any]) -> None:
+    """Refuse a flag that only the other device reads (the device resolved, auto included)."""
+    for name, device in DEVICE_FLAGS.items():
+        if name in given and config.resolved_device != device:
+            raise UsageError(f"{flag_for('engine', name)} applies to --device {device}; this "
+                             f"engine runs on {config.resolved_device}")
 
 
 def _default(cls: type, name: str) -> Any:
@@ -234,12 +258,12 @@ def serve(command: ServeCommand) -> int:
     http_sock = None
     metrics = metrics_server = None
     stats_subs: list[Any] = []
-    if http.port is not None or http.metrics_port is not None:
+    if http.serve_http or http.metrics_port is not None:
         from frontend.metrics import EngineMetrics, MetricsServer, StatsSubscriber
 
         metrics = EngineMetrics()
     try:
-        if http.port is not None:
+        if http.serve_http:
             http_sock = _bind_http(http.host, http.port)
             if http.api_key is None:
                 warn_if_exposed("the HTTP API", http.host, "--api-key")
@@ -250,7 +274,7 @@ def serve(command: ServeCommand) -> int:
         print(f"nanopipe: {exc}", file=sys.stderr, flush=True)
         if http_sock is not None:
             http_sock.close()
-        return 2
+        return EXIT_FAILED
     # While the engine starts, the HTTP port answers 503 "starting" (with the progress).
     starting = None
     if http_sock is not None:
@@ -299,14 +323,15 @@ def serve(command: ServeCommand) -> int:
                        engine_alive=lambda: pipeline.dead_reason is None, metrics=metrics,
                        degraded=lambda: pipeline.degraded)
         else:
+            print("HTTP API: off (--no-http)", flush=True)
             while not pipeline.wait(timeout=1.0):
                 stop.check()
         if pipeline.dead_reason is not None:
             print(f"nanopipe: engine dead: {pipeline.dead_reason}", file=sys.stderr, flush=True)
-            return 1
+            return EXIT_FAILED
     except (StartupError, ConfigError) as exc:
         print(f"nanopipe: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("nanopipe: stopping", file=sys.stderr, flush=True)
     finally:
@@ -317,14 +342,17 @@ def serve(command: ServeCommand) -> int:
             metrics_server.close()
         if http_sock is not None:
             http_sock.close()
-    return 0
+    return EXIT_STOPPED
+
+
+COMMANDS = ("serve", "bench", "profile")
 
 
 def main(argv: list[str] | None = None) -> int:
     """`nanopipe serve [MODEL] ...`, `nanopipe bench|profile NAME ...`, `nanopipe --version`."""
     argv = sys.argv[1:] if argv is None else argv
-    top = argparse.ArgumentParser(prog="nanopipe", description="nanopipe: a small, fast LLM "
-                                  "inference engine built as a multiprocess actor pipeline.")
+    top = OneLineParser(prog="nanopipe", description="nanopipe: a small, fast LLM "
+                        "inference engine built as a multiprocess actor pipeline.")
     top.add_argument("--version", action="version", version=f"nanopipe {package_version()}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="serve a model (nanopipe serve --help)", add_help=False)
@@ -333,10 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("bench", "profile"):  # the benchmark tool, imported only here
         from frontend.bench.cli import run_command
         return run_command(argv[0], argv[1:])
-    if not argv or argv[0] not in ("serve",):
-        top.parse_args(argv)  # --help, --version, or an error naming the commands
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        hint = closest(argv[0], COMMANDS)
+        top.error(f"unknown command {argv[0]!r}" + (f" (did you mean {hint}?)" if hint else ""))
+    if not argv or argv[0] not in COMMANDS:
+        top.parse_args(argv)  # --help, --version, or an error naming the flag
         top.print_help()
-        return 2
+        return EXIT_USAGE
     return serve(parse_serve_args(argv[1:]))
 
 

@@ -36,7 +36,13 @@ from frontend.engine.config import EngineConfig
 from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
 from frontend.engine.options import ConfigError
 from frontend.engine.ray_launch import RayPlacement
-from frontend.engine.startup import StartupError, await_ready, replica_env, spawn
+from frontend.engine.startup import (
+    StartupError,
+    await_ready,
+    replica_env,
+    run_dir_removed,
+    spawn,
+)
 from frontend.engine.stats_log import StatsLogger, device_label
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
 from protocol.actor_start import to_plain
@@ -105,8 +111,11 @@ class Pipeline:
         atexit.register(self.stop)
         try:
             self._start()
-        except BaseException:
+        except BaseException as exc:
+            removed = run_dir_removed(self.endpoints) if isinstance(exc, zmq.ZMQError) else None
             self.stop()
+            if removed is not None:  # the launcher's own bind or connect found it gone
+                raise removed from None
             raise
 
     def _progress(self, text: str) -> None:
@@ -218,7 +227,8 @@ class Pipeline:
     def _await_ready(self, expected: set[tuple[str, int]], deadline: float,
                      replica: int = 0) -> list[Ready]:
         control = self._replica_controls[replica]
-        return await_ready(control, self._children, expected, deadline, self._progress)
+        return await_ready(control, self._children, expected, deadline, self._progress,
+                           self.endpoints)
 
     # ------------------------------------------------------------ serving
 

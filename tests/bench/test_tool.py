@@ -4,6 +4,7 @@ records into the page's table and plots; the registry's contract; one-line usage
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from frontend.bench.cli import add_shared
 from frontend.bench.figures import Figure
 from frontend.bench.record import read
 from frontend.bench.registry import BENCHMARKS, PROFILES
@@ -52,6 +54,9 @@ def test_every_registered_module_keeps_the_contract():
             assert callable(module.add_arguments) and callable(module.run), name
             assert getattr(module, "MODEL", "none") in ("none", "optional", "required"), name
             assert module.__doc__, name
+            ap = argparse.ArgumentParser()  # its flags and the shared ones do not clash
+            module.add_arguments(ap)
+            add_shared(ap, module)
     listing = nanopipe("bench", "--help").stdout
     assert all(f"  {name} " in listing for name in BENCHMARKS)
     assert all(f"  {name} " in nanopipe("profile", "--help").stdout for name in PROFILES)
@@ -263,6 +268,23 @@ def test_report_reads_what_a_run_recorded(tiny_qwen3_dir, tmp_path):
     assert "| steploop | us_per_step@1 |" in (tmp_path / "b.md").read_text()
 
 
+def test_report_runs_without_torch(tmp_path):
+    """The report is plain data work: it loads neither torch nor a workload module."""
+    results = tmp_path / "results.jsonl"
+    _write_records(results)
+    code = ("import sys\n"
+            "from frontend.bench.cli import run_command\n"
+            f"assert run_command('bench', ['report', '--results', {str(results)!r}, '--doc', "
+            f"{str(tmp_path / 'b.md')!r}, '--no-plots']) == 0\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith("
+            "'frontend.bench.workloads')))")
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_report_without_records_says_how_to_make_them(tmp_path):
     done = nanopipe("bench", "report", "--results", str(tmp_path / "none.jsonl"), ok=False)
     assert done.returncode == 2
@@ -279,3 +301,65 @@ def test_profile_tp_records_each_size_step(tiny_qwen3_dir, tmp_path):
     figures = recorded(rec, "profile tp")
     assert figures["wall_ms_per_step@tp1"] > 0 and figures["wall_ms_per_step@tp2"] > 0
     assert "per step, rank 0: TP=2 against TP=1" in out
+
+
+STAND_IN = '''"""nano-vLLM's API (LLM, SamplingParams, generate) over nanopipe's LLM on the
+CPU: what the peer plumbing sends and reads, without nano-vLLM's CUDA-only engine."""
+import atexit
+from dataclasses import dataclass
+
+from frontend import LLM as _LLM
+from protocol import SamplingParams as _Params
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    max_tokens: int = 64
+    ignore_eos: bool = False
+
+
+class LLM:
+    def __init__(self, model, enforce_eager=False, tensor_parallel_size=1, max_model_len=4096,
+                 max_num_seqs=256, max_num_batched_tokens=16384):
+        self.llm = _LLM(model, device="cpu", max_model_len=max_model_len,
+                        max_num_seqs=max_num_seqs, kv_cache_bytes=8 << 20,
+                        max_num_batched_tokens=max(max_num_batched_tokens, max_model_len))
+        atexit.register(self.llm.close)
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        params = sampling_params if isinstance(sampling_params, list) \\
+            else [sampling_params] * len(prompts)
+        return self.llm.generate(prompts, [_Params(temperature=p.temperature, max_tokens=
+                                 p.max_tokens, ignore_eos=p.ignore_eos) for p in params],
+                                 use_tqdm=False)
+'''
+
+
+@pytest.fixture
+def peer_checkout(tmp_path) -> str:
+    """A checkout whose `nanovllm` package is a stand-in with nano-vLLM's API (STAND_IN)."""
+    package = tmp_path / "peer" / "nanovllm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from nanovllm.llm import LLM, SamplingParams\n")
+    (package / "llm.py").write_text(STAND_IN)
+    return str(package.parent)
+
+
+@pytest.mark.slow
+def test_throughput_and_latency_record_their_ratio_to_a_peer(tiny_qwen3_dir, tmp_path,
+                                                             peer_checkout):
+    rec = tmp_path / "r.jsonl"
+    out = nanopipe("bench", "throughput", "--model", tiny_qwen3_dir, "--device", "cpu",
+                   "--num-seqs", "3", "--max-input-len", "40", "--max-output-len", "8",
+                   "--kv-cache-bytes", str(4 << 20), "--peer", "nano-vllm", peer_checkout,
+                   "--record", str(rec)).stdout
+    figures = recorded(rec, "throughput")
+    assert figures["output_tok_s[nano-vllm]"] > 0 and figures["output_tok_s/peer"] > 0
+    assert "x nano-vllm (" in out
+    rec.unlink()
+    nanopipe("bench", "latency", "--model", tiny_qwen3_dir, "--device", "cpu", "--prompt-len",
+             "32", "--max-tokens", "6", "--reps", "2", "--hop-iters", "200", "--peer",
+             "nano-vllm", peer_checkout, "--record", str(rec))
+    figures = recorded(rec, "latency")
+    assert figures["tpot_ms/peer"] > 0 and figures["ttft_ms/peer"] > 0

@@ -1,7 +1,7 @@
-"""The command-line options the benchmark scripts share, and the model directory they name.
+"""The command-line options the workloads share, and the model directory they name.
 
-Every script that runs a model takes it either as --model DIR or as --make-random SHAPE
-(random weights of a real shape, built on the device), and the W1 scripts take the same
+Every workload that runs a model takes it either as --model DIR or as --make-random SHAPE
+(random weights of a real shape, built on the device), and the W1 workloads take the same
 workload and batching options; one definition keeps their flags, defaults and help alike.
 """
 
@@ -22,8 +22,8 @@ def add_model_source(ap: argparse.ArgumentParser, *, required: bool = True,
                      device_default: str | None = None, out: bool = False,
                      model_help: str = "a Hugging Face model directory") -> None:
     """--model DIR or --make-random SHAPE (one of them when `required`; else neither means
-    the script's own default model), --out DIR where `out` (where --make-random writes),
-    and --device with the script's default (None: the script picks cuda when visible)."""
+    the workload's own default model), --out DIR where `out` (where --make-random writes),
+    and --device with the workload's default (None: cuda when visible)."""
     src = ap.add_mutually_exclusive_group(required=required)
     src.add_argument("--model", help=model_help if required
                      else f"{model_help} (default: embedded model)")
@@ -37,7 +37,7 @@ def add_model_source(ap: argparse.ArgumentParser, *, required: bool = True,
 
 
 def add_w1_shape(ap: argparse.ArgumentParser, *, batched_tokens: bool = True) -> None:
-    """W1's size (BENCHMARKS.md: the defaults are the workload itself) and the batching limits
+    """W1's size (docs/benchmarks.md: the defaults are the workload itself) and the batching limits
     it runs under; `batched_tokens=False` leaves out --max-num-batched-tokens."""
     ap.add_argument("--num-seqs", type=int, default=256,
                     help="W1 sequences (default: %(default)s)")
@@ -63,9 +63,9 @@ def add_plans_ahead(ap: argparse.ArgumentParser) -> None:
 def resolve_model_dir(args: argparse.Namespace, device: str, out: str | Path | None = None,
                       tokenizer: bool = False) -> str | None:
     """The model directory the arguments name: --model as given (None when neither flag was
-    given; a directory without config.json ends the script with one line saying so), or,
+    given; a directory without config.json ends the run with one line saying so), or,
     with --make-random, random weights built on `device` into `out` (default: a new temp dir
-    nanopipe-SHAPE-..., removed when the script exits: random weights of the 8B shape fill
+    nanopipe-SHAPE-..., removed when the process exits: random weights of the 8B shape fill
     16 GB), with a synthetic tokenizer when `tokenizer`. On cuda the allocator's cache is
     emptied after the build: engines size their KV cache from the free memory."""
     shape = args.make_random

@@ -192,6 +192,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-matmul", action="store_true",
                     help="decode steps without their matmuls (see above)")
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     stub = MatmulStub()
     if args.no_matmul:

@@ -123,6 +123,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--functions", action="store_true")
     ap.add_argument("--json")
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     if args.at < 0 or args.steps < 1:
         raise BenchUsageError("--at must be >= 0 and --steps >= 1")

@@ -119,6 +119,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--skip", type=int, default=20, help="leave out the first steps (warm-up)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     if not args.dir.is_dir():
         raise BenchUsageError(f"{args.dir} is not a directory")

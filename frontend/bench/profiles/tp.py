@@ -90,6 +90,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--trace", action="store_true", help="also each rank's Chrome trace")
     ap.add_argument("--json", help="write every rank's figures here as JSON")
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     try:
         args.steps = tuple(int(x) for x in args.window.split(","))

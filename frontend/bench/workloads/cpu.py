@@ -140,6 +140,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="turn nanopipe's prefix cache off (the prompts share the chat "
                          "template's system prompt)")
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if max(args.batch_sizes) > len(QUESTIONS):

@@ -101,6 +101,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kv-cache-bytes", type=int, default=64 << 20)
     ap.add_argument("--seed", type=int, default=0)
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     modes = args.routing or ["affinity", "round_robin"]
     args.max_model_len = args.prefix_len + args.suffix_len_range[1] + args.max_tokens

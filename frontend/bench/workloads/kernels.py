@@ -11,8 +11,7 @@ kernel, alone, with the SiLU-mul before it (down_proj) and with the RMSNorm befo
 sampler (--only sampler) draws from W1's logits (153 rows of Qwen3's 151,936-token vocabulary)
 against torch's softmax and multinomial.
 
-    nanopipe bench kernels [--block-size 256] [--iters 50]
-                                    [--only small|attention|gemv|sampler]
+    nanopipe bench kernels [--block-size 256] [--iters 50] [--only small|attention|gemv|sampler]
 """
 
 from __future__ import annotations
@@ -242,13 +241,12 @@ def bench_sampler(rows: int, vocab: int, iters: int) -> Figure:
                   peer_name="torch softmax+multinomial", higher_is_better=False)
 
 
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--only", choices=["small", "attention", "gemv", "sampler"],
                         default=None)
+
 
 def run(args: argparse.Namespace) -> list[Figure]:
     if not torch.cuda.is_available():

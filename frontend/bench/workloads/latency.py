@@ -6,7 +6,7 @@ latency of one ZeroMQ hop carrying a real protocol message.
     nanopipe bench latency --model DIR --device cpu \\
         --prompt-len 128 --max-tokens 32                            # CPU smoke run
 
-Workload (BENCHMARKS.md, W4): a prompt of --prompt-len random token ids (passed as
+Workload (docs/benchmarks.md, W4): a prompt of --prompt-len random token ids (passed as
 prompt_token_ids), greedy, ignore_eos, --max-tokens output tokens; one request at a time.
 Every repetition uses a fresh prompt (random.seed(rep)), so the prefix cache never turns
 a prefill into a cache hit; the same prompts go through both paths. One warm-up request
@@ -22,6 +22,8 @@ of the same shape precedes each path's timed repetitions; the medians are printe
   is nothing to overlap with). TTFT is from add_request to the first sampled token; TPOT is
   the mean time of the later steps. Same block size, batching limits and KV sizing as the pipeline.
 - overhead: pipeline TPOT - direct TPOT (absolute) and pipeline / direct (ratio).
+- peer (--peer nano-vllm DIR, Qwen3 shapes): the same prompts through nano-vLLM, one at a
+  time, each timed to one token (TTFT) and to --max-tokens (TPOT from the difference).
 - hop: one ZeroMQ hop of a StepResult and of a 256-entry decode StepPlan
   (frontend.bench.common.zmq_hop), the median round trip / 2.
 
@@ -49,6 +51,7 @@ from frontend.bench.common import (
 )
 from frontend.bench.common import run as run_requests
 from frontend.bench.common.model_source import add_plans_ahead, resolve_model_dir
+from frontend.bench.common.peer import check_checkout, run_nano_vllm_latency
 from frontend.bench.common.zmq_hop import bench_hop
 from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
@@ -183,6 +186,7 @@ def summarize(runs: list[tuple[float, float, int]]) -> dict:
 
 
 MODEL = "required"
+PEERS = ("nano-vllm",)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -199,10 +203,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--hop-iters", type=int, default=5000)
     ap.add_argument("--hop-plan-seqs", type=int, default=256)
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     if args.prompt_len < 1 or args.max_tokens < 2 or args.reps < 1:
         raise BenchUsageError("--prompt-len >= 1, --max-tokens >= 2 and --reps >= 1 are required")
 
+    checkout = check_checkout(args.peer[1]) if args.peer else None
     # The hop first: nothing else is running and this process holds no GPU yet.
     hops = bench_hop(args.hop_iters, max(100, args.hop_iters // 10), args.hop_plan_seqs)
     for h in hops:
@@ -215,6 +221,8 @@ def run(args: argparse.Namespace) -> list[Figure]:
     device = args.device
     model_dir = resolve_model_dir(args, device, tokenizer=True)
     mc = ModelConfig.from_dir(model_dir)
+    if checkout is not None and mc.model_type != "qwen3":
+        raise BenchUsageError(f"--peer nano-vllm runs Qwen3 models only; this is {mc.model_type}")
     max_model_len = args.prompt_len + args.max_tokens
     base = EngineConfig(model=model_dir, device=device, max_model_len=max_model_len,
                         enforce_eager=args.enforce_eager)
@@ -247,6 +255,12 @@ def run(args: argparse.Namespace) -> list[Figure]:
           f"TTFT {direct['ttft_ms']:.2f} ms, TPOT {direct['tpot_ms']:.3f} ms "
           f"(median of {args.reps})", flush=True)
 
+    peer = None
+    if checkout is not None:  # last: nanopipe's processes have given the GPU back
+        peer = run_nano_vllm_latency(checkout, model_dir, reqs, warm_p, args.max_tokens,
+                                     args.enforce_eager)
+        print(f"nano-vLLM (one request at a time, timed to 1 and to {args.max_tokens} tokens): "
+              f"TTFT {peer['ttft_ms']:.2f} ms, TPOT {peer['tpot_ms']:.3f} ms", flush=True)
     tpot_over = pipe["tpot_ms"] - direct["tpot_ms"]
     ttft_over = pipe["ttft_ms"] - direct["ttft_ms"]
     tpot_ratio = pipe["tpot_ms"] / direct["tpot_ms"]
@@ -282,8 +296,10 @@ def run(args: argparse.Namespace) -> list[Figure]:
         direct_tpot_ratio_to_floor=float(f"{tpot_bound_ms / direct['tpot_ms']:.4g}"),
         zmq_hop=hops,
     )), flush=True)
-    return [Figure("tpot_ms", pipe["tpot_ms"], "ms", bound=tpot_bound_ms, higher_is_better=False),
-            Figure("ttft_ms", pipe["ttft_ms"], "ms", bound=ttft_bound_ms, higher_is_better=False),
+    return [Figure("tpot_ms", pipe["tpot_ms"], "ms", bound=tpot_bound_ms, higher_is_better=False,
+                   peer=peer and round(peer["tpot_ms"], 4)),
+            Figure("ttft_ms", pipe["ttft_ms"], "ms", bound=ttft_bound_ms, higher_is_better=False,
+                   peer=peer and round(peer["ttft_ms"], 3)),
             Figure("tpot_ms[direct]", direct["tpot_ms"], "ms", bound=tpot_bound_ms,
                    higher_is_better=False),
             Figure("ttft_ms[direct]", direct["ttft_ms"], "ms", bound=ttft_bound_ms,

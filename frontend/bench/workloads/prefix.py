@@ -81,6 +81,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     lo, hi = args.suffix_len_range
     if args.num_requests < 2 or args.prefix_len < 1 or not 1 <= lo <= hi:

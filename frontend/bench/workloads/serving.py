@@ -155,6 +155,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     add_plans_ahead(ap)
     ap.add_argument("--plot", metavar="OUT.png", help="write a figure of the results")
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     lo, hi = args.prompt_len_range
     if not 1 <= lo <= hi or args.num_requests < 1 or args.max_tokens < 1:

@@ -106,6 +106,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--draft-layers", type=int, default=0,
                     help="also run --speculative draft with the model's first N layers (0: no)")
 
+
 def run(args: argparse.Namespace) -> list[Figure]:
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens)
     sizes = [int(b) for b in args.batch_sizes.split(",")]

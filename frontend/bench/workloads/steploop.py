@@ -118,8 +118,6 @@ def _spin(seconds: float) -> float:
     return now
 
 
-
-
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seqs", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2000)
@@ -134,6 +132,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--result-spin-us", type=float, default=0.0,
                     help="the scheduler's spin while a result is due (an engine on a GPU "
                     "spins 5000 µs; it needs a core of its own)")
+
 
 def run(args: argparse.Namespace) -> list[Figure]:
     total = args.repeats * args.steps + 16

@@ -1,4 +1,4 @@
-"""W1 offline throughput (BENCHMARKS.md): 256 random prompts of 100-1,024 tokens, 100-1,024
+"""W1 offline throughput (docs/benchmarks.md): 256 random prompts of 100-1,024 tokens, 100-1,024
 output tokens each, temperature 0.6, ignore_eos, after one warm-up request.
 
 Modes (--modes, comma-separated, run one after another on the same workload):

@@ -12,7 +12,7 @@ changes the reduction order of the row-parallel all-reduces, so greedy tokens ma
 logits nearly tie; the tool reports the match rather than assuming it, and exits non-zero only
 when the fraction of fully matching prompts falls below --min-match.
 
-W1 (BENCHMARKS.md, frontend.bench.common.w1_workload): temperature 0.6, ignore_eos, one warm-up
+W1 (docs/benchmarks.md, frontend.bench.common.w1_workload): temperature 0.6, ignore_eos, one warm-up
 request. The bound for TP=N is frontend.bench.common.hardware_bound_s divided by N: N GPUs have
 N times the copy bandwidth and matmul rate of the H200 figures. Only one pipeline is alive at
 a time. Random weights are built once (on the device) and reused for every TP size, then
@@ -107,7 +107,7 @@ def serve_check(model_dir: str, tp: int, args: argparse.Namespace,
 
     max_model_len = max(len(p) for p in prompts) + args.max_tokens
     cmd = [sys.executable, "-m", "frontend.engine.cli", "--model", model_dir, "--tp", str(tp),
-           "--device", args.device, "--max-model-len", str(max_model_len)]
+           "--device", args.device, "--max-model-len", str(max_model_len), "--no-http"]
     if not args.worker_lookahead:
         cmd.append("--no-worker-lookahead")
     t0 = time.perf_counter()
@@ -190,6 +190,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--serve-check", action="store_true",
                     help="also serve with `nanopipe serve --tp N` (largest N) and send the "
                          "parity prompts through a Client")
+
 
 def run(args: argparse.Namespace) -> list[Figure]:
     tps = [int(t) for t in args.tp.split(",") if t.strip()]
