@@ -17,8 +17,8 @@ from frontend.bench.errors import BenchFailed, BenchUsageError
 from frontend.bench.figures import as_record, print_figures
 from frontend.bench.registry import BENCHMARKS, PROFILES, Entry
 
-PEERS = ("nano-vllm",)
-"""Engines a workload can run beside nanopipe in the same run (`--peer NAME DIR`)."""
+RESULTS = "docs/benchmarks/results.jsonl"
+"""Where `--record` without a file appends, relative to the directory it runs in."""
 
 
 def _overview(kind: str, table: dict[str, Entry]) -> str:
@@ -44,9 +44,9 @@ def add_shared(ap: argparse.ArgumentParser, module: ModuleType) -> None:
                             help=f"also run the peer engine NAME ({', '.join(module.PEERS)}) "
                             "from its checkout DIR in the same run, and print the ratio to it")
     if getattr(module, "RECORDS", True):
-        shared.add_argument("--record", metavar="FILE",
-                            help="append one JSON record of the figures to FILE "
-                            "(e.g. docs/benchmarks/results.jsonl)")
+        shared.add_argument("--record", metavar="FILE", nargs="?", const=RESULTS,
+                            help="append one JSON record of the figures to FILE (without "
+                            f"FILE: {RESULTS}, the project's records)")
 
 
 def _normalise(args: argparse.Namespace, module: ModuleType) -> None:

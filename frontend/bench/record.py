@@ -90,7 +90,7 @@ def _parse(line: str) -> Record | None:
     numbers = {str(k): float(v) for k, v in figures.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return Record(raw["workload"], str(raw.get("command", "")), str(raw.get("date", "")),
-                  str(raw.get("hardware", "")), str(raw.get("commit", "")), numbers)
+                  str(raw.get("hardware", "")), str(raw.get("commit") or ""), numbers)
 
 
 def read(path: str | Path) -> tuple[list[Record], int]:

@@ -49,6 +49,10 @@ BENCHMARKS: dict[str, Entry] = {
     "kernels": Entry(
         "frontend.bench.workloads.kernels",
         "the Triton kernels against torch and flash-attn (CUDA)", "sampler_us"),
+    "constrained": Entry(
+        "frontend.bench.workloads.constrained",
+        "structured outputs: W1 with a JSON schema per request vs without, mask time per step",
+        "constrained_ratio"),
     "report": Entry(
         "frontend.bench.report",
         "regenerate docs/benchmarks.md's latest table and plots from the records"),

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from frontend.client.outputs import token_text
+from frontend.structured.tool_calls import HermesStream, ToolCall, ToolPlan
 from protocol.metrics import RequestMetrics
 
 
@@ -197,6 +198,17 @@ class ChatFormat(_Format):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
+    def __init__(self, model: str, include_usage: bool = False, choices_per_prompt: int = 1,
+                 tools: ToolPlan | None = None) -> None:
+        super().__init__(model, include_usage, choices_per_prompt)
+        self.tools = tools if tools is not None and tools.parses else None
+        """How tool calls are read from the text (None: the text is all content)."""
+        self._streams: dict[int, HermesStream] = {}
+        self._held: dict[int, str] = {}
+        """Streaming, per choice: the text of a constrained call, parsed at its end."""
+        self._calls: dict[int, int] = {}
+        """Streaming, per choice: tool calls sent so far."""
+
     @staticmethod
     def _logprobs(out: Any) -> dict[str, Any] | None:
         if out.logprobs is None:
@@ -212,8 +224,16 @@ class ChatFormat(_Format):
                                                 tops, alt_raws, strict=True)]}
 
     def _choice(self, index: int, out: Any) -> dict[str, Any]:
-        return {"index": index, "message": {"role": "assistant", "content": out.text},
-                "logprobs": self._logprobs(out), "finish_reason": out.finish_reason}
+        message: dict[str, Any] = {"role": "assistant", "content": out.text}
+        finish = out.finish_reason
+        if self.tools is not None:
+            content, calls = self.tools.parse(out.text)
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = [c.to_openai() for c in calls]
+                finish = "tool_calls" if finish == "stop" else finish
+        return {"index": index, "message": message, "logprobs": self._logprobs(out),
+                "finish_reason": finish}
 
     def start_chunks(self, num_choices: int = 1) -> list[dict[str, Any]]:
         return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""},
@@ -222,6 +242,8 @@ class ChatFormat(_Format):
 
     def delta_chunks(self, delta: Any, index: int = 0) -> list[dict[str, Any]]:
         self._usage(delta, index)
+        if self.tools is not None:
+            return self._tool_chunks(delta, index)
         chunks = []
         if delta.text or delta.token_ids:
             chunks.append(self._chunk({"index": index, "delta": {"content": delta.text},
@@ -231,3 +253,41 @@ class ChatFormat(_Format):
             chunks.append(self._chunk({"index": index, "delta": {}, "logprobs": None,
                                        "finish_reason": delta.finish_reason}))
         return chunks
+
+    def _tool_chunks(self, delta: Any, index: int) -> list[dict[str, Any]]:
+        """Content as it comes, each tool call once it is whole (delta.tool_calls); with a
+        constrained tool_choice the text is all one call list, sent at its end."""
+        assert self.tools is not None
+        content, calls = "", []
+        if self.tools.mode == "auto":
+            stream = self._streams.setdefault(index, HermesStream())
+            content, calls = stream.feed(delta.text or "")
+            if delta.finish_reason:
+                tail, more = stream.finish()
+                content, calls = content + tail, calls + more
+        else:
+            self._held[index] = self._held.get(index, "") + (delta.text or "")
+            if delta.finish_reason:
+                text, calls = self.tools.parse(self._held.pop(index))
+                content = text or ""
+        chunks = []
+        if content or (delta.token_ids and delta.logprobs is not None):
+            chunks.append(self._chunk({"index": index, "delta": {"content": content},
+                                       "logprobs": self._logprobs(delta),
+                                       "finish_reason": None}))
+        if calls:
+            chunks.append(self._chunk({"index": index, "delta": {
+                "tool_calls": self._numbered(index, calls)}, "logprobs": None,
+                "finish_reason": None}))
+        if delta.finish_reason:
+            finish = delta.finish_reason
+            if self._calls.get(index) and finish == "stop":
+                finish = "tool_calls"
+            chunks.append(self._chunk({"index": index, "delta": {}, "logprobs": None,
+                                       "finish_reason": finish}))
+        return chunks
+
+    def _numbered(self, index: int, calls: list[ToolCall]) -> list[dict[str, Any]]:
+        first = self._calls.get(index, 0)
+        self._calls[index] = first + len(calls)
+        return [c.to_openai(first + k) for k, c in enumerate(calls)]

@@ -118,9 +118,14 @@ def test_profile_host_times_every_stage_of_a_step(tiny_qwen3_dir, tmp_path):
     out = run_script("profile", "host", "--model", tiny_qwen3_dir, "--device", "cpu",
                      "--num-seqs", "3", "--max-input-len", "100", "--max-output-len", "100",
                      "--at", "2", "--steps", "5", "--kv-cache-bytes", str(4 << 20),
-                     "--cprofile", "5", "--functions", "--json", str(out_json)).stdout
+                     "--cprofile", "5", "--functions", "--json", str(out_json),
+                     "--record", str(tmp_path / "r.jsonl")).stdout
     result = json.loads(out_json.read_text())
     assert result["running"] == 3 and result["steps"] == 5
+    (record,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert record["workload"] == "profile host"
+    assert record["figures"]["wall_ms_per_step"] == result["wall_ms"]
+    assert record["figures"]["host_ms[launch]"] == result["host_ms"]["launch"]
     host = result["host_ms"]
     assert list(host) == ["schedule", "encode_plan", "decode_plan", "launch", "finish",
                           "encode_result", "decode_result", "process"]

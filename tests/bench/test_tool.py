@@ -176,8 +176,9 @@ def test_tp_parity_and_w1_per_size_over_gloo(tiny_qwen3_dir, tmp_path):
 
 
 def test_steploop_records_the_time_per_step(tmp_path):
-    rec = tmp_path / "r.jsonl"
-    nanopipe("bench", "steploop", "--steps", "30", "--repeats", "1", "--record", str(rec))
+    """--record without a file appends to the project's records, docs/benchmarks/."""
+    nanopipe("bench", "steploop", "--steps", "30", "--repeats", "1", "--record", cwd=tmp_path)
+    rec = tmp_path / "docs" / "benchmarks" / "results.jsonl"
     assert recorded(rec, "steploop")["us_per_step@1"] > 0
 
 
