@@ -23,6 +23,7 @@ import zmq
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
 from frontend.actors.model_tokenizer import load_tokenizer
 from frontend.actors.replies import error_delta, malformed
+from frontend.actors.token_bytes import TokenBytes
 from frontend.actors.top_alternatives import Top, joined
 from protocol import (
     AbortRequests,
@@ -93,11 +94,13 @@ class _Request:
 
 class DetokenizerActor:
     def __init__(self, config: DetokenizerConfig, endpoints: Endpoints, rt: ProcessRuntime,
-                 decode: DecodeFn) -> None:
+                 decode: DecodeFn, token_bytes: TokenBytes | None = None) -> None:
         self.config = config
         self.endpoints = endpoints
         self.rt = rt
         self.decode = decode
+        self.token_bytes = token_bytes
+        """Spells the tokens of logprobs (their text is the client's to show, not an id)."""
         self.inbox = rt.socket(zmq.PULL, endpoints.detok_in, bind=True,
                                accepts=(DetokRequestInfo, TokenDeltas, EngineDead, Shutdown),
                                security=endpoints.keys)
@@ -298,10 +301,22 @@ class DetokenizerActor:
             top_token_ids=req.top.token_ids if req.top else None,
             top_logprobs=req.top.logprobs if req.top else None, metrics=metrics))
 
+    def _spelled(self, delta: ResultDelta) -> ResultDelta:
+        """The delta with the bytes of its logprobs' tokens (and alternatives)."""
+        spell = self.token_bytes
+        if spell is None or delta.logprobs is None or delta.token_bytes is not None:
+            return delta
+        top = None if delta.top_token_ids is None else [spell.many(ids)
+                                                        for ids in delta.top_token_ids]
+        return dataclasses.replace(delta, token_bytes=spell.many(delta.token_ids),
+                                   top_token_bytes=top)
+
     def _send(self, info: DetokRequestInfo, delta: Any) -> bool:
         peer = self.peers.get(info.client_id)
         if peer is None:
             return False
+        if isinstance(delta, ResultDelta):
+            delta = self._spelled(delta)
         if self._batch is not None and isinstance(delta, ResultDelta):
             self._batch.setdefault(peer, []).append((info.request_id, delta))
             return True
@@ -329,8 +344,9 @@ def run_detokenizer(config: DetokenizerConfig, endpoints: Endpoints) -> None:
     """Process entry point: serve until Shutdown, SIGTERM/SIGINT or the parent's death."""
     with actor_process("detokenizer", endpoints) as rt:
         def start() -> Started:
-            decode = make_decode_fn(load_tokenizer(config.model))
-            actor = DetokenizerActor(config, endpoints, rt, decode)
+            tokenizer = load_tokenizer(config.model)
+            actor = DetokenizerActor(config, endpoints, rt, make_decode_fn(tokenizer),
+                                     TokenBytes(tokenizer))
             return Started(actor.serve, f"model={config.served_name}")
 
         start_and_serve(rt, endpoints, start)

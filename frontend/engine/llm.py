@@ -204,12 +204,19 @@ def _grouped(prompt_of: list[int], results: list[dict[str, Any]]) -> list[dict[s
 
 
 def _run(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Run main to its end, from a plain script or from inside a running event loop."""
+    """Run main to its end, from a plain script or from inside a running event loop.
+
+    Ctrl-C cancels main (aborting its requests; the engine serves on) and reaches the caller
+    as a bare KeyboardInterrupt: the CancelledError inside is no news to the user."""
     try:
         asyncio.get_running_loop()
+        inside_a_loop = True
     except RuntimeError:
-        return _run_here(main)
-    return _run_beside(main)
+        inside_a_loop = False
+    try:
+        return _run_beside(main) if inside_a_loop else _run_here(main)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt from None
 
 
 def _run_beside(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:
