@@ -228,7 +228,7 @@ class Pipeline:
                      replica: int = 0) -> list[Ready]:
         control = self._replica_controls[replica]
         return await_ready(control, self._children, expected, deadline, self._progress,
-                           self.endpoints)
+                           self.endpoints, replica if len(self.replicas) > 1 else None)
 
     # ------------------------------------------------------------ serving
 
