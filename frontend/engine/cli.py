@@ -5,9 +5,9 @@ is doing. Clients reach it over ZeroMQ at the printed address, and over the
 OpenAI-compatible HTTP API on 127.0.0.1:8000 (`--port`, `--host`; `--no-http` serves none);
 Prometheus scrapes its metrics at the HTTP server's /metrics, or at `--metrics-port`. Every
 check that needs no process (model path, device, tensor-parallel size, ports) is made before
-anything starts, and a wrong one is a one-line error. Exit statuses: frontend/engine/usage.py.
+anything starts, and a wrong one is a one-line error. The flags: serve_flags.py; exit
+statuses: usage.py.
 """
-
 
 from __future__ import annotations
 
