@@ -22,7 +22,7 @@ import zmq
 
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
 from frontend.actors.model_tokenizer import load_tokenizer
-from frontend.actors.replies import error_delta, malformed
+from frontend.actors.replies import engine_dead_error, error_delta, malformed
 from frontend.actors.token_bytes import TokenBytes
 from frontend.actors.top_alternatives import Top, joined
 from protocol import (
@@ -32,7 +32,6 @@ from protocol import (
     DetokRequestInfo,
     Endpoints,
     EngineDead,
-    ErrorKind,
     FinishReason,
     ProtocolError,
     RequestError,
@@ -62,10 +61,6 @@ def text_token_ids(token_ids: list[int], finish: FinishReason | None) -> list[in
     """The tokens whose text the client sees: a request stopped by EOS or a stop token id
     keeps that last token but not its text."""
     return token_ids[:-1] if finish is STOP and token_ids else token_ids
-
-
-def engine_dead_error(reason: str) -> RequestError:
-    return RequestError(ErrorKind.ENGINE_DEAD, f"engine dead: {reason}")
 
 
 @dataclass(frozen=True)
@@ -99,8 +94,7 @@ class DetokenizerActor:
         self.endpoints = endpoints
         self.rt = rt
         self.decode = decode
-        self.token_bytes = token_bytes
-        """Spells the tokens of logprobs (their text is the client's to show, not an id)."""
+        self.token_bytes = token_bytes  # spells the tokens of logprobs
         self.inbox = rt.socket(zmq.PULL, endpoints.detok_in, bind=True,
                                accepts=(DetokRequestInfo, TokenDeltas, EngineDead, Shutdown),
                                security=endpoints.keys)
@@ -301,22 +295,12 @@ class DetokenizerActor:
             top_token_ids=req.top.token_ids if req.top else None,
             top_logprobs=req.top.logprobs if req.top else None, metrics=metrics))
 
-    def _spelled(self, delta: ResultDelta) -> ResultDelta:
-        """The delta with the bytes of its logprobs' tokens (and alternatives)."""
-        spell = self.token_bytes
-        if spell is None or delta.logprobs is None or delta.token_bytes is not None:
-            return delta
-        top = None if delta.top_token_ids is None else [spell.many(ids)
-                                                        for ids in delta.top_token_ids]
-        return dataclasses.replace(delta, token_bytes=spell.many(delta.token_ids),
-                                   top_token_bytes=top)
-
     def _send(self, info: DetokRequestInfo, delta: Any) -> bool:
         peer = self.peers.get(info.client_id)
         if peer is None:
             return False
-        if isinstance(delta, ResultDelta):
-            delta = self._spelled(delta)
+        if isinstance(delta, ResultDelta) and self.token_bytes is not None:
+            delta = self.token_bytes.spelled(delta)
         if self._batch is not None and isinstance(delta, ResultDelta):
             self._batch.setdefault(peer, []).append((info.request_id, delta))
             return True

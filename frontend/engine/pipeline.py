@@ -31,19 +31,13 @@ from typing import Any
 
 import zmq
 
-from frontend.engine.children import Child, stop_children, wait_for_any_exit
+from frontend.engine.children import Child, stop_children, tell_once, wait_for_any_exit
 from frontend.engine.config import EngineConfig
 from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
 from frontend.engine.options import ConfigError
 from frontend.engine.ray_launch import RayPlacement
-from frontend.engine.startup import (
-    StartupError,
-    await_ready,
-    replica_env,
-    run_dir_removed,
-    spawn,
-)
-from frontend.engine.stats_log import StatsLogger, device_label
+from frontend.engine.startup import StartupError, await_ready, replica_env, run_dir_removed, spawn
+from frontend.engine.stats_log import StatsLogger
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
 from protocol.actor_start import to_plain
 from protocol.control import ReplicaDown, StartupProgress
@@ -205,8 +199,7 @@ class Pipeline:
         self._watcher.start()
         if cfg.log_stats_interval > 0:
             self._stats_logger = StatsLogger(self._ctx, ep.deltas_pub, ep.keys,
-                                             cfg.log_stats_interval,
-                                             device=device_label(cfg.resolved_device))
+                                             cfg.log_stats_interval, device=cfg.resolved_device)
 
     def _spawn(self, role: str, rank: int, module: str, config: dict[str, Any],
                argv: list[str] | None = None, replica: int | None = None,
@@ -228,7 +221,7 @@ class Pipeline:
                      replica: int = 0) -> list[Ready]:
         control = self._replica_controls[replica]
         return await_ready(control, self._children, expected, deadline, self._progress,
-                           self.endpoints)
+                           self.endpoints, replica if len(self.replicas) > 1 else None)
 
     # ------------------------------------------------------------ serving
 
@@ -290,16 +283,7 @@ class Pipeline:
 
     def _push(self, address: str, msg: object) -> None:
         assert self.endpoints is not None and self._ctx is not None
-        sock = MessageSocket(self._ctx, zmq.PUSH, address, bind=False,
-                             security=self.endpoints.keys)
-        try:
-            sock.send(msg, zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # that peer is the one that died
-        finally:
-            # Linger so the message is delivered before the socket goes; a dead peer
-            # costs at most the linger time.
-            sock.socket.close(linger=2000)
+        tell_once(self._ctx, address, msg, self.endpoints.keys)
 
     def _announce_death(self, reason: str) -> None:
         assert self.endpoints is not None

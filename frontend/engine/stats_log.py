@@ -106,9 +106,10 @@ class StatsLogger:
 
     def __init__(self, ctx: zmq.Context, address: str, keys: CurveKeys | None,
                  interval_s: float, emit: Callable[[str], None] = print_line,
-                 device: str = "device") -> None:
+                 device: str | None = None) -> None:
+        """`device`: what the workers compute on ("cpu", "cuda"), named in each line."""
         self.interval_s = interval_s
-        self.device = device
+        self.device = "device" if device is None else device_label(device)
         self.emit = emit
         self._sub = MessageSocket(ctx, zmq.SUB, address, bind=False, accepts=(EngineStats,),
                                   security=keys)
