@@ -18,7 +18,32 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from protocol.process_runtime import ExplainedStartupError
+from protocol.step_messages import BlockMoves
+
 BLOCK_DIM = 2
+
+
+class HostTierUnsupported(ExplainedStartupError):
+    """A host tier asked of a configuration it cannot serve."""
+
+
+class HostPoolTooSmall(ExplainedStartupError):
+    """A host tier that cannot hold a single block."""
+
+
+def host_pool_slots(size_bytes: int, bytes_per_block: int) -> int:
+    """Slots a host tier of size_bytes holds; 0 means the tier is off. A positive size below
+    one block is refused: it would silently turn the tier off."""
+    if size_bytes <= 0:
+        return 0
+    slots = size_bytes // bytes_per_block
+    if slots == 0:
+        raise HostPoolTooSmall(
+            f"kv_offloading_size of {size_bytes} bytes cannot hold one KV block of "
+            f"{bytes_per_block} bytes; raise it (--kv-offloading-size, GiB) or set 0 to turn "
+            "the host tier off")
+    return slots
 
 
 def gather_blocks(pool: torch.Tensor, block_ids: Seq[int]) -> torch.Tensor:
@@ -39,6 +64,27 @@ def make_host_pool(device_pool: torch.Tensor, num_slots: int) -> torch.Tensor:
     shape[BLOCK_DIM] = num_slots
     pin = device_pool.is_cuda
     return torch.zeros(shape, dtype=device_pool.dtype, device="cpu", pin_memory=pin)
+
+
+def make_host_tier(storage: torch.Tensor, gib: float, world_size: int,
+                   drafter: object | None) -> tuple[BlockMover | None, int]:
+    """A rank's mover and host pool: as many blocks as `gib` holds on every rank (ranks may
+    hold different KV heads, so they agree on the least)."""
+    block_bytes = storage[:, :, 0].numel() * storage.element_size()
+    slots = host_pool_slots(int(gib * 2**30), block_bytes)
+    if world_size > 1:
+        import torch.distributed as dist
+
+        t = torch.tensor([slots], dtype=torch.int64, device=storage.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        slots = int(t.item())
+    if slots == 0:
+        return None, 0
+    if drafter is not None:
+        raise HostTierUnsupported(
+            "the host KV tier (kv_offloading_size) does not keep a draft model's KV; "
+            "set kv_offloading_size=0 with speculative 'draft'")
+    return BlockMover(storage, make_host_pool(storage, slots)), slots
 
 
 class BlockMover:
@@ -86,6 +132,12 @@ class BlockMover:
         else:
             scatter_blocks(self.device_pool, device_blocks, staged)
         self.bytes_loaded += len(host_slots) * self.block_bytes
+
+    def apply(self, moves: BlockMoves) -> None:
+        """A plan's moves: stores, then loads, then the compute stream waits for the loads."""
+        self.store(moves.store_device_blocks, moves.store_host_slots)
+        self.load(moves.load_host_slots, moves.load_device_blocks)
+        self.wait_loads()
 
     def wait_loads(self) -> None:
         """Order the compute stream after every load issued so far."""

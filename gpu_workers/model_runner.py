@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_workers.batch import StepBatch, build_batch
+from gpu_workers.block_mover import make_host_tier
 from gpu_workers.config import ModelConfig, WorkerConfig
 from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.graph_sampling import graph_sample_fn, graph_sample_inputs
@@ -90,6 +91,8 @@ class ModelRunner:
         self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size,
                                 self.device)
         self.kv_cache.bind(self.model.attention_layers())
+        self.mover, self.num_host_slots = make_host_tier(
+            self.kv_cache.storage, config.kv_offloading_size, self.world_size, self.drafter)
         if self.drafter is not None:
             self.drafter.bind_cache(self.num_kv_blocks, world_size)
         self.table = self.new_table(self.num_kv_blocks)
@@ -183,6 +186,8 @@ class ModelRunner:
             for older in self._unsettled[:-1]:  # only the newest step's tokens are patched in
                 self._settle(older)
             in_flight = self._unsettled[-1]
+        if plan.moves and self.mover is not None and table is self.table:
+            self.mover.apply(plan.moves)
         seq_ids, rows, num_new = table.apply(plan)
         failures = table.new_failures
         if self.grammars is not None and table is self.table:

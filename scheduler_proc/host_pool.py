@@ -19,24 +19,6 @@ BlockKey = tuple[int, tuple[int, ...]]
 """(parent hash, token ids) of one full block."""
 
 
-class HostPoolTooSmall(ValueError):
-    """A host tier that cannot hold a single block."""
-
-
-def host_pool_slots(size_bytes: int, bytes_per_block: int) -> int:
-    """Slots a host tier of size_bytes holds; 0 means the tier is off. A positive size below
-    one block is refused: it would silently turn the tier off."""
-    if size_bytes <= 0:
-        return 0
-    slots = size_bytes // bytes_per_block
-    if slots == 0:
-        raise HostPoolTooSmall(
-            f"kv_offloading_size of {size_bytes} bytes cannot hold one KV block of "
-            f"{bytes_per_block} bytes; raise it (--kv-offloading-size, GiB) or set 0 to turn "
-            "the host tier off")
-    return slots
-
-
 def parse_offloading_size(text: str | float | int) -> float:
     """The --kv-offloading-size value in GiB, or a one-line ValueError."""
     try:

@@ -53,7 +53,7 @@ class Pipeline:
                  on_progress: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.endpoints: Endpoints | None = None
-        self.num_kv_blocks = 0
+        self.num_kv_blocks = self.num_host_slots = 0
         self._dead_reason: str | None = None
         self.replicas: list[Endpoints] = []
         self.down_replicas: dict[int, str] = {}
@@ -153,7 +153,7 @@ class Pipeline:
                             {"worker": worker_cfg, "world_size": tp,
                              "rendezvous_timeout_s": cfg.startup_timeout_s}, replica=i,
                             env=replica_env(cfg.resolved_device, tp, dp, i))
-        kv_blocks = []
+        kv_blocks, host_slots = [], []
         for i in range(dp):
             # Ranks on other hosts report on node 0's control link like the local ones.
             try:
@@ -163,14 +163,19 @@ class Pipeline:
                     raise
                 raise StartupError(f"{exc}{missing_ranks_hint(cfg)}") from None
             kv_blocks.append(min(r.num_kv_blocks for r in readies))
+            host_slots.append(min(r.num_host_slots for r in readies))
         self.num_kv_blocks = min(kv_blocks)
-        sched_cfg = cfg.scheduler_config(self.num_kv_blocks)
+        self.num_host_slots = min(host_slots)
+        sched_cfg = cfg.scheduler_config(self.num_kv_blocks, self.num_host_slots)
         try:
             sched_cfg.check_pool_fits_model_len()
         except ValueError as exc:
             raise StartupError(str(exc)) from None
 
+        gib = cfg.resolved_kv_offloading_size
+        tier = f", host tier {self.num_host_slots} blocks ({gib:g} GiB per rank)" * bool(gib)
         self._progress(f"KV cache: {self.num_kv_blocks} blocks of {sched_cfg.block_size} tokens"
+                       f"{tier}"
                        f"{' per replica' if dp > 1 else ''}; starting the scheduler"
                        f"{'s' if dp > 1 else ''}, tokenizer and detokenizer")
         for i, rep in enumerate(self.replicas):

@@ -2,13 +2,9 @@
 
 import pytest
 
+from gpu_workers.block_mover import HostPoolTooSmall, host_pool_slots
 from scheduler_proc.block_manager import hash_block
-from scheduler_proc.host_pool import (
-    HostPool,
-    HostPoolTooSmall,
-    host_pool_slots,
-    parse_offloading_size,
-)
+from scheduler_proc.host_pool import HostPool, parse_offloading_size
 
 BS = 4
 
