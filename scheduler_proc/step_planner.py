@@ -253,6 +253,7 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
         if seq.first_scheduled_s is None:
             seq.first_scheduled_s = now
             seq.num_cached_prompt = min(num_cached, seq.num_prompt_tokens)
+            seq.num_host_prompt = seq.num_cached_prompt - min(num_device, seq.num_cached_prompt)
         budget -= n
         if seq.num_computed == len(seq.token_ids):
             seq.num_pending += 1
