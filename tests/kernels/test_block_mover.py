@@ -1,5 +1,6 @@
 """Host-tier copies: batched gather/scatter over every layer, store then load round-trips."""
 
+import pytest
 import torch
 
 from gpu_workers.block_mover import BlockMover, gather_blocks, make_host_pool, scatter_blocks
@@ -44,3 +45,23 @@ def test_a_plan_carries_its_moves_over_the_wire():
     empty = StepPlan(6, [], [], CachedSequences([], [], []))
     plain = codec.Decoder(StepPlan).decode(codec.encode(empty))
     assert not plain.moves
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_moves_are_ordered_after_the_writes_before_them_and_before_the_reads_after():
+    device = torch.zeros(2, 4, 64, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+    mover = BlockMover(device, make_host_pool(device, 32))
+    assert mover.host_pool.is_pinned()
+    # Work queued on the compute stream writes the blocks; the store must see it.
+    big = torch.randn(4096, 4096, device="cuda")
+    for _ in range(8):
+        big = big @ big / 64
+    device[:, :, 10:20] = 3.0
+    mover.store(list(range(10, 20)), list(range(20, 30)))
+    assert torch.all(mover.host_pool[:, :, 20:30] == 3.0)
+    # A load is waited for by the compute stream before what reads the blocks.
+    device[:, :, 40:50] = 0.0
+    mover.apply(BlockMoves([], [], list(range(20, 30)), list(range(40, 50))))
+    seen = device[:, :, 40:50].float().sum()  # queued on the compute stream after wait_loads
+    assert seen.item() == 3.0 * device[:, :, 40:50].numel()

@@ -93,3 +93,4 @@ def test_the_client_sees_host_tier_hits_in_its_metrics_and_the_engine_stats(tiny
     assert 0 < stats.host_blocks_used <= stats.host_blocks_total == pipeline.num_host_slots
     ctx = contexts[1] + [2]
     assert outs[NUM_CONTEXTS + 1].token_ids == hf_greedy(tiny_qwen3_dir, ctx, GREEDY.max_tokens)
+
