@@ -10,7 +10,8 @@ The scheduler manages a device pool of a quarter of the contexts (the runner's p
 larger; the blocks past that are left unused) and a host tier that holds all of them. Every
 conversation takes a first turn, one at a time, then each returns for a second turn, one at a
 time. Measured per mode: prefill tokens computed in the returning turns, their TTFT p50 / p99
-(from the request's arrival to its first token) and output tok/s over the run.
+(from the request's arrival to its first token) and output tok/s over the run; the greedy
+tokens of the two modes must be identical.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def _turn(scheduler: Scheduler, counting: CountingRunner, req: AddRequest,
-          sync) -> tuple[float, int, int]:
-    """One request alone: its TTFT, the prefill tokens it computed and the tokens it made."""
+          sync, tokens: list[int]) -> tuple[float, int, int]:
+    """One request alone: its TTFT, the prefill tokens it computed and the tokens it made
+    (appended to `tokens`)."""
     before = counting.computed
     first: list[float] = []
     start = time.perf_counter()
@@ -69,6 +71,8 @@ def _turn(scheduler: Scheduler, counting: CountingRunner, req: AddRequest,
         if not first and any(deltas.token_ids):
             sync()
             first.append(time.perf_counter() - start)
+        for t in deltas.token_ids:
+            tokens.extend(t)
 
     produced = drain(scheduler, counting, on_deltas)
     return first[0], counting.computed - before - (produced - 1), produced
@@ -90,11 +94,11 @@ def run_mode(runner: ModelRunner, host_slots: int, num_blocks: int,
                  for _turn_no in (1, 2)]
     sync()
     start = time.perf_counter()
-    produced, ttfts, prefill = 0, [], 0
+    produced, ttfts, prefill, outputs = 0, [], 0, []
     for turn in (0, 1):
         for k, ctx in enumerate(conversations):
             req = AddRequest(turn * len(conversations) + k, ctx + questions[turn][k], params, eos)
-            ttft, computed, made = _turn(scheduler, counting, req, sync)
+            ttft, computed, made = _turn(scheduler, counting, req, sync, outputs)
             produced += made
             if turn == 1:
                 ttfts.append(ttft)
@@ -107,7 +111,8 @@ def run_mode(runner: ModelRunner, host_slots: int, num_blocks: int,
                 returning_prefill_computed=prefill,
                 ttft_p50_ms=round(1000 * statistics.median(ttfts), 2),
                 ttft_p99_ms=round(1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 2),
-                output_tok_s=round(produced / elapsed, 1), seconds=round(elapsed, 3))
+                output_tok_s=round(produced / elapsed, 1), seconds=round(elapsed, 3),
+                tokens=outputs)
 
 
 def run(args: argparse.Namespace) -> list[Figure]:
@@ -154,8 +159,11 @@ def run(args: argparse.Namespace) -> list[Figure]:
               f"{r['returning_prefill_computed']} of {r['returning_prompt_tokens']} prompt "
               f"tokens, TTFT p50 {r['ttft_p50_ms']} ms p99 {r['ttft_p99_ms']} ms, "
               f"{r['output_tok_s']} output tok/s", flush=True)
-        print(json.dumps(r), flush=True)
+        print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
     on, off = results[True], results[False]
+    if on["tokens"] != off["tokens"]:
+        raise RuntimeError("greedy tokens differ with the host tier on and off")
+    print("greedy tokens identical with the host tier on and off", flush=True)
     served = 1 - on["returning_prefill_computed"] / on["returning_prompt_tokens"]
     ttft_ratio = on["ttft_p50_ms"] / off["ttft_p50_ms"]
     print(f"the host tier served {served:.1%} of the returning turns' prefill; returning TTFT "
