@@ -79,8 +79,7 @@ class ModelRunner:
         costs more host time than recording an event on it."""
         self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.stream)
         self.grammars = GrammarBook(config.model, mc.vocab_size) if rank == 0 else None
-        """Rank 0's grammar matchers (structured outputs); the tokenizer behind them loads
-        on a thread of its own, and only constrained requests ever use it."""
+        """Rank 0's grammar matchers (structured outputs), loaded at their first use."""
         self.graphs: StepGraphs | None = None
         self.table: SequenceTable | None = None
         self._unsettled: list[PendingStep] = []
@@ -195,11 +194,10 @@ class ModelRunner:
         if len(rows) == 0:
             return PendingStep.empty(plan.step_id, table, failures)
         if in_flight is not None:
-            # Penalties, proposers and grammar matchers read the token history on the host:
-            # such a step waits for the one in flight (lookahead then only helps the steps
-            # that do none of them). Every rank decides alike (the mirror is the same).
-            reads_history = (table.uses_penalties(rows) | table.constrained[rows]
-                             | self._proposes_from_history(table))
+            # Penalties and proposers read the token history on the host: such a step waits
+            # for the one in flight (lookahead then only helps the steps that do neither).
+            # Grammar matchers wait later, once this step's forward is queued (_sample).
+            reads_history = table.uses_penalties(rows) | self._proposes_from_history(table)
             if reads_history.any() and ((table.pending_pos[rows] >= 0) & reads_history).any():
                 self._settle(in_flight)
         spec, run_new = None, num_new
@@ -316,6 +314,10 @@ class ModelRunner:
         if self.rank == 0:
             constrained = table.constrained[batch.sample_rows]
             if self.grammars is not None and table is self.table and constrained.any():
+                # Matchers need the step in flight's tokens: waited for here, with this
+                # step's forward queued, so the device works while the masks are filled.
+                for older in list(self._unsettled):
+                    self._settle(older)
                 self.grammars.mask_logits(logits, batch.sample_rows,
                                           table.epoch[batch.sample_rows], constrained)
             tokens, lp = self.sampler(logits, batch.sampling)
