@@ -1,6 +1,6 @@
 """Sampling inside the decode CUDA graphs: which steps may, and the function they capture.
 
-A decode step of a small model costs the host more than the device (scripts/profile_host.py):
+A decode step of a small model costs the host more than the device (`nanopipe profile host`):
 outside a graph, its sampling is a dozen torch ops and two Triton launches after the forward.
 With one tensor-parallel rank and the one-pass sampler, each decode graph size also captures
 the LM head and the sampler (gpu_workers.cuda_graphs); a step takes that path when every

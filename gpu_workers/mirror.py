@@ -72,13 +72,13 @@ class SequenceTable:
         self.frequency = np.zeros(0, np.float32)
         self.repetition = np.zeros(0, np.float32)
         self.top_logprobs = np.zeros(0, np.int32)
+        self.constrained = np.zeros(0, bool)  # a grammar holds the output: rank 0 masks it
         # Derived from the parameters above when a sequence is added, so that the per-step
         # questions about them are one lookup each (a step's host work paces small batches).
         self.penalized = np.zeros(0, bool)
         """Whether any penalty applies (the sampler then reads the token history)."""
         self.plain_draw = np.zeros(0, bool)
-        """Whether the row needs nothing but its temperature and a seed: no penalties, no
-        top-k/top-p/min-p filter on a random draw, no logprobs."""
+        """Needs only a temperature and a seed: no penalty, grammar, logprobs or filtered draw."""
         self.inv_temperature = np.zeros(0, np.float32)
         """1 / temperature, 0 for greedy rows."""
         self.epoch = np.zeros(0, np.int64)
@@ -90,7 +90,7 @@ class SequenceTable:
 
     _COLUMNS = ("tokens", "block_tables", "num_tokens", "num_prompt", "num_computed",
                 "num_blocks", "temperature", "top_p", "min_p", "top_k", "seed", "logprobs",
-                "presence", "frequency", "repetition", "top_logprobs", "penalized",
+                "presence", "frequency", "repetition", "top_logprobs", "constrained", "penalized",
                 "plain_draw", "inv_temperature", "epoch", "pending_pos", "pending_slot")
 
     def _grow(self, extra: int) -> None:
@@ -264,7 +264,7 @@ class SequenceTable:
             "top_k": p.top_k if p.top_k > 0 else 0, "seed": -1 if p.seed is None else p.seed,
             "logprobs": p.logprobs, "presence": p.presence_penalty,
             "frequency": p.frequency_penalty, "repetition": p.repetition_penalty,
-            "top_logprobs": p.top_logprobs,
+            "top_logprobs": p.top_logprobs, "constrained": p.structured_outputs is not None,
         }
         try:
             values = {k: np.array(v, getattr(self, k).dtype) for k, v in values.items()}
@@ -299,7 +299,7 @@ class SequenceTable:
         filtered = self.top_k[row] > 0 or self.top_p[row] < 1 or self.min_p[row] > 0
         self.penalized[row] = penalized
         self.plain_draw[row] = not (penalized or (random and filtered) or self.logprobs[row]
-                                    or self.top_logprobs[row] > 0)
+                                    or self.top_logprobs[row] > 0 or self.constrained[row])
         self.inv_temperature[row] = np.float32(1) / self.temperature[row] if random else 0
 
     def _append_blocks(self, row: int, blocks: list[int] | np.ndarray) -> None:

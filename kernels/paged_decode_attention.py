@@ -139,7 +139,7 @@ def _tile(q: torch.Tensor) -> int:
     """BLOCK_N: keys per tile, the unit a split is made of. On an H200, 128-key tiles beat
     64 by 3-4% at W1's load on head dim 128 and by ~20% on head dim 64 (a 64-wide tile
     moves too few bytes per loop step); above head dim 128 the staged K/V tiles would not fit
-    in shared memory, so the tile halves (scripts/sweep_decode_attention.py)."""
+    in shared memory, so the tile halves (a sweep of tiles and splits on an H200)."""
     if not q.is_cuda:
         return 16
     return 128 if q.shape[-1] <= 128 else 64

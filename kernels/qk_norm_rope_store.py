@@ -8,7 +8,7 @@ below is exactly that sequence (the CPU path and the tests use it).
 
 One program per token handles all of its heads: the position, the rotary row and the cache
 slot are read once per token, before waiting for the projection (PDL). On an H200
-(`scripts/bench_kernels.py --only small`, Qwen3-0.6B heads, per call in a CUDA graph) that took
+(`nanopipe bench kernels --only small`, Qwen3-0.6B heads, per call in a CUDA graph) that took
 a 4,096-token prefill chunk from 119.0 to 22.6 us and 170 decode tokens from 5.2 to 2.1 us,
 against one program per (token, head) before.
 """

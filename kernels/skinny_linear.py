@@ -3,7 +3,7 @@
 cuBLAS picks tiles for many rows; with one to four it leaves most of the GPU idle on some
 shapes. This kernel gives each program four output features and streams their weight rows
 once, so the time is the weight read plus a launch. Timed on an H200 inside a CUDA graph of 28
-distinct weights, like a decode step's layers (`scripts/bench_kernels.py --only gemv`, bf16,
+distinct weights, like a decode step's layers (`nanopipe bench kernels --only gemv`, bf16,
 microseconds per call, cuBLAS / here): Qwen3-0.6B's o_proj 12.67 / 4.29 at one row and
 8.37 / 5.21 at four, its down_proj 6.62 / 5.27 and its qkv_proj 5.19 / 4.60 at one row; on the
 8B shape's larger weights cuBLAS was as fast or faster. `linear` uses the kernel only where it

@@ -64,7 +64,7 @@ class Endpoints:
         user could read the keys from the pipeline's memory anyway, so keys would guard
         nothing more. (Its cost is not the reason: one ipc hop of a 256-sequence StepPlan
         measured 199-246 us with CURVE and 186-205 us without, interleaved runs of
-        scripts/bench_latency.py's hop on a loaded 2-core machine: within the noise.)"""
+        `nanopipe bench latency`'s hop on a loaded 2-core machine: within the noise.)"""
         run_dir = _private_run_dir(run_dir)
         addr = {name: f"ipc://{run_dir}/{name}" for name in _NAMES}
         steps = tuple(f"ipc://{run_dir}/step_r{rank}" for rank in range(world_size))
@@ -140,6 +140,11 @@ class Endpoints:
             addr = [f"tcp://{host}:{p}" for p in _free_ports(count, host)]
         return replace(self, **dict(zip(own, addr)), worker_steps=tuple(addr[len(own):]),
                        dist_init_method=f"file://{self.run_dir}/dist_init_r{index}")
+
+    @property
+    def run_dir_missing(self) -> bool:
+        """The run directory was removed under the pipeline (its sockets with it)."""
+        return self.run_dir is not None and not os.path.isdir(self.run_dir)
 
     def cleanup(self) -> None:
         """Remove the run directory and every socket file in it."""

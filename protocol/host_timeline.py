@@ -5,7 +5,7 @@ every op), so on a step of under a millisecond it cannot say which link of the c
 of the scheduler, into a worker, launched, tokens back, result into the scheduler, the next
 plan out) keeps the device waiting. Here each actor keeps a few clock stamps per step, a list
 append each, and writes them when it stops; `time.perf_counter_ns` reads CLOCK_MONOTONIC,
-one clock for every process of a host, so scripts/host_timeline.py can line the files up.
+one clock for every process of a host, so `nanopipe profile timeline` can line the files up.
 
 Off unless NANOPIPE_HOST_TIMELINE names a directory: then the scheduler writes
 `scheduler0.json` and each worker `worker{rank}.json` there as it stops (one pipeline per

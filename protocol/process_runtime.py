@@ -34,6 +34,8 @@ log = logging.getLogger("nanopipe.actor")
 _PR_SET_PDEATHSIG = 1
 POLL_MS = 100
 """How often a loop wakes up to notice a stop request when no message arrives."""
+REPORT_WAIT_MS = 2000
+"""How long a failed start-up waits for the launcher's control link to take its report."""
 
 
 class ExplainedStartupError(RuntimeError):
@@ -100,10 +102,11 @@ class ProcessRuntime:
         return sock
 
     def report_ready(self, control_address: str, info: str = "", num_kv_blocks: int = 0,
-                     security: CurveKeys | None = None) -> None:
+                     security: CurveKeys | None = None, num_host_slots: int = 0) -> None:
         """Tell the launcher this process serves now (and what it learned at start-up)."""
         sock = self.socket(zmq.PUSH, control_address, bind=False, security=security)
-        sock.send(Ready(role=self.role, rank=self.rank, num_kv_blocks=num_kv_blocks, info=info))
+        sock.send(Ready(role=self.role, rank=self.rank, num_kv_blocks=num_kv_blocks, info=info,
+                       num_host_slots=num_host_slots))
 
     def report_progress(self, control_address: str, text: str,
                         security: CurveKeys | None = None) -> None:
@@ -121,9 +124,13 @@ class ProcessRuntime:
         try:
             secure(sock, security, server=False)
             sock.connect(control_address)
-            sock.send(encode(StartupFailed(role=self.role, rank=self.rank, error=error)))
+            # Bounded: with the launcher's socket gone a send would wait forever, and this
+            # process with it.
+            if sock.poll(REPORT_WAIT_MS, zmq.POLLOUT):
+                sock.send(encode(StartupFailed(role=self.role, rank=self.rank, error=error)),
+                          zmq.NOBLOCK)
         finally:
-            sock.close(linger=2000)
+            sock.close(linger=REPORT_WAIT_MS)
 
     def remove_run_dir_if_orphaned(self, endpoints: Endpoints) -> None:
         """The launcher was killed and cannot clean up: remove the run directory for it.
@@ -148,6 +155,7 @@ class Started:
     serve: Callable[[], None]
     info: str = ""
     num_kv_blocks: int = 0
+    num_host_slots: int = 0
 
 
 @contextlib.contextmanager
@@ -172,6 +180,9 @@ def start_and_serve(rt: ProcessRuntime, endpoints: Endpoints,
     try:
         started = start()
     except Exception as exc:
+        if endpoints.run_dir_missing:  # the launcher sees it too and says so in one line
+            log.debug("%s: start-up failed without its run directory: %s", name, exc)
+            raise SystemExit(1) from exc
         if isinstance(exc, ExplainedStartupError):
             log.error("%s: start-up failed: %s", name, exc)
         else:
@@ -179,5 +190,5 @@ def start_and_serve(rt: ProcessRuntime, endpoints: Endpoints,
         rt.report_failure(endpoints.control, exc, security=endpoints.keys)
         raise SystemExit(1) from exc
     rt.report_ready(endpoints.control, started.info, num_kv_blocks=started.num_kv_blocks,
-                    security=endpoints.keys)
+                    security=endpoints.keys, num_host_slots=started.num_host_slots)
     started.serve()

@@ -10,6 +10,11 @@ from typing import Any
 
 from protocol.codec import struct
 from protocol.outcomes import FieldError
+from protocol.structured_outputs import (
+    StructuredOutputs,
+    StructuredOutputsError,
+    structured_from_user,
+)
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -111,8 +116,13 @@ class SamplingParams:
     n: int = 1
     """Completions per prompt (LLM.generate / chat; HTTP has its own `n`). One engine request
     each: an engine request itself is always one completion."""
+    structured_outputs: StructuredOutputs | None = None
+    """What the output must match (protocol.structured_outputs): given as vLLM spells it,
+    {"json": schema} | {"json_object": True} | {"regex": ...} | {"choice": [...]} |
+    {"grammar": ebnf}; checked (xgrammar parses it) when the params are made."""
 
     def __post_init__(self) -> None:
+        self._check_structured()
         if isinstance(self.stop, str):  # vLLM and OpenAI take one stop string as it is
             object.__setattr__(self, "stop", [self.stop])
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
@@ -167,6 +177,20 @@ class SamplingParams:
         ):
             raise _bad("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         self._check_stops()
+
+    def _check_structured(self) -> None:
+        value = self.structured_outputs
+        if value is None:
+            return
+        if not isinstance(value, StructuredOutputs):  # a decoded struct had its own check
+            try:
+                value = structured_from_user(value)
+            except StructuredOutputsError as exc:
+                raise SamplingParamsError(exc.field, str(exc)) from None
+            object.__setattr__(self, "structured_outputs", value)
+        if self.ignore_eos is True:
+            raise _bad("ignore_eos", "must be False with structured_outputs (the grammar ends "
+                       "the output with an EOS token)")
 
     def _check_stops(self) -> None:
         if not isinstance(self.stop, list | tuple):

@@ -55,9 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from benchlib import drain, greedy, leading_match, process, random_prompts
-from benchlib.cli import add_model_source, resolve_model_dir
 
+from frontend.bench.common import drain, greedy, leading_match, process, random_prompts
+from frontend.bench.common.model_source import add_model_source, resolve_model_dir
 from gpu_workers import ModelRunner, WorkerConfig
 from gpu_workers.config import parse_dtype
 from protocol import AddRequest, TokenDeltas

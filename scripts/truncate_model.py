@@ -1,5 +1,5 @@
 """Write a copy of a Hugging Face model directory that keeps only its first N decoder layers
-(a draft model for `--speculative draft`; see benchlib/truncate.py).
+(a draft model for `--speculative draft`; see frontend.bench.common/truncate.py).
 
     python scripts/truncate_model.py SRC_DIR OUT_DIR --layers 4
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from benchlib import truncate_model
+from frontend.bench.common import truncate_model
 
 
 def main() -> None:

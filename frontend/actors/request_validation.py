@@ -12,6 +12,7 @@ from typing import Any
 
 from protocol import FieldError, GenerateRequest
 from protocol.codec import kind_of, peek_head
+from protocol.structured_outputs import StructuredOutputsError, check_compiles
 
 MAX_REQUEST_ID_CHARS = 256
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -55,6 +56,11 @@ class RequestValidator:
         else:
             ids = self._chat_ids(req.messages or [])
         self._check_ids("params.stop_token_ids", req.params.stop_token_ids)
+        if req.params.structured_outputs is not None:  # before the scheduler sees it
+            try:
+                check_compiles(req.params.structured_outputs, "params.structured_outputs")
+            except StructuredOutputsError as exc:
+                raise InvalidRequest(exc.field, str(exc)) from None
         if req.params.n != 1:
             raise InvalidRequest("params.n", f"params.n is {req.params.n}: an engine request is "
                                  "one completion; send one request per choice (LLM.generate "

@@ -30,6 +30,10 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 """The folder holding nanopipe's packages: children import the same code as the launcher."""
 
 
+REPLICA_ROLES = ("worker", "scheduler")
+"""The processes each data-parallel replica has of its own; the others serve them all."""
+
+
 class StartupError(RuntimeError):
     """The pipeline could not start; the message says which process and why."""
 
@@ -63,18 +67,39 @@ def spawn(children: list[Child], role: str, rank: int, module: str, config: dict
         pass  # it died at once; await_ready reports its exit
 
 
+def run_dir_removed(endpoints: Endpoints | None) -> StartupError | None:
+    """The error to fail start-up with when the run directory is gone: every socket and the
+    rendezvous file live there, so a child that has not yet bound or connected never will
+    (and one whose report cannot reach the launcher would be waited for until the deadline)."""
+    if endpoints is None or not endpoints.run_dir_missing:
+        return None
+    return StartupError(f"the run directory {endpoints.run_dir} was removed during start-up "
+                        "(its sockets went with it); start again")
+
+
 def await_ready(control: MessageSocket, children: list[Child], expected: set[tuple[str, int]],
-                deadline: float, progress: Callable[[str], None]) -> list[Ready]:
-    """Each expected (role, rank)'s READY; a child's exit, its StartupFailed or the deadline
-    ends start-up with a StartupError that names the process."""
+                deadline: float, progress: Callable[[str], None],
+                endpoints: Endpoints | None = None, replica: int | None = None) -> list[Ready]:
+    """Each expected (role, rank)'s READY; a child's exit, its StartupFailed, the deadline or
+    the loss of `endpoints`' run directory ends start-up with a StartupError that says why.
+    With `replica`, what its own processes (workers, scheduler) report names it."""
+
+    def name(role: str, rank: int) -> str:
+        own = replica is not None and role in REPLICA_ROLES
+        return f"{f'replica {replica} ' if own else ''}{role} {rank}"
+
     readies: list[Ready] = []
     waiting = set(expected)
     while waiting:
+        if (removed := run_dir_removed(endpoints)) is not None:
+            raise removed
         if time.monotonic() > deadline:
-            names = ", ".join(f"{role} {rank}" for role, rank in sorted(waiting))
+            names = ", ".join(name(role, rank) for role, rank in sorted(waiting))
             raise StartupError(f"timed out waiting for {names} to start")
         for child in children:
             if child.proc.poll() is not None:
+                if (removed := run_dir_removed(endpoints)) is not None:
+                    raise removed
                 raise StartupError(f"{child.exit_description()} during start-up")
         if not control.poll(200):
             continue
@@ -84,9 +109,9 @@ def await_ready(control: MessageSocket, children: list[Child], expected: set[tup
             log.warning("launcher: dropped a bad control frame: %s", exc)
             continue
         if isinstance(msg, StartupFailed):
-            raise StartupError(f"{msg.role} {msg.rank} failed to start: {msg.error}")
+            raise StartupError(f"{name(msg.role, msg.rank)} failed to start: {msg.error}")
         if isinstance(msg, StartupProgress):
-            progress(f"{msg.role} {msg.rank}: {msg.text}")
+            progress(f"{name(msg.role, msg.rank)}: {msg.text}")
             continue
         waiting.discard((msg.role, msg.rank))
         readies.append(msg)

@@ -4,7 +4,7 @@
 CPUs MKL takes a generic path, which for the few rows of a decode step reaches about half the
 machine's memory bandwidth. oneDNN's inner product over a weight reordered once into its
 blocked layout reads the weights near the bandwidth: on two EPYC cores a SmolLM2-135M decode
-step's matmuls take about 0.65x the time at batch 1 and 16 (`python scripts/profile_cpu.py
+step's matmuls take about 0.65x the time at batch 1 and 16 (`nanopipe profile cpu
 --ops 8` shows them), and prefills of 256 to 4,096 rows take about the same time (±10%).
 
 At one or two rows the answer depends on the CPU: on two cores of an Intel Xeon (AVX-512, no

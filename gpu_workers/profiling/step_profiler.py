@@ -1,6 +1,6 @@
 """A profiling window inside each worker process: torch.profiler over a range of this rank's
 plans, then `rank{R}.json` in a directory, so that every tensor-parallel rank reports what its
-steps cost (scripts/profile_tp.py starts a pipeline with it and reads the files).
+steps cost (`nanopipe profile tp` starts a pipeline with it and reads the files).
 
 Off unless NANOPIPE_PROFILE_DIR is set (vLLM's VLLM_TORCH_PROFILER_DIR works the same way):
 then `profiled(runner)` is the runner itself and serving pays nothing. When it is set the

@@ -10,7 +10,7 @@ sampler's kernels are told apart by the profiler range the caller puts around th
 CUDA graph).
 
 It lives with the workers because each rank's profiling window (gpu_workers.profiling.step_profiler)
-summarises its own trace; scripts/benchlib/step_profile.py prints it.
+summarises its own trace; frontend.bench.common.step_profile prints it.
 """
 
 from __future__ import annotations

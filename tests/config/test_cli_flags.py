@@ -8,9 +8,14 @@ import dataclasses
 
 import pytest
 
-from frontend.engine.cli import HttpConfig, build_serve_parser, parse_serve_args
 from frontend.engine.config import EngineConfig
 from frontend.engine.options import described_fields, to_argv
+from frontend.engine.serve_flags import (
+    DEVICE_FLAGS,
+    HttpConfig,
+    build_serve_parser,
+    parse_serve_args,
+)
 
 CONFIGS = {"engine": EngineConfig, "http": HttpConfig}
 MULTI_NODE = dict(nnodes=2, tensor_parallel_size=2, master_addr="10.0.0.8", master_port=29400,
@@ -82,6 +87,8 @@ def test_each_field_round_trips_through_its_flag(prefix, name):
             value = extra[name]
         if name in ("num_speculative_tokens", "ngram_size"):  # they tune the ngram proposer
             extra = {"speculative": "ngram"}
+        if name in DEVICE_FLAGS:  # read by one device only
+            extra = {"device": DEVICE_FLAGS[name]}
         engine = EngineConfig(**{**extra, name: value})
     else:
         extra = {"port": 8000} if name in ("host", "api_key", "max_request_bytes") else {}
@@ -121,7 +128,12 @@ def test_help_shows_each_fields_own_default():
     (["--zmq-transport", "tcp", "--zmq-port", "99999"], "--zmq-port must be in 1..65535"),
     (["/m", "--model", "/n"], "either as MODEL or as --model"),
     (["--zmq-host", "0.0.0.0"], "--zmq-host applies to --zmq-transport tcp"),
-    (["--max-request-bytes", "10"], "--max-request-bytes applies to the HTTP API"),
+    (["--no-http", "--max-request-bytes", "10"], "--max-request-bytes applies to the HTTP "
+                                                 "API, which --no-http turns off"),
+    (["--no-http", "--port", "8001"], "--port applies to the HTTP API"),
+    (["--device", "cuda", "--kv-cache-bytes", "4096"], "--kv-cache-bytes applies to --device "
+                                                       "cpu; this engine runs on cuda"),
+    (["--device", "cpu", "--enforce-eager"], "--enforce-eager applies to --device cuda"),
     (["--metrics-port", "70000"], "--metrics-port must be in 1..65535, got 70000"),
     (["--metrics-host", "::1"], "--metrics-host applies to --metrics-port"),
     (["--port", "8101", "--metrics-port", "8101"],

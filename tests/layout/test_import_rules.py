@@ -26,6 +26,9 @@ ALLOWED = {
 STARTERS = {
     "frontend/engine/pipeline.py", "frontend/engine/config.py", "frontend/engine/preflight.py",
 }
+# The benchmark tool measures every actor, some in this process (the runtime without its
+# processes); nothing on the serving path imports it.
+MEASURES_ALL = "frontend/bench/"
 FORBIDDEN_THIRD_PARTY = {"scheduler_proc": {"torch", "triton"}, "protocol": {"torch", "triton"}}
 
 
@@ -47,7 +50,8 @@ def test_packages_import_only_what_the_architecture_allows(package):
         rel = path.relative_to(ROOT).as_posix()
         imported = _imports(path)
         ours = (imported & OURS) - {package}
-        allowed = ALLOWED[package] | (OURS if rel in STARTERS else set())
+        starts = rel in STARTERS or rel.startswith(MEASURES_ALL)
+        allowed = ALLOWED[package] | (OURS if starts else set())
         if ours - allowed:
             problems.append(f"{rel} imports {sorted(ours - allowed)}")
         banned = imported & FORBIDDEN_THIRD_PARTY.get(package, set())
@@ -56,8 +60,47 @@ def test_packages_import_only_what_the_architecture_allows(package):
     assert not problems, "\n".join(problems)
 
 
+def test_nothing_outside_the_bench_tool_imports_it():
+    """The serving path never loads the benchmark tool; the CLI hands off to it lazily."""
+    problems = []
+    for package in sorted(OURS):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(MEASURES_ALL):
+                continue
+            tree = ast.parse(path.read_text(), filename=rel)
+            for node in tree.body:  # module level only: a lazy import inside a function is fine
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                        "frontend.bench"):
+                    problems.append(rel)
+                if isinstance(node, ast.Import) and any(
+                        a.name.startswith("frontend.bench") for a in node.names):
+                    problems.append(rel)
+    assert not problems, f"imports the benchmark tool at module level: {problems}"
+
+
 def test_no_pickle_on_any_wire():
     for package in OURS:
         for path in (ROOT / package).rglob("*.py"):
             text = path.read_text()
             assert "pickle.loads" not in text and "recv_pyobj" not in text, path
+
+
+def test_the_runtime_loads_no_profiling_or_bench_module():
+    """A worker serving without NANOPIPE_PROFILE_DIR has neither the profiling window nor the
+    benchmark tool in its process: `profiled(runner)` is the runner itself."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, gpu_workers.worker_proc, gpu_workers.model_runner, frontend.engine.cli\n"
+            "from gpu_workers.profiling import profiled\n"
+            "runner = object()\n"
+            "assert profiled(runner, {}) is runner\n"
+            "print(sorted(m for m in sys.modules\n"
+            "             if m.startswith(('gpu_workers.profiling.', 'frontend.bench'))))")
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

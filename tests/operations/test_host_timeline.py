@@ -1,6 +1,6 @@
 """The host timeline (protocol.host_timeline): a pipeline started with NANOPIPE_HOST_TIMELINE in
 its environment leaves the scheduler's and each worker's stamps, in the order a step passes
-them, and scripts/host_timeline.py lines them up; without the variable nothing is recorded."""
+them, and `nanopipe profile timeline` lines them up; without the variable nothing is recorded."""
 
 from __future__ import annotations
 
@@ -53,9 +53,8 @@ def test_a_pipeline_writes_every_step_in_order(tiny_qwen3_dir, tmp_path, monkeyp
     for k in plans:  # each result went from rank 0 to the scheduler, then was applied
         assert worker0["result_out"][k] <= sched["result_in"][k] <= sched["result_done"][k]
 
-    done = subprocess.run([sys.executable, "scripts/host_timeline.py", str(out), "--skip", "0",
-                           "--json", str(tmp_path / "t.json")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    done = _nanopipe("profile", "timeline", str(out), "--skip", "0",
+                     "--json", str(tmp_path / "t.json"))
     assert done.returncode == 0, done.stderr
     figures = json.loads((tmp_path / "t.json").read_text())
     for name in ("plan hop", "launch", "tokens", "result hop", "apply", "next plan", "period"):
@@ -86,8 +85,14 @@ def test_a_directory_it_cannot_write_is_logged_not_raised(tmp_path, caplog):
     assert "could not write" in caplog.text
 
 
-def test_the_script_says_what_is_missing(tmp_path):
-    done = subprocess.run([sys.executable, "scripts/host_timeline.py", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+def test_the_profile_says_what_is_missing(tmp_path):
+    done = _nanopipe("profile", "timeline", str(tmp_path))
     assert done.returncode != 0 and "NANOPIPE_HOST_TIMELINE" in done.stderr
+
+
+def _nanopipe(*args: str) -> subprocess.CompletedProcess:
+    """`nanopipe ARGS` from this checkout."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-c", "import sys; from frontend.engine.cli import "
+                           "main; sys.exit(main())", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=path))

@@ -98,7 +98,8 @@ def test_published_stats_count_what_the_clients_got(tiny_qwen3_dir):
 def test_launch_logs_a_stats_line_at_the_interval_asked_for(tiny_qwen3_dir):
     proc = subprocess.Popen(
         [str(ROOT / "scripts" / "launch.sh"), "--model", tiny_qwen3_dir, "--device", "cpu",
-         "--dtype", "float32", "--max-model-len", "256", "--log-stats-interval", "0.5"],
+         "--dtype", "float32", "--max-model-len", "256", "--log-stats-interval", "0.5",
+         "--no-http"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.SimpleQueue[str] = queue.SimpleQueue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout],

@@ -27,7 +27,7 @@ def _launch(model_dir: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [str(ROOT / "scripts" / "launch.sh"), "--model", model_dir, "--device", "cpu",
          "--dtype", "float32", "--max-model-len", "256", "--max-num-batched-tokens", "512",
-         *extra],
+         "--no-http", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
@@ -171,7 +171,7 @@ def start_swallowing_a_sigterm(self):
 
 pipeline.Pipeline.start = start_swallowing_a_sigterm
 sys.exit(launch_main(["--model", {tiny_qwen3_dir!r}, "--device", "cpu", "--dtype", "float32",
-                      "--max-model-len", "256", "--max-num-batched-tokens", "512"]))
+                      "--max-model-len", "256", "--max-num-batched-tokens", "512", "--no-http"]))
 """
     proc = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=tmp_path,

@@ -20,7 +20,7 @@ from protocol import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = [str(ROOT / "scripts" / "launch.sh"), "--device", "cpu", "--dtype", "float32",
-          "--max-model-len", "256", "--log-stats-interval", "0"]
+          "--max-model-len", "256", "--log-stats-interval", "0", "--no-http"]
 PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
 
@@ -88,7 +88,7 @@ def test_a_metrics_port_in_use_is_a_one_line_error(tiny_qwen3_dir):
         start = time.monotonic()
         proc = subprocess.run([*LAUNCH, "--model", tiny_qwen3_dir, "--metrics-port", str(port)],
                               capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
+    assert proc.returncode == 1  # a start-up failure, as every port in use is
     assert proc.stderr.strip() == (f"nanopipe: the metrics port {port} on 127.0.0.1 is "
                                    f"already in use")
     assert "ready" not in proc.stdout and time.monotonic() - start < 60

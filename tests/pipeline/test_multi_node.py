@@ -66,6 +66,8 @@ def _launch(model: str, node_rank: int, port: int, key: Path, *extra: str) -> su
            "--tp", "2", "--nnodes", "2", "--node-rank", str(node_rank),
            "--master-addr", "127.0.0.1", "--master-port", str(port), "--cluster-key", str(key),
            "--log-stats-interval", "0", *extra]
+    if node_rank == 0 and "--port" not in extra:
+        cmd.append("--no-http")
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 

@@ -263,7 +263,7 @@ def test_launch_stdout_prints_the_first_request_sent_right_after_ready(tiny_qwen
         proc = subprocess.Popen(
             [str(ROOT / "scripts" / "launch.sh"), "--model", tiny_qwen3_dir, "--device", "cpu",
              "--dtype", "float32", "--max-model-len", "256", "--max-num-batched-tokens", "512",
-             "--stdout", "--zmq-transport", transport, "--log-level", "debug"],
+             "--stdout", "--zmq-transport", transport, "--log-level", "debug", "--no-http"],
             stdout=subprocess.PIPE, stderr=stderr, text=True)
     lines: queue.Queue = queue.Queue()
 

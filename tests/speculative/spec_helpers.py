@@ -16,21 +16,11 @@ from fake_worker import Collector, drive  # noqa: E402
 from lookahead_driver import drive_lookahead  # noqa: E402
 from rt_helpers import make_runner  # noqa: E402
 
+from frontend.bench.common.truncate import truncate_model  # noqa: E402,F401
 from protocol import AddRequest, SamplingParams  # noqa: E402
 from scheduler_proc import Scheduler, SchedulerConfig  # noqa: E402
 
 MAX_MODEL_LEN = 128
-
-
-def truncate_model(src: str, out, layers: int):
-    """scripts/benchlib/truncate.py's truncate_model, loaded by path (scripts/ is no package)."""
-    import importlib.util
-
-    path = TESTS.parent / "scripts" / "benchlib" / "truncate.py"
-    spec = importlib.util.spec_from_file_location("benchlib_truncate", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.truncate_model(src, out, layers)
 
 
 class RunnerWorker:
