@@ -43,6 +43,8 @@ class WorkerConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: int | None = None
     """KV budget on CPU; None = DEFAULT_CPU_KV_BYTES."""
+    kv_offloading_size: float = 0.0
+    """GiB of host memory per rank for the host KV tier (0: off)."""
     enforce_eager: bool = False
     """Disable CUDA graphs for decode batches."""
     peer_all_reduce: bool = False

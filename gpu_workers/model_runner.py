@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_workers.batch import StepBatch, build_batch
+from gpu_workers.block_mover import make_host_tier
 from gpu_workers.config import ModelConfig, WorkerConfig
 from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.graph_sampling import graph_sample_fn, graph_sample_inputs
@@ -78,8 +79,7 @@ class ModelRunner:
         costs more host time than recording an event on it."""
         self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.stream)
         self.grammars = GrammarBook(config.model, mc.vocab_size) if rank == 0 else None
-        """Rank 0's grammar matchers (structured outputs); the tokenizer behind them loads
-        on a thread of its own, and only constrained requests ever use it."""
+        """Rank 0's grammar matchers (structured outputs), loaded at their first use."""
         self.graphs: StepGraphs | None = None
         self.table: SequenceTable | None = None
         self._unsettled: list[PendingStep] = []
@@ -90,6 +90,8 @@ class ModelRunner:
         self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size,
                                 self.device)
         self.kv_cache.bind(self.model.attention_layers())
+        self.mover, self.num_host_slots = make_host_tier(
+            self.kv_cache.storage, config.kv_offloading_size, self.world_size, self.drafter)
         if self.drafter is not None:
             self.drafter.bind_cache(self.num_kv_blocks, world_size)
         self.table = self.new_table(self.num_kv_blocks)
@@ -183,6 +185,8 @@ class ModelRunner:
             for older in self._unsettled[:-1]:  # only the newest step's tokens are patched in
                 self._settle(older)
             in_flight = self._unsettled[-1]
+        if plan.moves and self.mover is not None and table is self.table:
+            self.mover.apply(plan.moves)
         seq_ids, rows, num_new = table.apply(plan)
         failures = table.new_failures
         if self.grammars is not None and table is self.table:
@@ -190,11 +194,10 @@ class ModelRunner:
         if len(rows) == 0:
             return PendingStep.empty(plan.step_id, table, failures)
         if in_flight is not None:
-            # Penalties, proposers and grammar matchers read the token history on the host:
-            # such a step waits for the one in flight (lookahead then only helps the steps
-            # that do none of them). Every rank decides alike (the mirror is the same).
-            reads_history = (table.uses_penalties(rows) | table.constrained[rows]
-                             | self._proposes_from_history(table))
+            # Penalties and proposers read the token history on the host: such a step waits
+            # for the one in flight (lookahead then only helps the steps that do neither).
+            # Grammar matchers wait later, once this step's forward is queued (_sample).
+            reads_history = table.uses_penalties(rows) | self._proposes_from_history(table)
             if reads_history.any() and ((table.pending_pos[rows] >= 0) & reads_history).any():
                 self._settle(in_flight)
         spec, run_new = None, num_new
@@ -311,6 +314,10 @@ class ModelRunner:
         if self.rank == 0:
             constrained = table.constrained[batch.sample_rows]
             if self.grammars is not None and table is self.table and constrained.any():
+                # Matchers need the step in flight's tokens: waited for here, with this
+                # step's forward queued, so the device works while the masks are filled.
+                for older in list(self._unsettled):
+                    self._settle(older)
                 self.grammars.mask_logits(logits, batch.sample_rows,
                                           table.epoch[batch.sample_rows], constrained)
             tokens, lp = self.sampler(logits, batch.sampling)

@@ -71,16 +71,13 @@ class SequenceTable:
         self.frequency = np.zeros(0, np.float32)
         self.repetition = np.zeros(0, np.float32)
         self.top_logprobs = np.zeros(0, np.int32)
-        self.constrained = np.zeros(0, bool)
-        """Whether the row's output follows a grammar (structured outputs): rank 0 masks its
-        logits before sampling."""
+        self.constrained = np.zeros(0, bool)  # a grammar holds the output: rank 0 masks it
         # Derived from the parameters above when a sequence is added, so that the per-step
         # questions about them are one lookup each (a step's host work paces small batches).
         self.penalized = np.zeros(0, bool)
         """Whether any penalty applies (the sampler then reads the token history)."""
         self.plain_draw = np.zeros(0, bool)
-        """Whether the row needs nothing but its temperature and a seed: no penalties, no
-        top-k/top-p/min-p filter on a random draw, no logprobs."""
+        """Needs only a temperature and a seed: no penalty, grammar, logprobs or filtered draw."""
         self.inv_temperature = np.zeros(0, np.float32)
         """1 / temperature, 0 for greedy rows."""
         self.epoch = np.zeros(0, np.int64)
@@ -92,9 +89,8 @@ class SequenceTable:
 
     _COLUMNS = ("tokens", "block_tables", "num_tokens", "num_prompt", "num_computed",
                 "num_blocks", "temperature", "top_p", "min_p", "top_k", "seed", "logprobs",
-                "presence", "frequency", "repetition", "top_logprobs", "constrained",
-                "penalized", "plain_draw", "inv_temperature", "epoch", "pending_pos",
-                "pending_slot")
+                "presence", "frequency", "repetition", "top_logprobs", "constrained", "penalized",
+                "plain_draw", "inv_temperature", "epoch", "pending_pos", "pending_slot")
 
     def _grow(self, extra: int) -> None:
         old = len(self.num_tokens)

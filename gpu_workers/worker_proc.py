@@ -87,7 +87,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
                 finally:
                     timeline.write()
 
-            return Started(serve, info, num_kv_blocks=runner.num_kv_blocks)
+            return Started(serve, info, num_kv_blocks=runner.num_kv_blocks,
+                           num_host_slots=runner.num_host_slots)
 
         try:
             start_and_serve(rt, endpoints, start)

@@ -20,6 +20,8 @@ class Ready:
     rank: int
     num_kv_blocks: int
     info: str
+    num_host_slots: int = 0
+    """A worker: blocks its host KV tier holds (0: no tier)."""
 
 
 @message(0x31)

@@ -158,6 +158,15 @@ class EngineStats:
     """The metrics of each request finished since the previous EngineStats (each goes out
     once, so a subscriber that misses a message misses those records; the counters above
     stay exact)."""
+    host_hit_tokens: int = 0
+    """Of cached_prompt_tokens, those loaded from the host KV tier."""
+    host_blocks_stored: int = 0
+    """KV blocks copied device -> host (each block is kv bytes per token x block_size)."""
+    host_blocks_loaded: int = 0
+    """KV blocks copied host -> device."""
+    host_blocks_used: int = 0
+    host_blocks_total: int = 0
+    """The host tier's size in blocks (0: no tier)."""
 
 
 def _topic(cls: type) -> bytes:

@@ -40,6 +40,9 @@ class RequestMetrics:
     """Speculative decoding: proposed tokens the model verified for this request (0 without)."""
     spec_accepted_tokens: int = 0
     """Of those, the ones it accepted (the request's acceptance rate: accepted / proposed)."""
+    host_prompt_tokens: int = 0
+    """Of cached_prompt_tokens, those loaded from the host KV tier (the rest were on the
+    device)."""
 
     @property
     def first_scheduled_time(self) -> float | None:

@@ -64,6 +64,27 @@ class CachedSequences:
     scheduler reserved their KV slots and token budget); empty when no entry speculates."""
 
 
+@struct
+@dataclass(frozen=True, slots=True)
+class BlockMoves:
+    """Host-tier copies a step's workers make before its forward (same on every rank: each
+    copies its own shard). Stores run first, so a slot may be stored and a device block it
+    came from be reused by the same step's loads."""
+
+    store_device_blocks: list[int] = field(default_factory=list)
+    store_host_slots: list[int] = field(default_factory=list)
+    """Device block store_device_blocks[i] goes to host slot store_host_slots[i]."""
+    load_host_slots: list[int] = field(default_factory=list)
+    load_device_blocks: list[int] = field(default_factory=list)
+    """Host slot load_host_slots[i] comes back into device block load_device_blocks[i]."""
+
+    def __bool__(self) -> bool:
+        return bool(self.store_device_blocks or self.load_host_slots)
+
+
+NO_MOVES = BlockMoves()
+
+
 @message(0x20)
 @dataclass(frozen=True, slots=True)
 class StepPlan:
@@ -84,6 +105,8 @@ class StepPlan:
     trim_num_blocks: list[int] = field(default_factory=list)
     """The length each of those tables is cut to, before this plan's new blocks are appended.
     The scheduler never cuts a block that a plan already sent may still write."""
+    moves: BlockMoves = NO_MOVES
+    """Host-tier stores and loads, done before this step's forward (mostly empty)."""
 
 
 @message(0x21)

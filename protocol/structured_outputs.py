@@ -95,7 +95,8 @@ def _spec_text(kind: str, raw: Any, where: str) -> str:
         if not isinstance(raw, Mapping | bool):
             raise StructuredOutputsError(where, f"{where} must be a JSON schema object")
         try:
-            return json.dumps(raw, sort_keys=True, separators=(",", ":"))
+            # Key order kept: the output follows the schema's property order.
+            return json.dumps(raw, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
             raise StructuredOutputsError(where, f"{where} is not JSON: {exc}") from None
     if kind == "json_object":

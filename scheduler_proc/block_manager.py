@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -67,6 +67,9 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         # Insertion order == order freed; popitem(last=False) takes the least recently freed.
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.on_evict: Callable[[int, int, tuple[int, tuple[int, ...]]], None] | None = None
+        """Told (block, hash, key) of each cached block evicted, before it is reused (the
+        host tier stores it)."""
 
     @property
     def num_free(self) -> int:
@@ -127,6 +130,8 @@ class BlockManager:
         block, _ = self.free_blocks.popitem(last=False)
         h = self.block_hashes[block]
         if h != _NO_HASH:  # evict: its cached prefix is gone from here on
+            if self.on_evict is not None:
+                self.on_evict(block, h, self.block_keys[block])
             del self.hash_to_block[h]
             self.block_hashes[block] = _NO_HASH
             self.block_keys[block] = None

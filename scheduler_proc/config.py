@@ -37,6 +37,8 @@ class SchedulerConfig:
     """How long the step loop polls without sleeping while a step's result is due. On a GPU
     host this takes the wake-up off the chain that paces small-batch decoding; on a CPU
     run it would take a core from the workers' compute, so it stays 0 there."""
+    num_host_slots: int = 0
+    """Blocks of the host KV tier (what the workers found room for; 0: no tier)."""
     num_speculative_tokens: int = 0
     """Speculation: proposals a decoding entry may verify per step (0: off). Works with
     overlap: a plan sent before the previous result sizes blocks and length caps as if every

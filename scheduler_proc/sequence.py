@@ -65,6 +65,7 @@ class Sequence:
         "first_token_s",
         "last_token_s",
         "num_cached_prompt",
+        "num_host_prompt",
         "num_preemptions",
     )
 
@@ -123,6 +124,8 @@ class Sequence:
         self.first_token_s: float | None = None
         self.last_token_s = 0.0
         self.num_cached_prompt = 0
+        self.num_host_prompt = 0
+        """Of num_cached_prompt, tokens loaded from the host KV tier."""
         self.num_preemptions = 0
 
     @property

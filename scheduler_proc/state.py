@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from protocol import FinishReason
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
+from scheduler_proc.kv_tier import KVTier
 from scheduler_proc.sequence import Sequence, SequenceStatus
 from scheduler_proc.stats import SchedulerStats, request_metrics
 from scheduler_proc.token_deltas_columns import TokenDeltasColumns
@@ -40,7 +41,7 @@ class PlanInFlight:
 class SchedulerState:
     """Queues, plans in flight and buffered deltas; see Sequence for per-sequence accounting."""
 
-    __slots__ = ("config", "block_manager", "waiting", "running", "seqs", "next_step_id",
+    __slots__ = ("config", "block_manager", "kv_tier", "waiting", "running", "seqs", "next_step_id",
                  "inflight", "drops", "trims", "to_hash", "deltas", "stats")
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -48,6 +49,9 @@ class SchedulerState:
         self.block_manager = BlockManager(
             config.num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
+        self.kv_tier = (KVTier(self.block_manager, config.num_host_slots)
+                        if config.num_host_slots and config.enable_prefix_caching else None)
+        """The host KV tier's index and the moves of the step being planned (None: off)."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the tail is preempted first
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence

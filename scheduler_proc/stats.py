@@ -83,6 +83,7 @@ def request_metrics(seq: Sequence, reason: FinishReason, now: float) -> RequestM
         finish_reason=reason,
         spec_proposed_tokens=seq.spec_proposed,
         spec_accepted_tokens=seq.spec_accepted,
+        host_prompt_tokens=seq.num_host_prompt,
     )
 
 
@@ -108,6 +109,17 @@ def snapshot(state: SchedulerState) -> EngineStats:
         spec_accepted_tokens=s.spec_accepted_tokens,
         gpu_busy_s=s.gpu_busy_s,
         steps_two_ahead=s.steps_two_ahead,
+        **_tier_stats(state),
         finished_by_reason=list(s.finished_by_reason),
         finished=s.take_records(),
     )
+
+
+def _tier_stats(state: SchedulerState) -> dict[str, int]:
+    tier = state.kv_tier
+    if tier is None:
+        return {}
+    c = tier.counters
+    return dict(host_hit_tokens=c.hit_tokens, host_blocks_stored=c.blocks_stored,
+                host_blocks_loaded=c.blocks_loaded, host_blocks_used=tier.host.num_used,
+                host_blocks_total=tier.host.num_slots)

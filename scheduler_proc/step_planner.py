@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from protocol import CachedSequences, NewSequence, StepPlan
 from protocol.packed_ints import int32_array
+from protocol.step_messages import NO_MOVES
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import RUNNING, PlanInFlight, SchedulerState
@@ -69,6 +70,7 @@ def plan_step(state: SchedulerState) -> StepPlan | None:
         CachedSequences(batch.cached_ids, batch.num_new, batch.new_blocks, batch.num_spec),
         list(trims),
         list(trims.values()),
+        NO_MOVES if state.kv_tier is None else state.kv_tier.take_moves(),
     )
     state.drops = []
     state.trims = {}
@@ -208,6 +210,7 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
     waiting, running = state.waiting, state.running
     budget = batch.budget
     stats = state.stats
+    tier = state.kv_tier
     now = time.monotonic()
     while waiting and budget > 0 and len(running) < max_seqs:
         seq = waiting[0]
@@ -219,10 +222,15 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
         # and never the last token, and it starts from an empty block table, so it cannot
         # index past it.
         prefix = bm.find_cached_prefix(seq.token_ids)
-        num_cached = prefix.num_blocks * bs
+        host_slots = [] if tier is None else tier.match(seq.token_ids, prefix)
+        num_device = prefix.num_blocks * bs
+        num_cached = num_device + len(host_slots) * bs
         n = min(len(seq.token_ids) - num_cached, budget)
-        if bm.allocate(seq, num_cached + n, prefix) is None:
+        alloc = bm.allocate(seq, num_cached + n, prefix)
+        if alloc is None:
             break
+        if host_slots:  # the first new blocks take the host tier's KV before the forward
+            tier.load(host_slots, alloc.new_block_ids[:len(host_slots)])
         waiting.popleft()
         seq.status = RUNNING
         running.append(seq)
@@ -245,6 +253,7 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
         if seq.first_scheduled_s is None:
             seq.first_scheduled_s = now
             seq.num_cached_prompt = min(num_cached, seq.num_prompt_tokens)
+            seq.num_host_prompt = seq.num_cached_prompt - min(num_device, seq.num_cached_prompt)
         budget -= n
         if seq.num_computed == len(seq.token_ids):
             seq.num_pending += 1

@@ -22,7 +22,8 @@ import zmq
 
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
 from frontend.actors.model_tokenizer import load_tokenizer
-from frontend.actors.replies import error_delta, malformed
+from frontend.actors.replies import engine_dead_error, error_delta, malformed
+from frontend.actors.token_bytes import TokenBytes
 from frontend.actors.top_alternatives import Top, joined
 from protocol import (
     AbortRequests,
@@ -31,7 +32,6 @@ from protocol import (
     DetokRequestInfo,
     Endpoints,
     EngineDead,
-    ErrorKind,
     FinishReason,
     ProtocolError,
     RequestError,
@@ -63,10 +63,6 @@ def text_token_ids(token_ids: list[int], finish: FinishReason | None) -> list[in
     return token_ids[:-1] if finish is STOP and token_ids else token_ids
 
 
-def engine_dead_error(reason: str) -> RequestError:
-    return RequestError(ErrorKind.ENGINE_DEAD, f"engine dead: {reason}")
-
-
 @dataclass(frozen=True)
 class DetokenizerConfig:
     model: str
@@ -93,11 +89,12 @@ class _Request:
 
 class DetokenizerActor:
     def __init__(self, config: DetokenizerConfig, endpoints: Endpoints, rt: ProcessRuntime,
-                 decode: DecodeFn) -> None:
+                 decode: DecodeFn, token_bytes: TokenBytes | None = None) -> None:
         self.config = config
         self.endpoints = endpoints
         self.rt = rt
         self.decode = decode
+        self.token_bytes = token_bytes  # spells the tokens of logprobs
         self.inbox = rt.socket(zmq.PULL, endpoints.detok_in, bind=True,
                                accepts=(DetokRequestInfo, TokenDeltas, EngineDead, Shutdown),
                                security=endpoints.keys)
@@ -302,6 +299,8 @@ class DetokenizerActor:
         peer = self.peers.get(info.client_id)
         if peer is None:
             return False
+        if isinstance(delta, ResultDelta) and self.token_bytes is not None:
+            delta = self.token_bytes.spelled(delta)
         if self._batch is not None and isinstance(delta, ResultDelta):
             self._batch.setdefault(peer, []).append((info.request_id, delta))
             return True
@@ -329,8 +328,9 @@ def run_detokenizer(config: DetokenizerConfig, endpoints: Endpoints) -> None:
     """Process entry point: serve until Shutdown, SIGTERM/SIGINT or the parent's death."""
     with actor_process("detokenizer", endpoints) as rt:
         def start() -> Started:
-            decode = make_decode_fn(load_tokenizer(config.model))
-            actor = DetokenizerActor(config, endpoints, rt, decode)
+            tokenizer = load_tokenizer(config.model)
+            actor = DetokenizerActor(config, endpoints, rt, make_decode_fn(tokenizer),
+                                     TokenBytes(tokenizer))
             return Started(actor.serve, f"model={config.served_name}")
 
         start_and_serve(rt, endpoints, start)

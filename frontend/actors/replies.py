@@ -4,8 +4,12 @@ same shape of refusal."""
 
 from __future__ import annotations
 
-from protocol import FinishReason, ProtocolError, RequestError, ResultDelta
+from protocol import ErrorKind, FinishReason, ProtocolError, RequestError, ResultDelta
 from protocol.outcomes import invalid
+
+
+def engine_dead_error(reason: str) -> RequestError:
+    return RequestError(ErrorKind.ENGINE_DEAD, f"engine dead: {reason}")
 
 
 def error_delta(client_request_id: str, error: RequestError) -> ResultDelta:

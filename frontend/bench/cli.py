@@ -17,8 +17,8 @@ from frontend.bench.errors import BenchFailed, BenchUsageError
 from frontend.bench.figures import as_record, print_figures
 from frontend.bench.registry import BENCHMARKS, PROFILES, Entry
 
-PEERS = ("nano-vllm",)
-"""Engines a workload can run beside nanopipe in the same run (`--peer NAME DIR`)."""
+RESULTS = "docs/benchmarks/results.jsonl"
+"""Where `--record` without a file appends, relative to the directory it runs in."""
 
 
 def _overview(kind: str, table: dict[str, Entry]) -> str:
@@ -44,9 +44,12 @@ def add_shared(ap: argparse.ArgumentParser, module: ModuleType) -> None:
                             help=f"also run the peer engine NAME ({', '.join(module.PEERS)}) "
                             "from its checkout DIR in the same run, and print the ratio to it")
     if getattr(module, "RECORDS", True):
-        shared.add_argument("--record", metavar="FILE",
-                            help="append one JSON record of the figures to FILE "
-                            "(e.g. docs/benchmarks/results.jsonl)")
+        shared.add_argument("--record", metavar="FILE", nargs="?", const=RESULTS,
+                            help="append one JSON record of the figures to FILE (without "
+                            f"FILE: {RESULTS}, the project's records)")
+        shared.add_argument("--notes", metavar="TEXT", default="",
+                            help="what else the record's reader needs (the machine's state, "
+                            "what changed)")
 
 
 def _normalise(args: argparse.Namespace, module: ModuleType) -> None:
@@ -57,7 +60,7 @@ def _normalise(args: argparse.Namespace, module: ModuleType) -> None:
         from frontend.bench.common.random_model import default_device
 
         args.device = default_device()
-    for name in ("model", "make_random", "peer", "record"):
+    for name in ("model", "make_random", "peer", "record", "notes"):
         if not hasattr(args, name):
             setattr(args, name, None)
     if args.peer is not None:
@@ -95,11 +98,15 @@ def run_entry(kind: str, table: dict[str, Entry], argv: list[str]) -> int:
     peer = args.peer[0] if args.peer else None
     print_figures(figures, peer)
     if args.record:
-        from frontend.bench.record import append, make_record
+        from frontend.bench.record import append, make_record, portable
 
+        if not figures:
+            print(f"{prog}: nothing recorded: the run gave no figures", file=sys.stderr)
+            return 1
         workload = name if kind == "bench" else f"profile {name}"
-        command = shlex.join(["nanopipe", kind, name, *rest])
-        append(args.record, make_record(workload, command, args.device, as_record(figures)))
+        command = shlex.join(["nanopipe", kind, name, *portable(rest)])
+        append(args.record, make_record(workload, command, args.device, as_record(figures),
+                                        args.notes))
         print(f"recorded in {args.record}", flush=True)
     return 0
 

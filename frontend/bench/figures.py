@@ -1,5 +1,5 @@
 """What a benchmark returns: named figures, each with the hardware bound and the peer's figure
-for the same quantity where it has them, printed as ratios (BENCHMARKS.md asks every benchmark
+for the same quantity where it has them, printed as ratios (docs/benchmarks.md asks every benchmark
 for its ratio to the bound of its own workload, and to a peer run in the same run)."""
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """One JSON line per benchmark run, appended to a results file (docs/benchmarks/results.jsonl):
 
-    {"workload", "command", "date", "hardware", "commit", "figures": {NAME: number, ...}}
+    {"workload", "command", "date", "hardware", "commit", "figures": {NAME: number, ...},
+     "notes"?}
 
-`figures` holds each figure and, where known, NAME/bound and NAME/peer (its ratios).
+`figures` holds each figure and, where known, NAME/bound and NAME/peer (its ratios); `commit`
+is null where unknown; `notes` is there when given. The command keeps no path of the machine
+it ran on (`portable`).
 Reading is tolerant: a line that is not such a record is counted and skipped, so a hand
 edit or an older format never stops `nanopipe bench report`.
 """
@@ -26,8 +29,11 @@ class Record:
     command: str
     date: str
     hardware: str
-    commit: str
+    commit: str | None
+    """None (null) where unknown: no git checkout."""
     figures: dict[str, float] = field(default_factory=dict)
+    notes: str = ""
+    """What else a reader needs (the lease, what changed); left out of the line when empty."""
 
 
 def hardware(device: str | None) -> str:
@@ -49,32 +55,58 @@ def hardware(device: str | None) -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
-def commit() -> str:
-    """The source tree's commit (with +dirty for uncommitted changes), or "unknown"."""
+def commit() -> str | None:
+    """The source tree's commit (with +dirty for uncommitted changes), or None."""
     try:
         head = subprocess.run(["git", "-C", str(SOURCE_ROOT), "rev-parse", "--short=12", "HEAD"],
                               capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
-            return "unknown"
+            return None
         dirty = subprocess.run(["git", "-C", str(SOURCE_ROOT), "diff", "--quiet", "HEAD", "--"],
                                capture_output=True, timeout=10).returncode != 0
         return head.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return None
 
 
-def make_record(workload: str, command: str, device: str | None,
-                figures: dict[str, float]) -> Record:
+def make_record(workload: str, command: str, device: str | None, figures: dict[str, float],
+                notes: str = "") -> Record:
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     return Record(workload, command, now.isoformat().replace("+00:00", "Z"), hardware(device),
-                  commit(), figures)
+                  commit(), figures, notes)
+
+
+def portable(argv: list[str], cwd: Path | None = None, home: Path | None = None) -> list[str]:
+    """The arguments with this machine's paths left out: a path under the working directory
+    becomes relative, one under the home directory starts with ~, and one that shares only its
+    first folder with the working directory is written relative to it (records are kept in
+    the repository; the machine they were taken on has other paths)."""
+    cwd = (cwd or Path.cwd()).resolve()
+    home = (home or Path.home()).resolve()
+    out = []
+    for arg in argv:
+        path = Path(arg)
+        if not arg.startswith("/") or not path.is_absolute():
+            out.append(arg)
+        elif path.is_relative_to(cwd):
+            out.append(path.relative_to(cwd).as_posix() or ".")
+        elif path.is_relative_to(home):
+            out.append("~/" + path.relative_to(home).as_posix())
+        elif len(path.parts) > 1 and len(cwd.parts) > 1 and path.parts[1] == cwd.parts[1]:
+            out.append(os.path.relpath(path, cwd))
+        else:
+            out.append(arg)
+    return out
 
 
 def append(path: str | Path, record: Record) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    line = asdict(record)
+    if not line["notes"]:
+        del line["notes"]
     with path.open("a") as f:
-        f.write(json.dumps(asdict(record)) + "\n")
+        f.write(json.dumps(line) + "\n")
 
 
 def _parse(line: str) -> Record | None:
@@ -90,7 +122,8 @@ def _parse(line: str) -> Record | None:
     numbers = {str(k): float(v) for k, v in figures.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return Record(raw["workload"], str(raw.get("command", "")), str(raw.get("date", "")),
-                  str(raw.get("hardware", "")), str(raw.get("commit", "")), numbers)
+                  str(raw.get("hardware", "")), str(raw.get("commit") or ""), numbers,
+                  str(raw.get("notes") or ""))
 
 
 def read(path: str | Path) -> tuple[list[Record], int]:

@@ -37,6 +37,10 @@ BENCHMARKS: dict[str, Entry] = {
     "speculative": Entry(
         "frontend.bench.workloads.speculative",
         "W6 copy-heavy requests, speculation on vs off", "speedup@1"),
+    "returning": Entry(
+        "frontend.bench.workloads.returning",
+        "W8 returning conversations: contexts pushed out of the device pool, host tier on vs off",
+        "host_served_pct"),
     "dp": Entry(
         "frontend.bench.workloads.dp",
         "W7 shared-prefix traffic over replicas: affinity vs round robin", "prefill_saved_pct"),
@@ -49,6 +53,10 @@ BENCHMARKS: dict[str, Entry] = {
     "kernels": Entry(
         "frontend.bench.workloads.kernels",
         "the Triton kernels against torch and flash-attn (CUDA)", "sampler_us"),
+    "constrained": Entry(
+        "frontend.bench.workloads.constrained",
+        "structured outputs: W1 with a JSON schema per request vs without, mask time per step",
+        "constrained_ratio"),
     "report": Entry(
         "frontend.bench.report",
         "regenerate docs/benchmarks.md's latest table and plots from the records"),

@@ -93,8 +93,11 @@ def write_doc(doc: Path, body: str) -> None:
 
 
 def plot(workload: str, records: list[Record], out: Path) -> Path | None:
-    """The headline figure over the workload's records (x: their dates), or None without one."""
+    """The latest record's headline figure over the workload's records that have it (x: their
+    dates), or None without one. A record whose headline is another figure (a comparison that
+    measured something else) is left out: one plot shows one quantity."""
     points = [(r.date[:10], *h) for r in records if (h := headline(r))]
+    points = [p for p in points if p[1] == points[-1][1]]
     if not points:
         return None
     import matplotlib

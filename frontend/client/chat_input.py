@@ -1,9 +1,11 @@
 """Chat messages as users write them, checked where they are given.
 
 A message is a {"role", "content"} dict (or a ChatMessage); its content is a string or a list
-of OpenAI-style text parts, which are joined with newlines. A wrong shape is a TypeError that
-names the message, raised by the call that was given it. Which roles a model takes is for the
-tokenizer to judge: it knows the model and answers every client, HTTP's too.
+of OpenAI-style text parts, which are joined with newlines. An assistant message's OpenAI
+`tool_calls` become the Hermes <tool_call> text the model would have written. A wrong shape
+is a TypeError that names the message, raised by the call that was given it. Which roles a
+model takes is for the tokenizer to judge: it knows the model and answers every client,
+HTTP's too.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from frontend.structured.tool_calls import render_tool_calls
 from protocol import ChatMessage
 
 
@@ -31,6 +34,12 @@ def as_chat_message(message: Any, where: str) -> ChatMessage:
     role = message.get("role")
     if not isinstance(role, str):
         raise TypeError(f"{where}.role must be a string, got {role!r}")
+    calls = message.get("tool_calls")
+    if calls:  # an assistant turn's OpenAI tool calls, written as the model writes them
+        if not isinstance(calls, list) or not all(isinstance(c, Mapping) for c in calls):
+            raise TypeError(f"{where}.tool_calls must be a list of tool call dicts")
+        text = _text(message.get("content") or "", where)
+        return ChatMessage(role, "\n".join(t for t in (text, render_tool_calls(calls)) if t))
     return ChatMessage(role, _text(message.get("content"), where))
 
 

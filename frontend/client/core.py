@@ -99,7 +99,8 @@ def outcome(msg: ResultDelta) -> RequestDelta | Exception:
                         finish_reason=finish_reason_string(msg.finish_reason),
                         prompt_tokens=msg.prompt_tokens,
                         completion_tokens=msg.completion_tokens, logprobs=msg.logprobs,
-                        top_logprobs=top, metrics=msg.metrics)
+                        top_logprobs=top, metrics=msg.metrics, token_bytes=msg.token_bytes,
+                        top_token_bytes=msg.top_token_bytes)
 
 
 def refused(address: str) -> str:

@@ -46,6 +46,10 @@ class RequestDelta:
     """Per token: (token id, logprob) of the most likely tokens at its step, best first."""
     metrics: RequestMetrics | None = None
     """On the final delta: the request's timings and prefix-cache use."""
+    token_bytes: list[bytes] | None = None
+    """With logprobs: each token's bytes (`token_text` names it as OpenAI does)."""
+    top_token_bytes: list[list[bytes]] | None = None
+    """With top_logprobs: the bytes of each alternative in top_logprobs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +67,17 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     """Queue time, TTFT, TPOT, end-to-end time and cached prompt tokens, as the scheduler
     measured them (None only if the engine died before the request finished there)."""
+    token_bytes: list[bytes] | None = None
+    """With logprobs: each token's bytes (`token_text` names it as OpenAI does)."""
+    top_token_bytes: list[list[bytes]] | None = None
+    """With top_logprobs: the bytes of each alternative in top_logprobs."""
 
 
 class OutputCollector:
     """Folds a request's deltas into its RequestOutput."""
 
-    __slots__ = ("request_id", "_text", "_token_ids", "_logprobs", "_top", "_last")
+    __slots__ = ("request_id", "_text", "_token_ids", "_logprobs", "_top", "_bytes",
+                 "_top_bytes", "_last")
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
@@ -76,6 +85,8 @@ class OutputCollector:
         self._token_ids: list[int] = []
         self._logprobs: list[float] | None = None
         self._top: list[list[tuple[int, float]]] | None = None
+        self._bytes: list[bytes] | None = None
+        self._top_bytes: list[list[bytes]] | None = None
         self._last: RequestDelta | None = None
 
     def add(self, delta: RequestDelta) -> None:
@@ -87,6 +98,10 @@ class OutputCollector:
             self._logprobs.extend(delta.logprobs)
         if delta.top_logprobs is not None:
             self._top = (self._top or []) + delta.top_logprobs
+        if delta.token_bytes is not None:
+            self._bytes = (self._bytes or []) + delta.token_bytes
+        if delta.top_token_bytes is not None:
+            self._top_bytes = (self._top_bytes or []) + delta.top_token_bytes
         self._last = delta
 
     def output(self) -> RequestOutput:
@@ -101,4 +116,15 @@ class OutputCollector:
             logprobs=self._logprobs,
             top_logprobs=self._top,
             metrics=last.metrics if last else None,
+            token_bytes=self._bytes,
+            top_token_bytes=self._top_bytes,
         )
+
+
+def token_text(token: bytes) -> str:
+    """A token's bytes as OpenAI names a token: its text, or, when the bytes are not whole
+    UTF-8 characters, "bytes:" and their escapes (its `bytes` list says them exactly)."""
+    try:
+        return token.decode()
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in token)

@@ -14,6 +14,11 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+import zmq
+
+from protocol.auth import CurveKeys
+from protocol.sockets import MessageSocket
+
 
 @dataclass
 class Child:
@@ -100,3 +105,16 @@ def wait_for_any_exit(procs: list[subprocess.Popen], timeout: float) -> subproce
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def tell_once(ctx: zmq.Context, address: str, msg: object, keys: CurveKeys | None) -> None:
+    """Send one message to a child's socket, whether or not that child is still alive."""
+    sock = MessageSocket(ctx, zmq.PUSH, address, bind=False, security=keys)
+    try:
+        sock.send(msg, zmq.NOBLOCK)
+    except zmq.ZMQError:
+        pass  # that peer is the one that died
+    finally:
+        # Linger so the message is delivered before the socket goes; a dead peer
+        # costs at most the linger time.
+        sock.socket.close(linger=2000)

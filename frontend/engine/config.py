@@ -35,6 +35,10 @@ T = TypeVar("T")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+AUTO_OFFLOAD_CAP_GIB = 16
+"""Most host memory per rank the host KV tier takes unasked."""
+
+
 def _per_device(values: dict[str, int]) -> str:
     return f"{values['cuda']} on cuda, {values['cpu']} on cpu"
 
@@ -92,6 +96,10 @@ class EngineConfig:
         0.9, "share of GPU memory the engine may use (KV cache included)", above=0, maximum=1)
     kv_cache_bytes: int | None = option(
         None, f"KV cache size on cpu (default: {CPU_KV_CACHE_BYTES >> 20} MiB)", minimum=1)
+    kv_offloading_size: float | None = option(
+        None, "GiB of host memory per rank that keep prefix KV blocks evicted from the device "
+        "(a host tier the prefix cache reloads from; 0: off; default: 0 on cpu, "
+        f"min(1/4 of free host memory, {AUTO_OFFLOAD_CAP_GIB}) on cuda)", minimum=0)
     enforce_eager: bool = option(False, "no CUDA graphs for decode")
     peer_all_reduce: bool = option(
         False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
@@ -260,6 +268,15 @@ class EngineConfig:
             return self.block_size
         return BLOCK_SIZE[self.resolved_device]
 
+    @cached_property
+    def resolved_kv_offloading_size(self) -> float:
+        if self.kv_offloading_size is not None:
+            return float(self.kv_offloading_size)
+        if self.resolved_device != "cuda":
+            return 0.0
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+        return round(min(free / 4, AUTO_OFFLOAD_CAP_GIB), 2)
+
     @property
     def resolved_max_num_batched_tokens(self) -> int:
         if self.max_num_batched_tokens is not None:
@@ -338,13 +355,13 @@ class EngineConfig:
 
         return self._derive(DetokenizerConfig, model_name=self.model_name)
 
-    def scheduler_config(self, num_kv_blocks: int):
+    def scheduler_config(self, num_kv_blocks: int, num_host_slots: int = 0):
         from scheduler_proc.config import GPU_RESULT_SPIN_S, SchedulerConfig
 
         spin_s = GPU_RESULT_SPIN_S if self.resolved_device == "cuda" else 0.0
         deep_limit = DEEP_PLAN_MAX_SEQS if self.plans_ahead is None else None
         return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks, result_spin_s=spin_s,
-                            deep_plan_max_seqs=deep_limit)
+                            deep_plan_max_seqs=deep_limit, num_host_slots=num_host_slots)
 
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import threading
 import time
@@ -19,6 +20,7 @@ from frontend.client.outputs import OutputCollector
 from frontend.engine.config import ENGINE_FIELDS, EngineConfig
 from frontend.engine.pipeline import Pipeline
 from frontend.engine.prompt_input import as_requests
+from frontend.structured.tool_calls import ToolPlan, ToolsError, tool_plan, with_tools
 from protocol import SamplingParams
 from protocol.sampling_params import as_sampling_params, choice_params
 
@@ -84,6 +86,9 @@ class LLM:
         use_tqdm: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
         add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> list[dict[str, Any]]:
         """Reply to one conversation (a list of {"role", "content"} dicts) or to a list of
         conversations, after the model's chat template with its generation prompt. Results
@@ -92,9 +97,20 @@ class LLM:
         The tokenizer process applies the template, as it does for a client's `messages`;
         with `chat_template_kwargs` (e.g. {"enable_thinking": False}) or without the
         generation prompt it is applied here and the pipeline gets the token ids.
+
+        `tools`, `tool_choice` and `parallel_tool_calls` as OpenAI's
+        (frontend.structured.tool_calls): the tools go into the system prompt, "required" or a
+        named function constrain the answer, and each result gets `tool_calls` (OpenAI's
+        dicts) and `content` parsed from its text.
         """
         self._check_open()
+        try:
+            plan = tool_plan(tools, tool_choice, parallel_tool_calls)
+        except ToolsError as exc:
+            raise ValueError(str(exc)) from None
         conversations = _as_conversations(messages)
+        if plan is not None and plan.mode != "none":
+            conversations = [with_tools(c, plan.tools) for c in conversations]
         template_kwargs = dict(chat_template_kwargs or {})
         if not add_generation_prompt:
             template_kwargs["add_generation_prompt"] = False
@@ -104,7 +120,11 @@ class LLM:
         else:
             requests = [{"messages": c} for c in conversations]
         params = _params_per_request(sampling_params, len(requests), "conversation")
-        return _run(self._generate(requests, params, use_tqdm))
+        constraint = None if plan is None else plan.structured_outputs()
+        if constraint is not None:
+            params = [dataclasses.replace(p, structured_outputs=constraint) for p in params]
+        results = _run(self._generate(requests, params, use_tqdm))
+        return results if plan is None or not plan.parses else _with_tool_calls(results, plan)
 
     def get_tokenizer(self) -> Any:
         """The model's Hugging Face tokenizer, as the pipeline's tokenizer process loads it."""
@@ -164,6 +184,15 @@ class LLM:
         return _grouped([i for i, _, _ in choices], results)
 
 
+def _with_tool_calls(results: list[dict[str, Any]], plan: ToolPlan) -> list[dict[str, Any]]:
+    for result in results:
+        for out in result.get("outputs", [result]):
+            content, calls = plan.parse(out["text"])
+            out["tool_calls"] = [c.to_openai() for c in calls]
+            out["content"] = content
+    return results
+
+
 def _grouped(prompt_of: list[int], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One dict per prompt. With n > 1 it is the first completion's, plus `outputs`: all n
     (vLLM's RequestOutput.outputs), so code written for n = 1 reads the same keys."""
@@ -175,12 +204,19 @@ def _grouped(prompt_of: list[int], results: list[dict[str, Any]]) -> list[dict[s
 
 
 def _run(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Run main to its end, from a plain script or from inside a running event loop."""
+    """Run main to its end, from a plain script or from inside a running event loop.
+
+    Ctrl-C cancels main (aborting its requests; the engine serves on) and reaches the caller
+    as a bare KeyboardInterrupt: the CancelledError inside is no news to the user."""
     try:
         asyncio.get_running_loop()
+        inside_a_loop = True
     except RuntimeError:
-        return _run_here(main)
-    return _run_beside(main)
+        inside_a_loop = False
+    try:
+        return _run_beside(main) if inside_a_loop else _run_here(main)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt from None
 
 
 def _run_beside(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -31,19 +31,13 @@ from typing import Any
 
 import zmq
 
-from frontend.engine.children import Child, stop_children, wait_for_any_exit
+from frontend.engine.children import Child, stop_children, tell_once, wait_for_any_exit
 from frontend.engine.config import EngineConfig
 from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
 from frontend.engine.options import ConfigError
 from frontend.engine.ray_launch import RayPlacement
-from frontend.engine.startup import (
-    StartupError,
-    await_ready,
-    replica_env,
-    run_dir_removed,
-    spawn,
-)
-from frontend.engine.stats_log import StatsLogger, device_label
+from frontend.engine.startup import StartupError, await_ready, replica_env, run_dir_removed, spawn
+from frontend.engine.stats_log import StatsLogger
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
 from protocol.actor_start import to_plain
 from protocol.control import ReplicaDown, StartupProgress
@@ -59,7 +53,7 @@ class Pipeline:
                  on_progress: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.endpoints: Endpoints | None = None
-        self.num_kv_blocks = 0
+        self.num_kv_blocks = self.num_host_slots = 0
         self._dead_reason: str | None = None
         self.replicas: list[Endpoints] = []
         self.down_replicas: dict[int, str] = {}
@@ -159,7 +153,7 @@ class Pipeline:
                             {"worker": worker_cfg, "world_size": tp,
                              "rendezvous_timeout_s": cfg.startup_timeout_s}, replica=i,
                             env=replica_env(cfg.resolved_device, tp, dp, i))
-        kv_blocks = []
+        kv_blocks, host_slots = [], []
         for i in range(dp):
             # Ranks on other hosts report on node 0's control link like the local ones.
             try:
@@ -169,14 +163,19 @@ class Pipeline:
                     raise
                 raise StartupError(f"{exc}{missing_ranks_hint(cfg)}") from None
             kv_blocks.append(min(r.num_kv_blocks for r in readies))
+            host_slots.append(min(r.num_host_slots for r in readies))
         self.num_kv_blocks = min(kv_blocks)
-        sched_cfg = cfg.scheduler_config(self.num_kv_blocks)
+        self.num_host_slots = min(host_slots)
+        sched_cfg = cfg.scheduler_config(self.num_kv_blocks, self.num_host_slots)
         try:
             sched_cfg.check_pool_fits_model_len()
         except ValueError as exc:
             raise StartupError(str(exc)) from None
 
+        gib = cfg.resolved_kv_offloading_size
+        tier = f", host tier {self.num_host_slots} blocks ({gib:g} GiB per rank)" * bool(gib)
         self._progress(f"KV cache: {self.num_kv_blocks} blocks of {sched_cfg.block_size} tokens"
+                       f"{tier}"
                        f"{' per replica' if dp > 1 else ''}; starting the scheduler"
                        f"{'s' if dp > 1 else ''}, tokenizer and detokenizer")
         for i, rep in enumerate(self.replicas):
@@ -205,8 +204,7 @@ class Pipeline:
         self._watcher.start()
         if cfg.log_stats_interval > 0:
             self._stats_logger = StatsLogger(self._ctx, ep.deltas_pub, ep.keys,
-                                             cfg.log_stats_interval,
-                                             device=device_label(cfg.resolved_device))
+                                             cfg.log_stats_interval, device=cfg.resolved_device)
 
     def _spawn(self, role: str, rank: int, module: str, config: dict[str, Any],
                argv: list[str] | None = None, replica: int | None = None,
@@ -228,7 +226,7 @@ class Pipeline:
                      replica: int = 0) -> list[Ready]:
         control = self._replica_controls[replica]
         return await_ready(control, self._children, expected, deadline, self._progress,
-                           self.endpoints)
+                           self.endpoints, replica if len(self.replicas) > 1 else None)
 
     # ------------------------------------------------------------ serving
 
@@ -290,16 +288,7 @@ class Pipeline:
 
     def _push(self, address: str, msg: object) -> None:
         assert self.endpoints is not None and self._ctx is not None
-        sock = MessageSocket(self._ctx, zmq.PUSH, address, bind=False,
-                             security=self.endpoints.keys)
-        try:
-            sock.send(msg, zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # that peer is the one that died
-        finally:
-            # Linger so the message is delivered before the socket goes; a dead peer
-            # costs at most the linger time.
-            sock.socket.close(linger=2000)
+        tell_once(self._ctx, address, msg, self.endpoints.keys)
 
     def _announce_death(self, reason: str) -> None:
         assert self.endpoints is not None

@@ -30,6 +30,10 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 """The folder holding nanopipe's packages: children import the same code as the launcher."""
 
 
+REPLICA_ROLES = ("worker", "scheduler")
+"""The processes each data-parallel replica has of its own; the others serve them all."""
+
+
 class StartupError(RuntimeError):
     """The pipeline could not start; the message says which process and why."""
 
@@ -75,16 +79,22 @@ def run_dir_removed(endpoints: Endpoints | None) -> StartupError | None:
 
 def await_ready(control: MessageSocket, children: list[Child], expected: set[tuple[str, int]],
                 deadline: float, progress: Callable[[str], None],
-                endpoints: Endpoints | None = None) -> list[Ready]:
+                endpoints: Endpoints | None = None, replica: int | None = None) -> list[Ready]:
     """Each expected (role, rank)'s READY; a child's exit, its StartupFailed, the deadline or
-    the loss of `endpoints`' run directory ends start-up with a StartupError that says why."""
+    the loss of `endpoints`' run directory ends start-up with a StartupError that says why.
+    With `replica`, what its own processes (workers, scheduler) report names it."""
+
+    def name(role: str, rank: int) -> str:
+        own = replica is not None and role in REPLICA_ROLES
+        return f"{f'replica {replica} ' if own else ''}{role} {rank}"
+
     readies: list[Ready] = []
     waiting = set(expected)
     while waiting:
         if (removed := run_dir_removed(endpoints)) is not None:
             raise removed
         if time.monotonic() > deadline:
-            names = ", ".join(f"{role} {rank}" for role, rank in sorted(waiting))
+            names = ", ".join(name(role, rank) for role, rank in sorted(waiting))
             raise StartupError(f"timed out waiting for {names} to start")
         for child in children:
             if child.proc.poll() is not None:
@@ -99,9 +109,9 @@ def await_ready(control: MessageSocket, children: list[Child], expected: set[tup
             log.warning("launcher: dropped a bad control frame: %s", exc)
             continue
         if isinstance(msg, StartupFailed):
-            raise StartupError(f"{msg.role} {msg.rank} failed to start: {msg.error}")
+            raise StartupError(f"{name(msg.role, msg.rank)} failed to start: {msg.error}")
         if isinstance(msg, StartupProgress):
-            progress(f"{msg.role} {msg.rank}: {msg.text}")
+            progress(f"{name(msg.role, msg.rank)}: {msg.text}")
             continue
         waiting.discard((msg.role, msg.rank))
         readies.append(msg)

@@ -51,6 +51,9 @@ class StatsRates:
     """Share of the interval the workers' forward and sample kept the device busy (0..1)."""
     spec_accepted: float | None = None
     """Share of the interval's speculative proposals accepted; None without proposals."""
+    host_tier: str | None = None
+    """The host KV tier in the interval: tokens loaded, blocks stored / loaded, share used;
+    None without a tier."""
 
     @property
     def idle(self) -> bool:
@@ -78,7 +81,17 @@ def rates(prev: EngineStats, cur: EngineStats) -> StatsRates:
         gpu_busy=min(1.0, max(0.0, (cur.gpu_busy_s - prev.gpu_busy_s) / dt)),
         spec_accepted=(cur.spec_accepted_tokens - prev.spec_accepted_tokens) / proposed
         if (proposed := cur.spec_proposed_tokens - prev.spec_proposed_tokens) else None,
+        host_tier=_host_tier(prev, cur),
     )
+
+
+def _host_tier(prev: EngineStats, cur: EngineStats) -> str | None:
+    if not cur.host_blocks_total:
+        return None
+    return (f"host tier {cur.host_hit_tokens - prev.host_hit_tokens:,} tok hit, "
+            f"{cur.host_blocks_stored - prev.host_blocks_stored} blocks out / "
+            f"{cur.host_blocks_loaded - prev.host_blocks_loaded} in, "
+            f"{cur.host_blocks_used / cur.host_blocks_total:.1%} used")
 
 
 def device_label(device: str) -> str:
@@ -92,7 +105,8 @@ def format_line(r: StatsRates, device: str = "device") -> str:
     return (f"{r.generated_tok_s:,.1f} gen tok/s, {r.prompt_tok_s:,.1f} prompt tok/s, "
             f"running {r.running}, waiting {r.waiting}, KV {r.kv_used:.1%} used, "
             f"prefix hits {hits}, preemptions {r.preemptions}, {device} busy {r.gpu_busy:.1%}"
-            + ("" if r.spec_accepted is None else f", spec accepted {r.spec_accepted:.1%}"))
+            + ("" if r.spec_accepted is None else f", spec accepted {r.spec_accepted:.1%}")
+            + ("" if r.host_tier is None else f", {r.host_tier}"))
 
 
 def print_line(text: str) -> None:
@@ -106,9 +120,10 @@ class StatsLogger:
 
     def __init__(self, ctx: zmq.Context, address: str, keys: CurveKeys | None,
                  interval_s: float, emit: Callable[[str], None] = print_line,
-                 device: str = "device") -> None:
+                 device: str | None = None) -> None:
+        """`device`: what the workers compute on ("cpu", "cuda"), named in each line."""
         self.interval_s = interval_s
-        self.device = device
+        self.device = "device" if device is None else device_label(device)
         self.emit = emit
         self._sub = MessageSocket(ctx, zmq.SUB, address, bind=False, accepts=(EngineStats,),
                                   security=keys)

@@ -28,7 +28,8 @@ TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
                      0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 
 
-GAUGES = ("running", "waiting", "kv_blocks_used", "kv_blocks_total")
+GAUGES = ("running", "waiting", "kv_blocks_used", "kv_blocks_total", "host_blocks_used",
+          "host_blocks_total")
 SILENT_AFTER_S = 5.0
 """A replica that published no stats for this long (they come every half second) is down: its
 gauges no longer count, its counters keep their last values."""
@@ -92,6 +93,14 @@ class _LatestStats(Collector):
                 s.spec_proposed_tokens if s else 0)
         yield c("spec_accepted_tokens", "Speculative tokens the model accepted.",
                 s.spec_accepted_tokens if s else 0)
+        yield c("host_tier_hit_tokens", "Prefill tokens loaded from the host KV tier (part "
+                "of prompt_tokens_cached).", s.host_hit_tokens if s else 0)
+        yield c("host_tier_blocks_stored", "KV blocks copied to the host tier.",
+                s.host_blocks_stored if s else 0)
+        yield c("host_tier_blocks_loaded", "KV blocks copied back from the host tier.",
+                s.host_blocks_loaded if s else 0)
+        yield g("host_tier_usage_perc", "Share of the host KV tier's blocks in use (0..1).",
+                s.host_blocks_used / s.host_blocks_total if s and s.host_blocks_total else 0.0)
         finished = CounterMetricFamily(PREFIX + "requests_finished", "Requests finished, by "
                                        "finish reason.", labels=["finished_reason"])
         counts = s.finished_by_reason if s else []

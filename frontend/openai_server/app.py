@@ -130,7 +130,7 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
         check_model(body.model)
         # Without a max_tokens, a chat answer may fill the context (OpenAI's default).
         params = body.choice_params(body.sampling_params())
-        fmt = ChatFormat(model_name, body.include_usage, len(params))
+        fmt = ChatFormat(model_name, body.include_usage, len(params), tools=body.tool_plan())
         messages = {"messages": body.wire_messages()}
         choices = [(messages, p) for p in params]
         return await _respond(request, client, choices, body.stream, fmt, drained)

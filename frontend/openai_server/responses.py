@@ -1,7 +1,8 @@
 """OpenAI response bodies and stream chunks, built from the client library's outputs.
 
-Outputs and deltas are the client library's RequestOutput / RequestDelta. The server holds no
-tokenizer, so a logprob's token is named by its id ("token_id:42"), as vLLM does on request.
+Outputs and deltas are the client library's RequestOutput / RequestDelta. A logprob's token
+is named by its text, with its UTF-8 `bytes`, as OpenAI does; the detokenizer, which holds
+the tokenizer, spells them (a token that is part of a character reads "bytes:\\xe2\\x80").
 
 Usage carries OpenAI's `prompt_tokens_details.cached_tokens` and a `nanopipe` object with the
 request's timings (usage_extension), from the metrics on each choice's final output.
@@ -9,16 +10,50 @@ request's timings (usage_extension), from the metrics on each choice's final out
 
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from frontend.client.outputs import token_text
+from frontend.structured.tool_calls import HermesStream, ToolCall, ToolPlan
 from protocol.metrics import RequestMetrics
 
 
-def _token_name(token_id: int) -> str:
-    return f"token_id:{token_id}"
+def _spellings(out: Any) -> list[bytes | None]:
+    """Each token's bytes; None where the engine sent none (then the id names it)."""
+    return list(out.token_bytes) if out.token_bytes is not None else [None] * len(out.token_ids)
+
+
+def _alt_spellings(out: Any) -> list[list[bytes | None]]:
+    if out.top_token_bytes is not None:
+        return out.top_token_bytes
+    return [[None] * len(alts) for alts in out.top_logprobs or []]
+
+
+def _token_name(token_id: int, raw: bytes | None = None) -> str:
+    return f"token_id:{token_id}" if raw is None else token_text(raw)
+
+
+def _byte_list(raw: bytes | None) -> list[int] | None:
+    return None if raw is None else list(raw)
+
+
+class _TextOffsets:
+    """Where each token's text starts in a choice's text, in characters, across its chunks
+    (a token holding part of a character moves the offset only once the character ends)."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._chars = 0
+
+    def of(self, spellings: list[bytes]) -> list[int]:
+        offsets = []
+        for raw in spellings:
+            offsets.append(self._chars)
+            self._chars += len(self._decoder.decode(raw))
+        return offsets
 
 
 class _Format:
@@ -126,18 +161,29 @@ def usage_extension(metrics: list[RequestMetrics],
 
 
 class CompletionFormat(_Format):
-    @staticmethod
-    def _logprobs(out: Any) -> dict[str, Any] | None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._offsets: dict[int, _TextOffsets] = {}
+        """Per choice index: its text so far, for text_offset."""
+
+    def _logprobs(self, out: Any, index: int) -> dict[str, Any] | None:
         if out.logprobs is None:
             return None
         top = None
         if out.top_logprobs is not None:
-            top = [{_token_name(t): lp for t, lp in alts} for alts in out.top_logprobs]
-        return {"tokens": [_token_name(t) for t in out.token_ids],
-                "token_logprobs": list(out.logprobs), "top_logprobs": top, "text_offset": None}
+            top = [{_token_name(t, raw): lp for (t, lp), raw in zip(alts, raws, strict=True)}
+                   for alts, raws in zip(out.top_logprobs, _alt_spellings(out), strict=True)]
+        spellings = _spellings(out)
+        offsets = None
+        if out.token_bytes is not None:
+            offsets = self._offsets.setdefault(index, _TextOffsets()).of(out.token_bytes)
+        return {"tokens": [_token_name(t, raw) for t, raw in zip(out.token_ids, spellings,
+                                                                  strict=True)],
+                "token_logprobs": list(out.logprobs), "top_logprobs": top,
+                "text_offset": offsets}
 
     def _choice(self, index: int, out: Any) -> dict[str, Any]:
-        return {"index": index, "text": out.text, "logprobs": self._logprobs(out),
+        return {"index": index, "text": out.text, "logprobs": self._logprobs(out, index),
                 "finish_reason": out.finish_reason}
 
     def delta_chunks(self, delta: Any, index: int = 0) -> list[dict[str, Any]]:
@@ -152,20 +198,42 @@ class ChatFormat(_Format):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
+    def __init__(self, model: str, include_usage: bool = False, choices_per_prompt: int = 1,
+                 tools: ToolPlan | None = None) -> None:
+        super().__init__(model, include_usage, choices_per_prompt)
+        self.tools = tools if tools is not None and tools.parses else None
+        """How tool calls are read from the text (None: the text is all content)."""
+        self._streams: dict[int, HermesStream] = {}
+        self._held: dict[int, str] = {}
+        """Streaming, per choice: the text of a constrained call, parsed at its end."""
+        self._calls: dict[int, int] = {}
+        """Streaming, per choice: tool calls sent so far."""
+
     @staticmethod
     def _logprobs(out: Any) -> dict[str, Any] | None:
         if out.logprobs is None:
             return None
         tops = out.top_logprobs or [[] for _ in out.token_ids]
+        alt_raws = _alt_spellings(out) or [[] for _ in out.token_ids]
         return {"content": [
-            {"token": _token_name(t), "logprob": lp, "bytes": None,
-             "top_logprobs": [{"token": _token_name(a), "logprob": alp, "bytes": None}
-                              for a, alp in alts]}
-            for t, lp, alts in zip(out.token_ids, out.logprobs, tops, strict=True)]}
+            {"token": _token_name(t, raw), "logprob": lp, "bytes": _byte_list(raw),
+             "top_logprobs": [{"token": _token_name(a, a_raw), "logprob": alp,
+                               "bytes": _byte_list(a_raw)}
+                              for (a, alp), a_raw in zip(alts, a_raws, strict=True)]}
+            for t, lp, raw, alts, a_raws in zip(out.token_ids, out.logprobs, _spellings(out),
+                                                tops, alt_raws, strict=True)]}
 
     def _choice(self, index: int, out: Any) -> dict[str, Any]:
-        return {"index": index, "message": {"role": "assistant", "content": out.text},
-                "logprobs": self._logprobs(out), "finish_reason": out.finish_reason}
+        message: dict[str, Any] = {"role": "assistant", "content": out.text}
+        finish = out.finish_reason
+        if self.tools is not None:
+            content, calls = self.tools.parse(out.text)
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = [c.to_openai() for c in calls]
+                finish = "tool_calls" if finish == "stop" else finish
+        return {"index": index, "message": message, "logprobs": self._logprobs(out),
+                "finish_reason": finish}
 
     def start_chunks(self, num_choices: int = 1) -> list[dict[str, Any]]:
         return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""},
@@ -174,6 +242,8 @@ class ChatFormat(_Format):
 
     def delta_chunks(self, delta: Any, index: int = 0) -> list[dict[str, Any]]:
         self._usage(delta, index)
+        if self.tools is not None:
+            return self._tool_chunks(delta, index)
         chunks = []
         if delta.text or delta.token_ids:
             chunks.append(self._chunk({"index": index, "delta": {"content": delta.text},
@@ -183,3 +253,41 @@ class ChatFormat(_Format):
             chunks.append(self._chunk({"index": index, "delta": {}, "logprobs": None,
                                        "finish_reason": delta.finish_reason}))
         return chunks
+
+    def _tool_chunks(self, delta: Any, index: int) -> list[dict[str, Any]]:
+        """Content as it comes, each tool call once it is whole (delta.tool_calls); with a
+        constrained tool_choice the text is all one call list, sent at its end."""
+        assert self.tools is not None
+        content, calls = "", []
+        if self.tools.mode == "auto":
+            stream = self._streams.setdefault(index, HermesStream())
+            content, calls = stream.feed(delta.text or "")
+            if delta.finish_reason:
+                tail, more = stream.finish()
+                content, calls = content + tail, calls + more
+        else:
+            self._held[index] = self._held.get(index, "") + (delta.text or "")
+            if delta.finish_reason:
+                text, calls = self.tools.parse(self._held.pop(index))
+                content = text or ""
+        chunks = []
+        if content or (delta.token_ids and delta.logprobs is not None):
+            chunks.append(self._chunk({"index": index, "delta": {"content": content},
+                                       "logprobs": self._logprobs(delta),
+                                       "finish_reason": None}))
+        if calls:
+            chunks.append(self._chunk({"index": index, "delta": {
+                "tool_calls": self._numbered(index, calls)}, "logprobs": None,
+                "finish_reason": None}))
+        if delta.finish_reason:
+            finish = delta.finish_reason
+            if self._calls.get(index) and finish == "stop":
+                finish = "tool_calls"
+            chunks.append(self._chunk({"index": index, "delta": {}, "logprobs": None,
+                                       "finish_reason": finish}))
+        return chunks
+
+    def _numbered(self, index: int, calls: list[ToolCall]) -> list[dict[str, Any]]:
+        first = self._calls.get(index, 0)
+        self._calls[index] = first + len(calls)
+        return [c.to_openai(first + k) for k, c in enumerate(calls)]

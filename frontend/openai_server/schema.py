@@ -12,6 +12,13 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from frontend.openai_server.errors import ApiError, invalid, params_error
+from frontend.structured.tool_calls import (
+    ToolPlan,
+    ToolsError,
+    render_tool_calls,
+    tool_plan,
+    with_tools,
+)
 from protocol import ChatMessage, SamplingParams, SamplingParamsError
 from protocol.client_messages import RequestFieldError
 from protocol.sampling_params import (
@@ -19,6 +26,12 @@ from protocol.sampling_params import (
     MAX_TOP_LOGPROBS,
     check_token_ids,
     choice_params,
+)
+from protocol.structured_outputs import (
+    StructuredOutputs,
+    StructuredOutputsError,
+    from_response_format,
+    structured_from_user,
 )
 
 MAX_CHOICES = 16
@@ -76,6 +89,24 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    """vLLM's body field: {"json": schema} | {"regex": ...} | {"choice": [...]} | ..."""
+
+    def _structured(self) -> StructuredOutputs | None:
+        """response_format or structured_outputs (not both), checked: a spec xgrammar cannot
+        compile is a 400 naming the field it came in."""
+        given = from_format = None
+        try:
+            from_format = from_response_format(self.response_format)
+            if self.structured_outputs is not None:
+                given = structured_from_user(self.structured_outputs)
+        except StructuredOutputsError as exc:
+            raise invalid(str(exc), exc.field) from None
+        if from_format is not None and given is not None:
+            raise invalid("response_format and structured_outputs cannot both constrain the "
+                          "output", "structured_outputs")
+        return from_format or given
 
     def _check_unsupported(self) -> None:
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
@@ -97,10 +128,11 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _params(self, max_tokens: int | None, logprobs: bool,
-                top_logprobs: int = 0) -> SamplingParams:
+    def _params(self, max_tokens: int | None, logprobs: bool, top_logprobs: int = 0,
+                structured: StructuredOutputs | None = None) -> SamplingParams:
         """max_tokens None: until the context is full."""
         self._check_unsupported()
+        structured = structured or self._structured()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         kwargs: dict[str, Any] = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
@@ -118,6 +150,7 @@ class _SamplingRequest(BaseModel):
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 stop_token_ids=list(self.stop_token_ids or []), logprobs=logprobs,
                 skip_special_tokens=self.skip_special_tokens, top_logprobs=top_logprobs,
+                structured_outputs=structured,
             )
         except SamplingParamsError as exc:
             raise params_error(exc) from None
@@ -184,13 +217,22 @@ class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """An assistant turn's calls: written back as the model wrote them (<tool_call> JSON)."""
+    tool_call_id: Text | None = None
 
-    def to_wire(self) -> ChatMessage:
+    def as_dict(self) -> dict[str, str]:
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
+        content = content or ""
+        if self.tool_calls:
+            content = "\n".join(c for c in (content, render_tool_calls(self.tool_calls)) if c)
         role = "system" if self.role == "developer" else self.role
-        return ChatMessage(role=role, content=content or "")
+        return {"role": role, "content": content}
+
+    def to_wire(self) -> ChatMessage:
+        return ChatMessage(**self.as_dict())
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -200,23 +242,42 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     @property
     def max_tokens_unset(self) -> bool:
         return self.max_tokens is None and self.max_completion_tokens is None
 
+    def tool_plan(self) -> ToolPlan | None:
+        """What tools and tool_choice ask of the output (None: no tools)."""
+        if self.functions:
+            raise invalid("functions is not supported; use tools", "functions")
+        try:
+            return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls)
+        except ToolsError as exc:
+            raise invalid(str(exc), exc.field) from None
+
     def wire_messages(self) -> list[ChatMessage]:
-        return [m.to_wire() for m in self.messages]
+        messages = [m.as_dict() for m in self.messages]
+        plan = self.tool_plan()
+        if plan is not None and plan.mode != "none":
+            messages = with_tools(messages, plan.tools)
+        return [ChatMessage(**m) for m in messages]
 
     def sampling_params(self) -> SamplingParams:
-        if self.tools or self.functions:
-            raise invalid("tools and function calling are not supported", "tools")
-        if self.tool_choice not in (None, "none"):
-            raise invalid("tool_choice is not supported", "tool_choice")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise invalid("only the text response_format is supported", "response_format")
+        plan = self.tool_plan()
+        structured = None
+        if plan is not None and plan.structured_outputs() is not None:
+            if self._structured() is not None:
+                raise invalid(f"tool_choice {plan.mode} constrains the output: it cannot be "
+                              "combined with response_format or structured_outputs",
+                              "tool_choice")
+            try:
+                structured = structured_from_user(plan.structured_outputs())
+            except StructuredOutputsError as exc:
+                raise invalid(f"tools: a function's parameters cannot be compiled: {exc}",
+                              "tools") from None
         top = self.top_logprobs or 0
         if not 0 <= top <= MAX_TOP_LOGPROBS:
             raise invalid(
@@ -225,9 +286,9 @@ class ChatCompletionRequest(_SamplingRequest):
         if top and not self.logprobs:
             raise invalid("top_logprobs needs logprobs=true", "top_logprobs")
         if self.max_completion_tokens is None:
-            return self._params(self.max_tokens, self.logprobs, top)
+            return self._params(self.max_tokens, self.logprobs, top, structured)
         try:
-            return self._params(self.max_completion_tokens, self.logprobs, top)
+            return self._params(self.max_completion_tokens, self.logprobs, top, structured)
         except ApiError as exc:  # named as the client named it
             if exc.param != "max_tokens":
                 raise

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -36,6 +38,7 @@ def json_lines(out: str) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_throughput_reports_gpu_idle_and_plots(tiny_qwen3_dir, tmp_path):
     png = tmp_path / "w1.png"
     profile = tmp_path / "profile.json"
@@ -54,6 +57,7 @@ def test_throughput_reports_gpu_idle_and_plots(tiny_qwen3_dir, tmp_path):
     assert png.read_bytes().startswith(PNG_MAGIC)
 
 
+@pytest.mark.slow
 def test_serving_plots_each_rate(tiny_qwen3_dir, tmp_path):
     png = tmp_path / "w2.png"
     out = run_script("bench", "serving", "--model", tiny_qwen3_dir, "--device", "cpu",
@@ -118,9 +122,14 @@ def test_profile_host_times_every_stage_of_a_step(tiny_qwen3_dir, tmp_path):
     out = run_script("profile", "host", "--model", tiny_qwen3_dir, "--device", "cpu",
                      "--num-seqs", "3", "--max-input-len", "100", "--max-output-len", "100",
                      "--at", "2", "--steps", "5", "--kv-cache-bytes", str(4 << 20),
-                     "--cprofile", "5", "--functions", "--json", str(out_json)).stdout
+                     "--cprofile", "5", "--functions", "--json", str(out_json),
+                     "--record", str(tmp_path / "r.jsonl")).stdout
     result = json.loads(out_json.read_text())
     assert result["running"] == 3 and result["steps"] == 5
+    (record,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert record["workload"] == "profile host"
+    assert record["figures"]["wall_ms_per_step"] == result["wall_ms"]
+    assert record["figures"]["host_ms[launch]"] == result["host_ms"]["launch"]
     host = result["host_ms"]
     assert list(host) == ["schedule", "encode_plan", "decode_plan", "launch", "finish",
                           "encode_result", "decode_result", "process"]
@@ -144,6 +153,7 @@ def test_profile_host_says_when_w1_ends_before_the_last_step(tiny_qwen3_dir):
     assert done.returncode != 0 and "W1 finished before the last measured step" in done.stderr
 
 
+@pytest.mark.slow
 def test_throughput_runs_a_smoke_w1_two_plans_ahead(tiny_qwen3_dir):
     """Maximum lengths under W1's 100 (the docstring's CPU smoke run) and the ahead2 mode."""
     out = run_script("bench", "throughput", "--model", tiny_qwen3_dir, "--device", "cpu",
@@ -156,6 +166,7 @@ def test_throughput_runs_a_smoke_w1_two_plans_ahead(tiny_qwen3_dir):
     assert bad.returncode == 2 and "--modes takes off, on, ahead" in bad.stderr
 
 
+@pytest.mark.slow
 def test_throughput_gives_each_mode_its_own_host_timeline(tiny_qwen3_dir, tmp_path):
     timeline = tmp_path / "timeline"
     env = {"NANOPIPE_HOST_TIMELINE": str(timeline)}
@@ -200,6 +211,7 @@ def test_steploop_models_a_device_it_cannot_outrun():
         assert per_step_us >= 2000 * 59 / 60
 
 
+@pytest.mark.slow
 def test_profile_cpu_compares_steps_with_and_without_their_matmuls(tiny_qwen3_dir):
     """Both engines decode the same greedy tokens; with --no-matmul every linear layer of each
     decode step (and only those) is skipped on both sides."""

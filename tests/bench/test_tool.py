@@ -16,7 +16,7 @@ import pytest
 
 from frontend.bench.cli import add_shared
 from frontend.bench.figures import Figure
-from frontend.bench.record import read
+from frontend.bench.record import portable, read
 from frontend.bench.registry import BENCHMARKS, PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,14 +36,16 @@ def nanopipe(*args: str, ok: bool = True, cwd: Path = ROOT,
     return done
 
 
-def recorded(path: Path, workload: str) -> dict[str, float]:
+def recorded(path: Path, workload: str, notes: str | None = None) -> dict[str, float]:
     """The one record the run appended: its keys, workload, command and figures."""
     lines = path.read_text().splitlines()
     assert len(lines) == 1
     raw = json.loads(lines[0])
-    assert set(raw) == RECORD_KEYS and raw["workload"] == workload
+    assert set(raw) == RECORD_KEYS | ({"notes"} if notes else set())
+    assert raw["workload"] == workload and raw.get("notes") == notes
     assert raw["command"].startswith("nanopipe ") and raw["date"].endswith("Z")
-    assert raw["hardware"] and raw["commit"]
+    assert raw["hardware"] and raw["commit"] and raw["figures"]
+    assert str(ROOT) not in raw["command"]  # paths under the working directory are relative
     return raw["figures"]
 
 
@@ -176,9 +178,22 @@ def test_tp_parity_and_w1_per_size_over_gloo(tiny_qwen3_dir, tmp_path):
 
 
 def test_steploop_records_the_time_per_step(tmp_path):
-    rec = tmp_path / "r.jsonl"
-    nanopipe("bench", "steploop", "--steps", "30", "--repeats", "1", "--record", str(rec))
-    assert recorded(rec, "steploop")["us_per_step@1"] > 0
+    """--record without a file appends to the project's records, docs/benchmarks/; --notes
+    goes with it."""
+    nanopipe("bench", "steploop", "--steps", "30", "--repeats", "1", "--notes", "a quiet host",
+             "--record", cwd=tmp_path)
+    rec = tmp_path / "docs" / "benchmarks" / "results.jsonl"
+    assert recorded(rec, "steploop", notes="a quiet host")["us_per_step@1"] > 0
+
+
+def test_a_recorded_command_keeps_no_machine_path(tmp_path):
+    home, cwd = tmp_path / "home" / "me", tmp_path / "srv" / "repo"
+    args = ["--model", str(cwd / "models" / "tiny"), "--peer", "nano-vllm",
+            str(home / "nano-vllm"), "--out", str(tmp_path / "srv" / "scratch"), "--x", "/opt/m"]
+    # Under the working directory: relative; under home: ~; sharing the working directory's
+    # first folder: relative to it; elsewhere (a first folder of its own): as given.
+    assert portable(args, cwd, home) == ["--model", "models/tiny", "--peer", "nano-vllm",
+                                         "~/nano-vllm", "--out", "../scratch", "--x", "/opt/m"]
 
 
 @pytest.mark.gpu

@@ -8,9 +8,14 @@ import dataclasses
 
 import pytest
 
-from frontend.engine.cli import DEVICE_FLAGS, HttpConfig, build_serve_parser, parse_serve_args
 from frontend.engine.config import EngineConfig
 from frontend.engine.options import described_fields, to_argv
+from frontend.engine.serve_flags import (
+    DEVICE_FLAGS,
+    HttpConfig,
+    build_serve_parser,
+    parse_serve_args,
+)
 
 CONFIGS = {"engine": EngineConfig, "http": HttpConfig}
 MULTI_NODE = dict(nnodes=2, tensor_parallel_size=2, master_addr="10.0.0.8", master_port=29400,

@@ -75,7 +75,7 @@ def _as_from_a_terminal() -> None:
 def test_ctrl_c_during_generate_leaves_nothing_behind(tiny_qwen3_dir, tmp_path):
     source = SCRIPT.format(model=tiny_qwen3_dir) + """
 print("GENERATING", flush=True)
-llm.generate(["go on"] * 4, SamplingParams(max_tokens=100000 // 1000, ignore_eos=True),
+llm.generate(["go on"] * 64, SamplingParams(max_tokens=100, ignore_eos=True),
              use_tqdm=False)
 import time
 time.sleep(600)
@@ -91,7 +91,13 @@ time.sleep(600)
     info = _engine_info("".join(lines))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert proc.returncode != 0 and err.rstrip().endswith("\nKeyboardInterrupt"), err
+    # As any interrupted call: the user's line and the call, no chained exceptions inside.
+    traceback = err[err.index("Traceback"):]
+    for inside in ("During handling", "CancelledError", "RuntimeError", "asyncio"):
+        assert inside not in traceback, err
+    assert "in generate" in traceback, err  # it interrupted generate, not the sleep after
+    assert traceback.count("Traceback") == 1 and len(traceback.splitlines()) <= 10, err
     _assert_nothing_left(info)
 
 

@@ -129,3 +129,30 @@ def test_no_http_says_so_at_start_up(tiny_qwen3_dir):
     finally:
         rest = _stop(proc)
     assert proc.returncode == 0, rest
+
+
+def test_dp_start_up_lines_name_their_replica_in_order(tiny_qwen3_dir):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from frontend.engine.cli import main; "
+         "sys.exit(main())", "serve", tiny_qwen3_dir, "--device", "cpu", "--dp", "2",
+         "--max-model-len", "128", "--no-http", "--log-stats-interval", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if line.startswith("HTTP API: "):
+                break
+    finally:
+        rest = _stop(proc)
+    assert proc.returncode == 0, "\n".join(lines) + rest
+    progress = [line.removeprefix("nanopipe: ") for line in lines
+                if line.startswith("nanopipe: ") and ": " in line.removeprefix("nanopipe: ")]
+    workers = [line for line in progress if "worker" in line.split(":")[0]]
+    # Each replica's worker says what it loads and sizes, every line naming its replica.
+    assert all(re.match(r"replica [01] worker 0: ", line) for line in workers), workers
+    assert len(workers) == 4, workers
+    replicas = [line.split()[1] for line in workers]
+    assert replicas == sorted(replicas), workers  # replica 0's lines, then replica 1's
+    kv = next(i for i, line in enumerate(progress) if line.startswith("KV cache: "))
+    assert kv > max(progress.index(line) for line in workers)

@@ -67,3 +67,16 @@ def test_serve_logs_every_ten_seconds_unless_told_and_refuses_a_bad_interval(cap
             parse_serve_args(["--log-stats-interval", bad])
         assert exc.value.code == 2
         assert "--log-stats-interval must be in 0..86400" in capsys.readouterr().err
+
+
+def test_the_line_names_the_host_tier_only_when_there_is_one():
+    import dataclasses
+
+    prev = dataclasses.replace(stats(10.0), host_hit_tokens=100, host_blocks_stored=4,
+                               host_blocks_loaded=6, host_blocks_total=40)
+    cur = dataclasses.replace(stats(11.0, prompt=10), host_hit_tokens=1124,
+                              host_blocks_stored=9, host_blocks_loaded=70,
+                              host_blocks_used=10, host_blocks_total=40)
+    line = format_line(rates(prev, cur))
+    assert line.endswith(", host tier 1,024 tok hit, 5 blocks out / 64 in, 25.0% used")
+    assert "host tier" not in format_line(rates(stats(10.0), stats(11.0, prompt=10)))

@@ -10,6 +10,7 @@ import pytest
 import zmq
 from attack_support import ENGINE, GREEDY, MAX_REQUEST_BYTES, PROMPT
 from delta_watcher import DeltaWatcher
+from token_names import assert_names
 
 from frontend import Client, RequestRejected
 from frontend.engine.config import EngineConfig
@@ -130,13 +131,12 @@ def _post(base_url: str, body: bytes | dict, path: str = "/v1/completions") -> h
                       headers={"content-type": "application/json"})
 
 
-def _http_still_serves(base_url: str, reference: list[int]) -> None:
+def _http_still_serves(base_url: str, reference: list[int], model_dir: str) -> None:
     body = {"prompt": PROMPT, "temperature": 0, "max_tokens": GREEDY.max_tokens,
             "ignore_eos": True, "logprobs": 0}
     resp = _post(base_url, body)
     assert resp.status_code == 200, resp.text
-    tokens = resp.json()["choices"][0]["logprobs"]["tokens"]
-    assert tokens == [f"token_id:{t}" for t in reference]
+    assert_names(resp.json()["choices"][0]["logprobs"]["tokens"], model_dir, reference)
 
 
 @pytest.mark.parametrize("path, body, param", [
@@ -160,15 +160,16 @@ def _http_still_serves(base_url: str, reference: list[int]) -> None:
     ("/v1/completions", b'{"prompt": "a", "stop_token_ids": [18446744073709551616]}',
      "stop_token_ids"),
 ])
-def test_http_attacks_are_400s_naming_the_field(base_url, reference, path, body, param):
+def test_http_attacks_are_400s_naming_the_field(base_url, reference, path, body, param,
+                                                 tiny_qwen3_dir):
     resp = _post(base_url, body, path)
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
-    _http_still_serves(base_url, reference)
+    _http_still_serves(base_url, reference, tiny_qwen3_dir)
 
 
-def test_an_oversized_body_is_refused_before_it_is_read(base_url, reference):
+def test_an_oversized_body_is_refused_before_it_is_read(base_url, reference, tiny_qwen3_dir):
     big = b'{"prompt": "' + b"word " * (MAX_REQUEST_BYTES // 5 + 10) + b'"}'
     resp = _post(base_url, big)
     assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large"
@@ -186,4 +187,4 @@ def test_an_oversized_body_is_refused_before_it_is_read(base_url, reference):
     # A body under the cap is parsed as usual (here: too long a prompt, a 400).
     resp = _post(base_url, {"prompt": "word " * (MAX_REQUEST_BYTES // 6), "max_tokens": 2})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "prompt"
-    _http_still_serves(base_url, reference)
+    _http_still_serves(base_url, reference, tiny_qwen3_dir)

@@ -17,6 +17,7 @@ import openai
 import pytest
 from delta_watcher import DeltaWatcher
 from http_serving import running_server
+from token_names import assert_names, bytes_of
 
 from frontend import AsyncClient, Client
 from frontend.engine.config import EngineConfig
@@ -66,23 +67,18 @@ def model(direct) -> str:
     return direct.model
 
 
-def token_ids(logprobs_tokens: list[str]) -> list[int]:
-    assert all(t.startswith("token_id:") for t in logprobs_tokens)
-    return [int(t.split(":", 1)[1]) for t in logprobs_tokens]
-
-
 def test_models_lists_the_pipeline_model(oai, model):
     assert [m.id for m in oai.models.list().data] == [model]
 
 
-def test_greedy_completion_equals_client_library(oai, direct, model):
+def test_greedy_completion_equals_client_library(oai, direct, model, tiny_qwen3_dir):
     for prompt in PROMPTS:
         expected = direct.generate(prompt, params=SamplingParams(
             temperature=0, max_tokens=20, ignore_eos=True, logprobs=True))
         got = oai.completions.create(model=model, prompt=prompt, logprobs=0, **GREEDY_BODY)
         choice = got.choices[0]
         assert choice.text == expected.text
-        assert token_ids(choice.logprobs.tokens) == expected.token_ids
+        assert_names(choice.logprobs.tokens, tiny_qwen3_dir, expected.token_ids)
         assert choice.logprobs.token_logprobs == pytest.approx(expected.logprobs, abs=1e-4)
         assert choice.finish_reason == "length"
         assert got.usage.prompt_tokens == expected.prompt_tokens
@@ -168,6 +164,38 @@ def test_chat_top_logprobs(oai, model):
         assert entry.top_logprobs[0].token == entry.token
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
         assert entry.top_logprobs[1].logprob <= entry.top_logprobs[0].logprob
+
+
+def test_logprobs_name_tokens_by_text_with_bytes_and_offsets(oai, direct, model,
+                                                            tiny_qwen3_dir):
+    """As OpenAI does: each token's text (its bytes too), where it starts in the text, the
+    same whether streamed or not; never an id."""
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=True)
+    expected = direct.generate(PROMPTS[1], params=params)
+    full = oai.completions.create(model=model, prompt=PROMPTS[1], logprobs=1,
+                                  **GREEDY_BODY).choices[0].logprobs
+    assert_names(full.tokens, tiny_qwen3_dir, expected.token_ids)
+    assert [b for b in expected.token_bytes] == [bytes_of(t) for t in full.tokens]
+    assert [list(alts) for alts in full.top_logprobs] == [[t] for t in full.tokens]
+    offsets = full.text_offset
+    assert offsets[0] == 0 and offsets == sorted(offsets) and len(offsets) == 20
+    for i, token in enumerate(full.tokens[:-1]):  # while every token is whole characters
+        if token.startswith("bytes:"):
+            break
+        assert offsets[i + 1] - offsets[i] == len(token)
+    tokens, streamed = [], []
+    for chunk in oai.completions.create(model=model, prompt=PROMPTS[1], logprobs=0,
+                                        stream=True, **GREEDY_BODY):
+        if chunk.choices[0].logprobs is not None:
+            tokens += chunk.choices[0].logprobs.tokens
+            streamed += chunk.choices[0].logprobs.text_offset
+    assert tokens == full.tokens and streamed == offsets
+
+    chat_ids = direct.generate(messages=MESSAGES, params=params).token_ids
+    content = oai.chat.completions.create(model=model, messages=MESSAGES, logprobs=True,
+                                          **GREEDY_BODY).choices[0].logprobs.content
+    assert_names([e.token for e in content], tiny_qwen3_dir, chat_ids)
+    assert all(e.bytes == list(bytes_of(e.token)) for e in content)
 
 
 def test_token_id_prompt(oai, direct, model):

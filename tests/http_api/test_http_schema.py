@@ -119,9 +119,14 @@ def test_chat_maps_messages_and_max_completion_tokens():
 
 @pytest.mark.parametrize("body,param", [
     ({"n": -1}, "n"), ({"top_logprobs": 2}, "top_logprobs"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
+     "response_format"),
+    ({"structured_outputs": {"regex": "(("}}, "structured_outputs.regex"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"choice": ["a"]}},
+     "structured_outputs"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"), ({"max_tokens": 0}, "max_tokens"),
 ])
 def test_chat_refusals_name_the_field(body, param):

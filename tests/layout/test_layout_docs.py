@@ -1,4 +1,4 @@
-"""The layout the README describes is the tree's, and library files stay small.
+"""The layout docs/README.md describes is the tree's, and library files stay small.
 
 A file over MAX_LINES must be named in LONGER_FILES with the reason it is one piece.
 """
@@ -11,11 +11,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "scheduler_proc", "gpu_workers", "kernels", "frontend")
 MAX_LINES = 350
-LONGER_FILES: dict[str, str] = {}
+LONGER_FILES: dict[str, str] = {
+    "frontend/engine/config.py": "EngineConfig is one dataclass: every engine option, each a "
+    "described field, with its resolution and the per-process configs derived from it",
+}
 
 
 def _readme_folders() -> set[str]:
-    section = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs/README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
     return {m.group(1).rstrip("/") for m in re.finditer(r"^\| `([\w/]+)/` \|", section, re.M)}
 
 
@@ -31,13 +34,13 @@ def _library_folders() -> set[str]:
 
 def test_every_readme_folder_exists():
     missing = [f for f in _readme_folders() if not (ROOT / f).is_dir()]
-    assert not missing, f"README layout names folders that do not exist: {missing}"
+    assert not missing, f"docs/README.md layout names folders that do not exist: {missing}"
 
 
 def test_every_library_folder_has_a_readme_row():
     rows = _readme_folders()
     unlisted = sorted(f for f in _library_folders() if f not in rows)
-    assert not unlisted, f"README layout has no row for: {unlisted}"
+    assert not unlisted, f"docs/README.md layout has no row for: {unlisted}"
 
 
 def test_library_files_stay_small_or_say_why():

@@ -60,7 +60,7 @@ def test_scripts_holds_only_the_kept_scripts():
 
 
 def test_w1_is_the_documented_workload():
-    """BENCHMARKS.md: 256 sequences, 142,827 prompt tokens, 133,966 output tokens."""
+    """docs/benchmarks.md: 256 sequences, 142,827 prompt tokens, 133,966 output tokens."""
     from frontend.bench.common import w1_workload
 
     work = w1_workload()

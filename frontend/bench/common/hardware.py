@@ -1,6 +1,6 @@
 """The hardware bound of a workload (H200 figures) and a throughput's ratio to it.
 
-BENCHMARKS.md: a benchmark prints its ratio to the bound computed for its own workload. The
+docs/benchmarks.md: a benchmark prints its ratio to the bound computed for its own workload. The
 bound reads every sequence's KV cache once per decode step and the weights once per step at
 the copy bandwidth, and computes the prefill FLOPs at the matmul rate.
 """

@@ -37,7 +37,7 @@ def add_model_source(ap: argparse.ArgumentParser, *, required: bool = True,
 
 
 def add_w1_shape(ap: argparse.ArgumentParser, *, batched_tokens: bool = True) -> None:
-    """W1's size (BENCHMARKS.md: the defaults are the workload itself) and the batching limits
+    """W1's size (docs/benchmarks.md: the defaults are the workload itself) and the batching limits
     it runs under; `batched_tokens=False` leaves out --max-num-batched-tokens."""
     ap.add_argument("--num-seqs", type=int, default=256,
                     help="W1 sequences (default: %(default)s)")

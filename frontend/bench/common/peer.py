@@ -1,4 +1,4 @@
-"""nano-vLLM, the peer of BENCHMARKS.md, on the same weights and workload in the same run.
+"""nano-vLLM, the peer of docs/benchmarks.md, on the same weights and workload in the same run.
 
 It runs from a checkout (import path DIR) in a child process of its own: it sets up CUDA and
 torch.distributed for its process, and nothing of it should share nanopipe's. The child reads

@@ -1,4 +1,4 @@
-"""The workloads of BENCHMARKS.md and the seeded random prompts the benchmarks send.
+"""The workloads of docs/benchmarks.md and the seeded random prompts the benchmarks send.
 
 Every generator is deterministic for its seed, so two modes of one run, and a rerun, see the
 same requests.

@@ -213,6 +213,7 @@ def run(args: argparse.Namespace) -> list[Figure]:
     model = None
     if args.only != "nanopipe":
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    figures: list[Figure] = []
     for bs in (int(b) for b in args.batch_sizes.split(",")):
         batch = prompts[:bs]
         engines = {}
@@ -229,6 +230,12 @@ def run(args: argparse.Namespace) -> list[Figure]:
             ratio = f"  transformers/nanopipe wall {hw / nw:.2f}x cpu {hc / nc:.2f}x"
         print(f"batch {bs:>2}: per decode step (median of {args.steps}, interleaved)  "
               f"{line}{ratio}", flush=True)
+        mine, theirs = ms.get("nanopipe"), ms.get("transformers")
+        if mine is not None:  # a step's CPU time, the steadier figure on a shared machine
+            figures.append(Figure(f"step_cpu_ms@{bs}" + ("[no matmul]" if args.no_matmul else ""),
+                                  round(mine[1], 3), "ms", higher_is_better=False,
+                                  peer=None if theirs is None else round(theirs[1], 3),
+                                  peer_name="transformers"))
         for name, (step, _) in engines.items():
             if args.ops:
                 print(f"  {name}:")
@@ -246,4 +253,4 @@ def run(args: argparse.Namespace) -> list[Figure]:
             outs = {name: [t[:n] for t in tokens] for name, (_, tokens) in engines.items()}
             same = sum(a == b for a, b in zip(outs["nanopipe"], outs["transformers"]))
             print(f"batch {bs:>2}: same greedy tokens over {n}: {same}/{bs} sequences", flush=True)
-    return []
+    return figures

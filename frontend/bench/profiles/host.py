@@ -166,7 +166,10 @@ def run(args: argparse.Namespace) -> list[Figure]:
         print_host_ops(steps, args.steps, args.host_ops)
     if args.functions:
         print_functions(steps, args.steps)
-    return []
+    return [Figure("wall_ms_per_step", round(wall_ms, 4), "ms", bound=round(device_ms, 4),
+                   higher_is_better=False),
+            *(Figure(f"host_ms[{k}]", v, "ms", higher_is_better=False)
+              for k, v in per_step.items())]
 
 
 def print_functions(steps: HostSteps, num_steps: int) -> None:

@@ -6,7 +6,7 @@ W1-like batch, with torch.profiler over a window of steps.
     nanopipe profile step --model DIR --device cpu --num-seqs 4 \\
         --max-input-len 100 --max-output-len 100 --window 4,8         # CPU smoke run
 
-W1's requests (BENCHMARKS.md) are added at once and stepped without overlap, as `nanopipe bench
+W1's requests (docs/benchmarks.md) are added at once and stepped without overlap, as `nanopipe bench
 throughput --modes runtime` does; steps --window FIRST,LAST (default 400,450: ~170 sequences at
 ~1k context on W1) run under the profiler. Printed per step: GPU time by category (attention,
 GEMM, norm, rotary/kv-store, elementwise/copies, sampler, other), host launch calls and kernels,

@@ -6,7 +6,7 @@ latency of one ZeroMQ hop carrying a real protocol message.
     nanopipe bench latency --model DIR --device cpu \\
         --prompt-len 128 --max-tokens 32                            # CPU smoke run
 
-Workload (BENCHMARKS.md, W4): a prompt of --prompt-len random token ids (passed as
+Workload (docs/benchmarks.md, W4): a prompt of --prompt-len random token ids (passed as
 prompt_token_ids), greedy, ignore_eos, --max-tokens output tokens; one request at a time.
 Every repetition uses a fresh prompt (random.seed(rep)), so the prefix cache never turns
 a prefill into a cache hit; the same prompts go through both paths. One warm-up request

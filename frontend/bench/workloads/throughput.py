@@ -1,4 +1,4 @@
-"""W1 offline throughput (BENCHMARKS.md): 256 random prompts of 100-1,024 tokens, 100-1,024
+"""W1 offline throughput (docs/benchmarks.md): 256 random prompts of 100-1,024 tokens, 100-1,024
 output tokens each, temperature 0.6, ignore_eos, after one warm-up request.
 
 Modes (--modes, comma-separated, run one after another on the same workload):
@@ -84,11 +84,13 @@ def run_runtime(model_dir: str, args: argparse.Namespace, work) -> dict:
 
     from frontend.bench.common import W1_WARMUP_PROMPT, run, w1_params
     from gpu_workers import ModelRunner, WorkerConfig
+    from protocol.limits import BLOCK_SIZE
     from scheduler_proc import Scheduler, SchedulerConfig
 
     max_model_len = args.max_input_len + args.max_output_len
-    config = WorkerConfig(
+    config = WorkerConfig(  # the engine's block size for the device, as the pipeline runs
         model=model_dir, device=args.device, max_model_len=max_model_len,
+        block_size=BLOCK_SIZE[args.device],
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=max(args.max_num_batched_tokens, max_model_len),
         kv_cache_bytes=args.kv_cache_bytes, enforce_eager=args.enforce_eager)

@@ -12,7 +12,7 @@ changes the reduction order of the row-parallel all-reduces, so greedy tokens ma
 logits nearly tie; the tool reports the match rather than assuming it, and exits non-zero only
 when the fraction of fully matching prompts falls below --min-match.
 
-W1 (BENCHMARKS.md, frontend.bench.common.w1_workload): temperature 0.6, ignore_eos, one warm-up
+W1 (docs/benchmarks.md, frontend.bench.common.w1_workload): temperature 0.6, ignore_eos, one warm-up
 request. The bound for TP=N is frontend.bench.common.hardware_bound_s divided by N: N GPUs have
 N times the copy bandwidth and matmul rate of the H200 figures. Only one pipeline is alive at
 a time. Random weights are built once (on the device) and reused for every TP size, then

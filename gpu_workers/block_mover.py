@@ -1,0 +1,146 @@
+"""Batched KV block copies between a rank's device pool and its host tier.
+
+A pool is one tensor [2, num_layers, num_blocks, block_size, kv_heads, head_dim] (see
+kv_cache.KVCache), so a list of blocks is one index along dim 2 across every layer at once:
+a move is one gather on the source, one transfer, one scatter on the destination, whatever
+the number of blocks and layers. gather/scatter take any two pools of that layout, so moving
+a request's blocks from one pipeline's rank i to another's rank i uses the same calls.
+
+On CUDA the host pool is pinned and loads run on a side stream; `wait_loads` makes the
+compute stream wait for them (an event, not a host sync) before the forward that reads the
+blocks, and stores are ordered after the step that wrote the blocks by recording on the
+compute stream first. On CPU the copies are plain and synchronous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from protocol.process_runtime import ExplainedStartupError
+from protocol.step_messages import BlockMoves
+
+BLOCK_DIM = 2
+
+
+class HostTierUnsupported(ExplainedStartupError):
+    """A host tier asked of a configuration it cannot serve."""
+
+
+class HostPoolTooSmall(ExplainedStartupError):
+    """A host tier that cannot hold a single block."""
+
+
+def host_pool_slots(size_bytes: int, bytes_per_block: int) -> int:
+    """Slots a host tier of size_bytes holds; 0 means the tier is off. A positive size below
+    one block is refused: it would silently turn the tier off."""
+    if size_bytes <= 0:
+        return 0
+    slots = size_bytes // bytes_per_block
+    if slots == 0:
+        raise HostPoolTooSmall(
+            f"kv_offloading_size of {size_bytes} bytes cannot hold one KV block of "
+            f"{bytes_per_block} bytes; raise it (--kv-offloading-size, GiB) or set 0 to turn "
+            "the host tier off")
+    return slots
+
+
+def gather_blocks(pool: torch.Tensor, block_ids: Seq[int]) -> torch.Tensor:
+    """The listed blocks of every layer, K and V, as one contiguous tensor."""
+    index = torch.as_tensor(list(block_ids), dtype=torch.long, device=pool.device)
+    return pool.index_select(BLOCK_DIM, index)
+
+
+def scatter_blocks(pool: torch.Tensor, block_ids: Seq[int], blocks: torch.Tensor) -> None:
+    """Write gathered blocks (in the order of block_ids) into pool."""
+    index = torch.as_tensor(list(block_ids), dtype=torch.long, device=pool.device)
+    pool.index_copy_(BLOCK_DIM, index, blocks.to(pool.device, non_blocking=True))
+
+
+def make_host_pool(device_pool: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """A host pool of num_slots blocks in the device pool's layout (pinned under CUDA)."""
+    shape = list(device_pool.shape)
+    shape[BLOCK_DIM] = num_slots
+    pin = device_pool.is_cuda
+    return torch.zeros(shape, dtype=device_pool.dtype, device="cpu", pin_memory=pin)
+
+
+def make_host_tier(storage: torch.Tensor, gib: float, world_size: int,
+                   drafter: object | None) -> tuple[BlockMover | None, int]:
+    """A rank's mover and host pool: as many blocks as `gib` holds on every rank (ranks may
+    hold different KV heads, so they agree on the least)."""
+    block_bytes = storage[:, :, 0].numel() * storage.element_size()
+    slots = host_pool_slots(int(gib * 2**30), block_bytes)
+    if world_size > 1:
+        import torch.distributed as dist
+
+        t = torch.tensor([slots], dtype=torch.int64, device=storage.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        slots = int(t.item())
+    if slots == 0:
+        return None, 0
+    if drafter is not None:
+        raise HostTierUnsupported(
+            "the host KV tier (kv_offloading_size) does not keep a draft model's KV; "
+            "set kv_offloading_size=0 with speculative 'draft'")
+    return BlockMover(storage, make_host_pool(storage, slots)), slots
+
+
+class BlockMover:
+    """Executes a step's host-tier moves for one rank."""
+
+    def __init__(self, device_pool: torch.Tensor, host_pool: torch.Tensor) -> None:
+        self.device_pool = device_pool
+        self.host_pool = host_pool
+        self.block_bytes = device_pool[:, :, 0].numel() * device_pool.element_size()
+        self._cuda = device_pool.is_cuda
+        self._stream = torch.cuda.Stream(device_pool.device) if self._cuda else None
+        self._loaded: torch.cuda.Event | None = None
+        self.bytes_stored = 0
+        self.bytes_loaded = 0
+
+    def store(self, device_blocks: Seq[int], host_slots: Seq[int]) -> None:
+        """Copy device blocks to host slots. Blocks are read after everything the compute
+        stream has queued, so a block written by the step before is complete."""
+        if not device_blocks:
+            return
+        if self._cuda:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device_pool.device))
+            with torch.cuda.stream(self._stream):
+                staged = gather_blocks(self.device_pool, device_blocks).to("cpu")
+        else:
+            staged = gather_blocks(self.device_pool, device_blocks)
+        scatter_blocks(self.host_pool, host_slots, staged)
+        self.bytes_stored += len(device_blocks) * self.block_bytes
+
+    def load(self, host_slots: Seq[int], device_blocks: Seq[int]) -> None:
+        """Copy host slots into device blocks; under CUDA asynchronously on the side stream
+        (call wait_loads before the forward that reads them)."""
+        if not host_slots:
+            return
+        staged = gather_blocks(self.host_pool, host_slots)
+        if self._cuda:
+            staged = staged.pin_memory()
+            with torch.cuda.stream(self._stream):
+                # The device blocks may have been read by steps still queued (a freed block
+                # handed out again): wait for them before overwriting.
+                self._stream.wait_stream(torch.cuda.current_stream(self.device_pool.device))
+                scatter_blocks(self.device_pool, device_blocks, staged)
+                self._loaded = torch.cuda.Event()
+                self._loaded.record(self._stream)
+        else:
+            scatter_blocks(self.device_pool, device_blocks, staged)
+        self.bytes_loaded += len(host_slots) * self.block_bytes
+
+    def apply(self, moves: BlockMoves) -> None:
+        """A plan's moves: stores, then loads, then the compute stream waits for the loads."""
+        self.store(moves.store_device_blocks, moves.store_host_slots)
+        self.load(moves.load_host_slots, moves.load_device_blocks)
+        self.wait_loads()
+
+    def wait_loads(self) -> None:
+        """Order the compute stream after every load issued so far."""
+        if self._loaded is not None:
+            torch.cuda.current_stream(self.device_pool.device).wait_event(self._loaded)
+            self._loaded = None

@@ -1,0 +1,61 @@
+"""Constrained requests under every way the engine runs a step: overlap off and on, worker
+lookahead with two plans ahead, tensor parallelism (gloo, CPU) and data parallelism give the
+same greedy tokens, each obeying its grammar, beside unconstrained requests; speculative
+decoding refuses them with an error naming the field."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from frontend import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+PROMPTS = ["hello world", "the cat sat on", "numbers:", "one two three four"]
+REGEX = r"[a-z]{2,6}( [a-z]{2,6}){2,5}\."
+NUMBERS = r"\d{1,3}(,\d{1,3}){3}"
+PARAMS = [
+    SamplingParams(temperature=0, max_tokens=40, structured_outputs={"regex": REGEX}),
+    SamplingParams(temperature=0, max_tokens=40,
+                   structured_outputs={"choice": ["alpha", "beta gamma"]}),
+    SamplingParams(temperature=0, max_tokens=40, structured_outputs={"regex": NUMBERS}),
+    SamplingParams(temperature=0, max_tokens=12),
+]
+ENGINE = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=8)
+
+
+def _run(model_dir: str, **options) -> list[dict]:
+    with LLM(model_dir, **ENGINE, **options) as llm:
+        return llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_qwen3_dir) -> list[dict]:
+    out = _run(tiny_qwen3_dir, overlap=False)
+    assert re.fullmatch(REGEX, out[0]["text"]), out[0]["text"]
+    assert out[1]["text"] in ("alpha", "beta gamma")
+    assert re.fullmatch(NUMBERS, out[2]["text"]), out[2]["text"]
+    assert all(o["finish_reason"] == "stop" for o in out[:3])
+    return out
+
+
+@pytest.mark.parametrize("options", [
+    dict(overlap=True, worker_lookahead=False),
+    dict(overlap=True, worker_lookahead=True, plans_ahead=2),
+    dict(tensor_parallel_size=2),
+    dict(data_parallel_size=2),
+], ids=["overlap", "lookahead", "tp2", "dp2"])
+def test_same_tokens_however_the_step_runs(tiny_qwen3_dir, reference, options):
+    out = _run(tiny_qwen3_dir, **options)
+    assert [o["token_ids"] for o in out] == [o["token_ids"] for o in reference]
+
+
+def test_speculative_decoding_refuses_structured_outputs(tiny_qwen3_dir):
+    from frontend import RequestRejected
+
+    with LLM(tiny_qwen3_dir, **ENGINE, speculative="ngram") as llm:
+        with pytest.raises(RequestRejected, match="structured_outputs") as info:
+            llm.generate(PROMPTS[:1], PARAMS[:1], use_tqdm=False)
+        assert info.value.field == "params.structured_outputs"
+        assert llm.generate(PROMPTS[3:], PARAMS[3:], use_tqdm=False)[0]["token_ids"]
