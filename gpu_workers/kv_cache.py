@@ -1,10 +1,10 @@
 """The paged KV pool: per layer, K and V of shape [num_blocks, block_size, Hkv_rank, D].
 
 Sizing: on CUDA, whatever memory the profiling forward left under gpu_memory_utilization, at
-most kv_cache_bytes when given; on CPU, the kv_cache_bytes budget. Either way one max_model_len sequence must fit, or start-up
-fails with a message that says what to change. A draft model (speculative "draft") keeps its
-own pool over the same block ids, so `extra_per_block` (its bytes per block) is paid from the
-same budget.
+most kv_cache_bytes when given; on CPU, the kv_cache_bytes budget. Either way one
+max_model_len sequence must fit, or start-up fails with a message that says what to change.
+A draft model (speculative "draft") keeps its own pool over the same block ids, so
+`extra_per_block` (its bytes per block) is paid from the same budget.
 """
 
 from __future__ import annotations

