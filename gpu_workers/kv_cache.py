@@ -1,8 +1,7 @@
 """The paged KV pool: per layer, K and V of shape [num_blocks, block_size, Hkv_rank, D].
 
-Sizing: on CUDA, whatever memory the profiling forward left under gpu_memory_utilization,
-capped by kv_cache_bytes when it is given (a small pool on a large GPU: tests of eviction,
-or room left for another program); on CPU, the kv_cache_bytes budget. Either way one
+Sizing: on CUDA, whatever memory the profiling forward left under gpu_memory_utilization, at
+most kv_cache_bytes when given; on CPU, the kv_cache_bytes budget. Either way one
 max_model_len sequence must fit, or start-up fails with a message that says what to change.
 A draft model (speculative "draft") keeps its own pool over the same block ids, so
 `extra_per_block` (its bytes per block) is paid from the same budget.
@@ -40,10 +39,9 @@ def cuda_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int,
     transient = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
     budget = total * config.gpu_memory_utilization - (total - free) - transient
     per_block = bytes_per_block(model, config.block_size, world_size) + extra_per_block
-    blocks = max(0, int(budget) // per_block)
-    if config.kv_cache_bytes is not None:
-        blocks = min(blocks, config.kv_cache_bytes // per_block)
-    return blocks
+    if config.kv_cache_bytes is not None:  # a cap: a small pool on a large GPU (tests, sharing)
+        budget = min(budget, config.kv_cache_bytes)
+    return max(0, int(budget) // per_block)
 
 
 def check_fits(num_blocks: int, config: WorkerConfig, model: ModelConfig, world_size: int,
@@ -54,7 +52,7 @@ def check_fits(num_blocks: int, config: WorkerConfig, model: ModelConfig, world_
     per_seq = need * (bytes_per_block(model, config.block_size, world_size) + extra_per_block)
     budget = (
         f"gpu_memory_utilization={config.gpu_memory_utilization} (--gpu-memory-utilization)"
-        if config.device == "cuda" and config.kv_cache_bytes is None
+        if config.device == "cuda"
         else f"kv_cache_bytes={config.kv_cache_bytes or DEFAULT_CPU_KV_BYTES} (--kv-cache-bytes)"
     )
     raise KVCacheTooSmall(
