@@ -10,7 +10,6 @@ module is never imported in a child, so a script without a main guard, `python -
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import types
 import typing
@@ -93,17 +92,17 @@ def decode_start(frame: bytes) -> ActorStart:
 def read_start() -> ActorStart:
     """Read this process's start-up spec from stdin (the launcher closes it after writing).
 
-    The process also asks to die with its launcher, and gives up at once if the launcher is
-    already gone (the death signal would never come).
-    """
-    from protocol.process_runtime import die_with_parent
+    The process also starts to watch its launcher (parent_watch.py), and gives up at once,
+    removing the run directory, if the launcher is already gone (a launcher killed while
+    this process was still importing)."""
+    from protocol.parent_watch import watch_parent
 
     frame = sys.stdin.buffer.read(MAX_SPEC_BYTES + 1)
     if not frame:
         raise SystemExit("this program is one process of a nanopipe pipeline; "
                          "start a pipeline with `nanopipe serve` or frontend.LLM")
     start = decode_start(frame)
-    die_with_parent()
-    if os.getppid() != start.launcher_pid:
-        raise SystemExit(0)
+    endpoints = start.config.get("endpoints")
+    run_dir = endpoints.get("run_dir") if isinstance(endpoints, dict) else None
+    watch_parent(start.launcher_pid, run_dir if isinstance(run_dir, str) else None)
     return start

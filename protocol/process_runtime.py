@@ -3,18 +3,18 @@ start-up report to the launcher.
 
 A process stops when it gets SIGTERM or SIGINT, or when its parent dies (the kernel sends
 SIGTERM through PR_SET_PDEATHSIG; polling getppid covers the race where the parent died
-before the call). Signals only set a flag that the loop checks between polls, so a signal
-that arrives during start-up is not lost: the loop exits as soon as it starts.
+before the call, and parent_watch.py ends a process stuck where no loop checks). Signals only
+set a flag that the loop checks between polls, so a signal that arrives during start-up is
+not lost: the loop exits as soon as it starts. Reports to the launcher never wait for a
+launcher that is gone: a send that cannot leave gives up once a stop is asked for.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
-import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -23,15 +23,16 @@ from typing import Any
 
 import zmq
 
+from protocol import parent_watch
 from protocol.auth import CurveKeys, secure
 from protocol.codec import encode
 from protocol.control import Ready, StartupFailed, StartupProgress
 from protocol.endpoints import Endpoints
+from protocol.parent_watch import die_with_parent
 from protocol.sockets import MessageSocket
 
 log = logging.getLogger("nanopipe.actor")
 
-_PR_SET_PDEATHSIG = 1
 POLL_MS = 100
 """How often a loop wakes up to notice a stop request when no message arrives."""
 REPORT_WAIT_MS = 2000
@@ -43,24 +44,15 @@ class ExplainedStartupError(RuntimeError):
     cache that cannot fit): logged in one line. Any other failure keeps its traceback."""
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask the kernel to send `sig` to this process when its parent dies (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
 class ProcessRuntime:
     """Owns the process-wide zmq.Context and knows when the process must stop."""
 
     def __init__(self, role: str, rank: int = 0) -> None:
         self.role = role
         self.rank = rank
-        self._ppid = os.getppid()
+        # The launcher's pid as the spec named it: the parent may be gone already.
+        self._watch = parent_watch.current()
+        self._ppid = self._watch.parent_pid if self._watch is not None else os.getppid()
         self._stop_reason: str | None = None
         # Signals and the parent-death signal belong to a process's main thread; an actor
         # run in a thread (as some tests do) is stopped by its caller instead.
@@ -84,9 +76,19 @@ class ProcessRuntime:
 
     @property
     def stop_reason(self) -> str | None:
+        if self._stop_reason is None and self._watch is not None:
+            self._stop_reason = self._watch.stop_reason  # a signal before this runtime
         if self._stop_reason is None and os.getppid() != self._ppid:
             self._stop_reason = "parent process died"
         return self._stop_reason
+
+    def _send_to_launcher(self, sock: MessageSocket, msg: object) -> None:
+        """Send a report, or give up (SystemExit) once a stop is asked for: with the
+        launcher gone nothing would ever take it, and a blocking send would wait forever."""
+        while not sock.socket.poll(POLL_MS, zmq.POLLOUT):
+            if self.stop_reason is not None:
+                raise SystemExit(f"{self.role}: stopping ({self.stop_reason})")
+        sock.send(msg, zmq.NOBLOCK)
 
     def socket(self, kind: int, address: str, *, bind: bool, accepts: tuple[type, ...] = (),
                security: CurveKeys | None = None) -> MessageSocket:
@@ -105,8 +107,9 @@ class ProcessRuntime:
                      security: CurveKeys | None = None, num_host_slots: int = 0) -> None:
         """Tell the launcher this process serves now (and what it learned at start-up)."""
         sock = self.socket(zmq.PUSH, control_address, bind=False, security=security)
-        sock.send(Ready(role=self.role, rank=self.rank, num_kv_blocks=num_kv_blocks, info=info,
-                       num_host_slots=num_host_slots))
+        self._send_to_launcher(sock, Ready(role=self.role, rank=self.rank,
+                                           num_kv_blocks=num_kv_blocks, info=info,
+                                           num_host_slots=num_host_slots))
 
     def report_progress(self, control_address: str, text: str,
                         security: CurveKeys | None = None) -> None:
@@ -114,7 +117,8 @@ class ProcessRuntime:
         if self._progress is None:
             self._progress = self.socket(zmq.PUSH, control_address, bind=False,
                                          security=security)
-        self._progress.send(StartupProgress(role=self.role, rank=self.rank, text=text))
+        self._send_to_launcher(self._progress,
+                               StartupProgress(role=self.role, rank=self.rank, text=text))
 
     def report_failure(self, control_address: str, exc: BaseException,
                        security: CurveKeys | None = None) -> None:

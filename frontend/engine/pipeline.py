@@ -22,11 +22,11 @@ run directory with its socket files.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -119,6 +119,8 @@ class Pipeline:
     def _start(self) -> None:
         cfg = self.config
         tp, dp = cfg.tensor_parallel_size, cfg.data_parallel_size
+        # Before the run directory exists (this import takes a second): nothing to orphan.
+        worker_template = cfg.worker_config("")
         if cfg.ray_address is not None:
             self._progress(f"placing {dp} replica{'s' if dp > 1 else ''} on Ray")
             self._ray = RayPlacement(cfg)
@@ -147,7 +149,7 @@ class Pipeline:
                        f"({cfg.model_name} on {cfg.resolved_device}"
                        f"{f', {dp} replicas of tp={tp}' if dp > 1 else ''})")
         for i, rep in enumerate(self.replicas):
-            worker_cfg = to_plain(cfg.worker_config(rep.dist_init_method))
+            worker_cfg = to_plain(replace(worker_template, dist_init_method=rep.dist_init_method))
             for rank in cfg.local_ranks:
                 self._spawn("worker", rank, "gpu_workers.worker_proc",
                             {"worker": worker_cfg, "world_size": tp,
@@ -184,7 +186,7 @@ class Pipeline:
                         endpoints=rep)
         # With several replicas the detokenizer's aborts go to the router (tokenizer_ctl),
         # which knows where each request runs.
-        detok_ep = ep if dp == 1 else dataclasses.replace(ep, scheduler_in=ep.tokenizer_ctl)
+        detok_ep = ep if dp == 1 else replace(ep, scheduler_in=ep.tokenizer_ctl)
         self._spawn("detokenizer", 0, "frontend.actors.detokenizer",
                     {"detokenizer": to_plain(cfg.detokenizer_config())}, endpoints=detok_ep)
         router = None if dp == 1 else cfg.router_config(self.replicas, kv_blocks)
@@ -345,5 +347,4 @@ class Pipeline:
             self._ctx = None
         if self.endpoints is not None:
             self.endpoints.cleanup()
-
 

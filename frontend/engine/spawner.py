@@ -1,6 +1,6 @@
 """Starting the engine's processes from a thread that lives as long as the program.
 
-Each child asks Linux for a signal when its parent dies (protocol.process_runtime
+Each child asks Linux for a signal when its parent dies (protocol.parent_watch
 .die_with_parent), and Linux sends it when the *thread* that forked the child exits, not the
 process. An `LLM` built in a worker thread (a thread pool, a web app's start-up hook) would
 lose its engine as soon as that thread ended. Children forked off the main thread are
