@@ -43,6 +43,12 @@ class ExplainedStartupError(RuntimeError):
     cache that cannot fit): logged in one line. Any other failure keeps its traceback."""
 
 
+class QuietStartupError(ExplainedStartupError):
+    """An explained failure that the launcher's own line states in full (a port another
+    process took during start-up): the actor logs it at debug level only, so that the user
+    reads it once."""
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Ask the kernel to send `sig` to this process when its parent dies (Linux only)."""
     if not sys.platform.startswith("linux"):
@@ -119,7 +125,8 @@ class ProcessRuntime:
     def report_failure(self, control_address: str, exc: BaseException,
                        security: CurveKeys | None = None) -> None:
         """Tell the launcher why start-up failed; waits briefly so the message leaves."""
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        error = str(exc) if isinstance(exc, QuietStartupError) else \
+            "".join(traceback.format_exception_only(type(exc), exc)).strip()
         sock = self.ctx.socket(zmq.PUSH)
         try:
             secure(sock, security, server=False)
@@ -183,7 +190,9 @@ def start_and_serve(rt: ProcessRuntime, endpoints: Endpoints,
         if endpoints.run_dir_missing:  # the launcher sees it too and says so in one line
             log.debug("%s: start-up failed without its run directory: %s", name, exc)
             raise SystemExit(1) from exc
-        if isinstance(exc, ExplainedStartupError):
+        if isinstance(exc, QuietStartupError):
+            log.debug("%s: start-up failed: %s", name, exc)
+        elif isinstance(exc, ExplainedStartupError):
             log.error("%s: start-up failed: %s", name, exc)
         else:
             log.exception("%s: start-up failed", name)
