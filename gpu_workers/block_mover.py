@@ -6,10 +6,10 @@ a move is one gather on the source, one transfer, one scatter on the destination
 the number of blocks and layers. gather/scatter take any two pools of that layout, so moving
 a request's blocks from one pipeline's rank i to another's rank i uses the same calls.
 
-On CUDA the host pool is pinned and loads run on a side stream; `wait_loads` makes the
-compute stream wait for them (an event, not a host sync) before the forward that reads the
-blocks, and stores are ordered after the step that wrote the blocks by recording on the
-compute stream first. On CPU the copies are plain and synchronous.
+The host pool is block-major ([slots, 2, num_layers, block_size, kv_heads, head_dim]): a run
+of consecutive slots is one contiguous stretch, so it crosses the bus as one copy. On CUDA it
+is pinned and every copy is asynchronous on a side stream (see BlockMover). On CPU the copies
+are plain and synchronous.
 """
 
 from __future__ import annotations
@@ -58,12 +58,30 @@ def scatter_blocks(pool: torch.Tensor, block_ids: Seq[int], blocks: torch.Tensor
     pool.index_copy_(BLOCK_DIM, index, blocks.to(pool.device, non_blocking=True))
 
 
+def block_major(pool: torch.Tensor) -> torch.Tensor:
+    """A view of a pool with the block index first: [num_blocks, 2, layers, ...]."""
+    return pool.movedim(BLOCK_DIM, 0)
+
+
+def slot_runs(slots: Seq[int]) -> list[tuple[int, int, int]]:
+    """(position, first slot, count) for each run of consecutive slots in the list: a run is
+    one contiguous stretch of the host pool, so it moves as one copy."""
+    runs: list[tuple[int, int, int]] = []
+    for position, slot in enumerate(slots):
+        if runs and runs[-1][1] + runs[-1][2] == slot:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((position, slot, 1))
+    return runs
+
+
 def make_host_pool(device_pool: torch.Tensor, num_slots: int) -> torch.Tensor:
-    """A host pool of num_slots blocks in the device pool's layout (pinned under CUDA)."""
-    shape = list(device_pool.shape)
-    shape[BLOCK_DIM] = num_slots
+    """A host pool of num_slots blocks, block index first so that each block, and each run
+    of consecutive slots, is one contiguous stretch of memory (pinned under CUDA)."""
+    shape = list(block_major(device_pool).shape)
+    shape[0] = num_slots
     pin = device_pool.is_cuda
-    return torch.zeros(shape, dtype=device_pool.dtype, device="cpu", pin_memory=pin)
+    return torch.empty(shape, dtype=device_pool.dtype, device="cpu", pin_memory=pin)
 
 
 def make_host_tier(storage: torch.Tensor, gib: float, world_size: int,
@@ -88,30 +106,49 @@ def make_host_tier(storage: torch.Tensor, gib: float, world_size: int,
 
 
 class BlockMover:
-    """Executes a step's host-tier moves for one rank."""
+    """Executes a step's host-tier moves for one rank.
+
+    Under CUDA every copy runs on a side stream and the host never waits: a store gathers
+    its blocks on the device (the compute stream waits only for that gather before it may
+    overwrite them) and then copies to the pinned host pool; a load copies each run of host
+    slots to a device staging buffer and scatters it into the pool, and the compute stream
+    waits for it before the forward that reads the blocks. Both go in issue order on one
+    stream, so a load always sees the stores before it.
+    """
 
     def __init__(self, device_pool: torch.Tensor, host_pool: torch.Tensor) -> None:
         self.device_pool = device_pool
         self.host_pool = host_pool
-        self.block_bytes = device_pool[:, :, 0].numel() * device_pool.element_size()
+        self.block_bytes = host_pool[0].numel() * host_pool.element_size()
         self._cuda = device_pool.is_cuda
         self._stream = torch.cuda.Stream(device_pool.device) if self._cuda else None
         self._loaded: torch.cuda.Event | None = None
         self.bytes_stored = 0
         self.bytes_loaded = 0
 
+    def _index(self, block_ids: Seq[int]) -> torch.Tensor:
+        return torch.as_tensor(list(block_ids), dtype=torch.long).to(
+            self.device_pool.device, non_blocking=True)
+
     def store(self, device_blocks: Seq[int], host_slots: Seq[int]) -> None:
         """Copy device blocks to host slots. Blocks are read after everything the compute
         stream has queued, so a block written by the step before is complete."""
         if not device_blocks:
             return
-        if self._cuda:
-            self._stream.wait_stream(torch.cuda.current_stream(self.device_pool.device))
-            with torch.cuda.stream(self._stream):
-                staged = gather_blocks(self.device_pool, device_blocks).to("cpu")
+        if not self._cuda:
+            slots = torch.as_tensor(list(host_slots), dtype=torch.long)
+            self.host_pool[slots] = block_major(self.device_pool)[self._index(device_blocks)]
         else:
-            staged = gather_blocks(self.device_pool, device_blocks)
-        scatter_blocks(self.host_pool, host_slots, staged)
+            compute = torch.cuda.current_stream(self.device_pool.device)
+            self._stream.wait_stream(compute)
+            with torch.cuda.stream(self._stream):
+                staged = block_major(self.device_pool)[self._index(device_blocks)]
+                gathered = torch.cuda.Event()
+                gathered.record(self._stream)
+                for position, slot, count in slot_runs(host_slots):
+                    self.host_pool[slot:slot + count].copy_(
+                        staged[position:position + count], non_blocking=True)
+            compute.wait_event(gathered)  # the blocks may be handed out again after this
         self.bytes_stored += len(device_blocks) * self.block_bytes
 
     def load(self, host_slots: Seq[int], device_blocks: Seq[int]) -> None:
@@ -119,18 +156,24 @@ class BlockMover:
         (call wait_loads before the forward that reads them)."""
         if not host_slots:
             return
-        staged = gather_blocks(self.host_pool, host_slots)
-        if self._cuda:
-            staged = staged.pin_memory()
+        if not self._cuda:
+            slots = torch.as_tensor(list(host_slots), dtype=torch.long)
+            self.device_pool.index_copy_(BLOCK_DIM, self._index(device_blocks),
+                                         self.host_pool[slots].movedim(0, BLOCK_DIM))
+        else:
             with torch.cuda.stream(self._stream):
+                index = self._index(device_blocks)
+                staged = torch.empty((len(host_slots), *self.host_pool.shape[1:]),
+                                     dtype=self.host_pool.dtype, device=self.device_pool.device)
+                for position, slot, count in slot_runs(host_slots):
+                    staged[position:position + count].copy_(
+                        self.host_pool[slot:slot + count], non_blocking=True)
                 # The device blocks may have been read by steps still queued (a freed block
                 # handed out again): wait for them before overwriting.
                 self._stream.wait_stream(torch.cuda.current_stream(self.device_pool.device))
-                scatter_blocks(self.device_pool, device_blocks, staged)
+                self.device_pool.index_copy_(BLOCK_DIM, index, staged.movedim(0, BLOCK_DIM))
                 self._loaded = torch.cuda.Event()
                 self._loaded.record(self._stream)
-        else:
-            scatter_blocks(self.device_pool, device_blocks, staged)
         self.bytes_loaded += len(host_slots) * self.block_bytes
 
     def apply(self, moves: BlockMoves) -> None:
@@ -144,3 +187,8 @@ class BlockMover:
         if self._loaded is not None:
             torch.cuda.current_stream(self.device_pool.device).wait_event(self._loaded)
             self._loaded = None
+
+    def synchronize(self) -> None:
+        """Wait on the host until every copy issued so far is complete (tests, shutdown)."""
+        if self._stream is not None:
+            self._stream.synchronize()

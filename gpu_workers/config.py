@@ -42,7 +42,8 @@ class WorkerConfig:
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS["cpu"]
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: int | None = None
-    """KV budget on CPU; None = DEFAULT_CPU_KV_BYTES."""
+    """KV budget on CPU (None = DEFAULT_CPU_KV_BYTES); on CUDA a cap on the pool that
+    gpu_memory_utilization leaves room for (None: no cap)."""
     kv_offloading_size: float = 0.0
     """GiB of host memory per rank for the host KV tier (0: off)."""
     enforce_eager: bool = False

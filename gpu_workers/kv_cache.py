@@ -1,10 +1,10 @@
 """The paged KV pool: per layer, K and V of shape [num_blocks, block_size, Hkv_rank, D].
 
-Sizing: on CUDA, whatever memory the profiling forward left under gpu_memory_utilization; on
-CPU, the kv_cache_bytes budget. Either way one max_model_len sequence must fit, or start-up
-fails with a message that says what to change. A draft model (speculative "draft") keeps its
-own pool over the same block ids, so `extra_per_block` (its bytes per block) is paid from the
-same budget.
+Sizing: on CUDA, whatever memory the profiling forward left under gpu_memory_utilization, at
+most kv_cache_bytes when given; on CPU, the kv_cache_bytes budget. Either way one
+max_model_len sequence must fit, or start-up fails with a message that says what to change.
+A draft model (speculative "draft") keeps its own pool over the same block ids, so
+`extra_per_block` (its bytes per block) is paid from the same budget.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def cuda_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int,
     transient = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
     budget = total * config.gpu_memory_utilization - (total - free) - transient
     per_block = bytes_per_block(model, config.block_size, world_size) + extra_per_block
+    if config.kv_cache_bytes is not None:  # a cap: a small pool on a large GPU (tests, sharing)
+        budget = min(budget, config.kv_cache_bytes)
     return max(0, int(budget) // per_block)
 
 

@@ -167,6 +167,11 @@ class EngineStats:
     host_blocks_used: int = 0
     host_blocks_total: int = 0
     """The host tier's size in blocks (0: no tier)."""
+    host_swaps_out: int = 0
+    """Preempted sequences swapped out to the host tier instead of recomputed (their blocks
+    count in host_blocks_stored)."""
+    host_swaps_in: int = 0
+    """Swapped sequences resumed with their KV loaded back (blocks in host_blocks_loaded)."""
 
 
 def _topic(cls: type) -> bytes:

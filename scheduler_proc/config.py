@@ -39,6 +39,9 @@ class SchedulerConfig:
     run it would take a core from the workers' compute, so it stays 0 there."""
     num_host_slots: int = 0
     """Blocks of the host KV tier (what the workers found room for; 0: no tier)."""
+    swap_min_tokens: int | None = None
+    """With a host tier, preemption swaps a sequence out only past this many computed tokens
+    (None: one block); shorter ones are recomputed (scheduler_proc.swap)."""
     num_speculative_tokens: int = 0
     """Speculation: proposals a decoding entry may verify per step (0: off). Works with
     overlap: a plan sent before the previous result sizes blocks and length caps as if every
@@ -63,6 +66,9 @@ class SchedulerConfig:
         if self.deep_plan_max_seqs is not None and self.deep_plan_max_seqs < 0:
             raise ValueError("SchedulerConfig.deep_plan_max_seqs must be >= 0 or None, "
                              f"got {self.deep_plan_max_seqs!r}")
+        if self.swap_min_tokens is not None and self.swap_min_tokens < 0:
+            raise ValueError("SchedulerConfig.swap_min_tokens must be >= 0 or None, "
+                             f"got {self.swap_min_tokens!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError("SchedulerConfig.num_speculative_tokens must be >= 0")
         if self.plans_ahead > 1 and self.num_speculative_tokens:

@@ -126,14 +126,19 @@ class HostPool:
             self._slot_hash[slot] = None
         self._free.append(slot)
 
+    def room(self) -> int:
+        """Slots a swap-out could take now: free ones and cached blocks not pinned (a swapped
+        sequence's slots are never evicted: they are its only copy of its KV)."""
+        pinned = self._pinned
+        return len(self._free) + sum(1 for s in self._by_hash.values() if s not in pinned)
+
     def take_anonymous(self, count: int) -> list[int] | None:
         """Slots for a swap-out: blocks of a running sequence, not all of them hashed, so they
         are not findable by hash. None when count cannot be had (then nothing is evicted)."""
-        if count > self.num_slots - len(self._pinned):
+        if count > self.room():
             return None
         while len(self._free) < count:
             slot = self._evict_one()
-            if slot is None:
-                return None
+            assert slot is not None, "room() counted an unpinned cached slot"
             self._free.append(slot)
         return [self._free.pop() for _ in range(count)]

@@ -32,5 +32,10 @@ def check_integrity(state: SchedulerState) -> None:
             problems.append(f"{s!r} pending != tokens in flight")
         if s.spec_inflight != proposals.get(id(s), 0):
             problems.append(f"{s!r} spec_inflight != proposals in flight")
+    tier = state.kv_tier
+    if tier is not None:
+        for sid in tier.swapped:
+            if sid not in state.seqs or state.seqs[sid].status is not WAITING:
+                problems.append(f"sequence {sid} holds a swap but is not waiting")
     if problems:
         raise AssertionError("; ".join(problems))

@@ -18,6 +18,7 @@ from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.kv_tier import KVTier
 from scheduler_proc.sequence import Sequence, SequenceStatus
 from scheduler_proc.stats import SchedulerStats, request_metrics
+from scheduler_proc.swap import discard, swap_out, swap_pays
 from scheduler_proc.token_deltas_columns import TokenDeltasColumns
 
 RUNNING = SequenceStatus.RUNNING
@@ -50,8 +51,9 @@ class SchedulerState:
             config.num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
         self.kv_tier = (KVTier(self.block_manager, config.num_host_slots)
-                        if config.num_host_slots and config.enable_prefix_caching else None)
-        """The host KV tier's index and the moves of the step being planned (None: off)."""
+                        if config.num_host_slots else None)
+        """The host KV tier's index, swaps and the moves of the step being planned (None:
+        off). Without prefix caching it only swaps: no block is hashed, so none is cached."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the tail is preempted first
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence
@@ -79,13 +81,18 @@ class SchedulerState:
             self.waiting.remove(seq)
 
     def preempt(self, seq: Sequence) -> None:
-        """Recompute-preemption: free everything, requeue at the front, re-send in full later.
+        """Preemption: free everything, requeue at the front, re-send in full later.
 
-        The caller has already taken it out of running. Its computed full blocks are hashed
+        The caller has already taken it out of running. Where the rule says so
+        (scheduler_proc.swap) its KV is first planned out to the host tier, to be loaded back
+        on re-admission; otherwise it is recomputed then. Its computed full blocks are hashed
         first, so re-admission can hit them if they survive. Overlap hazard: a token sampled
         for it by a plan in flight still arrives and is appended (num_pending), and
         re-admission waits for it.
         """
+        tier = self.kv_tier
+        if tier is not None and swap_pays(seq, tier, self.config):
+            swap_out(tier, seq)
         self.block_manager.hash_full_blocks(seq)
         self.block_manager.free(seq)
         self.trims.pop(seq.seq_id, None)  # the drop forgets the whole table
@@ -120,6 +127,8 @@ class SchedulerState:
             self.block_manager.hash_full_blocks(seq)
             self.block_manager.free(seq)
         self.trims.pop(seq.seq_id, None)
+        if self.kv_tier is not None:
+            discard(self.kv_tier, seq.seq_id)
         seq.status = FINISHED
         seq.finish_reason = reason
         metrics = request_metrics(seq, reason, time.monotonic())

@@ -18,6 +18,7 @@ from protocol.step_messages import NO_MOVES
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import RUNNING, PlanInFlight, SchedulerState
+from scheduler_proc.swap import plan_swap_in, swap_in
 
 _NO_NEW_BLOCKS: list[int] = []
 """The new block ids of the many entries that get none: one shared list, never mutated."""
@@ -222,14 +223,22 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
         # and never the last token, and it starts from an empty block table, so it cannot
         # index past it.
         prefix = bm.find_cached_prefix(seq.token_ids)
-        host_slots = [] if tier is None else tier.match(seq.token_ids, prefix)
         num_device = prefix.num_blocks * bs
-        num_cached = num_device + len(host_slots) * bs
+        resume = None if tier is None else plan_swap_in(tier, seq, prefix)
+        if resume is not None:  # swapped out: all its computed KV waits on the host
+            host_slots = []
+            num_cached = resume.num_computed
+        else:
+            host_slots = tier.match(seq.token_ids, prefix) if tier and bm.enable_prefix_caching \
+                else []
+            num_cached = num_device + len(host_slots) * bs
         n = min(len(seq.token_ids) - num_cached, budget)
         alloc = bm.allocate(seq, num_cached + n, prefix)
         if alloc is None:
             break
-        if host_slots:  # the first new blocks take the host tier's KV before the forward
+        if resume is not None:
+            swap_in(tier, seq, resume, alloc.new_block_ids)
+        elif host_slots:  # the first new blocks take the host tier's KV before the forward
             tier.load(host_slots, alloc.new_block_ids[:len(host_slots)])
         waiting.popleft()
         seq.status = RUNNING
@@ -249,7 +258,8 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
         seq.num_computed = num_cached + n
         seq.num_prefill = len(seq.token_ids)
         stats.prompt_tokens += n
-        stats.cached_prompt_tokens += num_cached
+        # Swapped-in KV is neither computed nor a prefix hit: the swap counters count it.
+        stats.cached_prompt_tokens += num_device if resume is not None else num_cached
         if seq.first_scheduled_s is None:
             seq.first_scheduled_s = now
             seq.num_cached_prompt = min(num_cached, seq.num_prompt_tokens)

@@ -95,7 +95,8 @@ class EngineConfig:
     gpu_memory_utilization: float = option(
         0.9, "share of GPU memory the engine may use (KV cache included)", above=0, maximum=1)
     kv_cache_bytes: int | None = option(
-        None, f"KV cache size on cpu (default: {CPU_KV_CACHE_BYTES >> 20} MiB)", minimum=1)
+        None, f"KV cache size on cpu (default: {CPU_KV_CACHE_BYTES >> 20} MiB); on cuda at most "
+        "this much of what --gpu-memory-utilization leaves (default: no cap)", minimum=1)
     kv_offloading_size: float | None = option(
         None, "GiB of host memory per rank that keep prefix KV blocks evicted from the device "
         "(a host tier the prefix cache reloads from; 0: off; default: 0 on cpu, "

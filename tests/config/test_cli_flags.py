@@ -131,8 +131,6 @@ def test_help_shows_each_fields_own_default():
     (["--no-http", "--max-request-bytes", "10"], "--max-request-bytes applies to the HTTP "
                                                  "API, which --no-http turns off"),
     (["--no-http", "--port", "8001"], "--port applies to the HTTP API"),
-    (["--device", "cuda", "--kv-cache-bytes", "4096"], "--kv-cache-bytes applies to --device "
-                                                       "cpu; this engine runs on cuda"),
     (["--device", "cpu", "--enforce-eager"], "--enforce-eager applies to --device cuda"),
     (["--metrics-port", "70000"], "--metrics-port must be in 1..65535, got 70000"),
     (["--metrics-host", "::1"], "--metrics-host applies to --metrics-port"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from hf_reference import hf_greedy
 from pipeline_config import kv_bytes_per_token, tiny_engine
 
@@ -94,3 +95,27 @@ def test_the_client_sees_host_tier_hits_in_its_metrics_and_the_engine_stats(tiny
     ctx = contexts[1] + [2]
     assert outs[NUM_CONTEXTS + 1].token_ids == hf_greedy(tiny_qwen3_dir, ctx, GREEDY.max_tokens)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_the_gpu_a_host_tier_hit_gives_the_tokens_of_a_device_cache_hit(tiny_qwen3_dir,
+                                                                            dtype):
+    # A device-cache hit and a host-tier hit compute the same new tokens after the same
+    # cached prefix, so even in bf16 their tokens are identical if the blocks came back
+    # exactly; recomputing the prefix (the tier off) may round differently in bf16.
+    per_token = kv_bytes_per_token(tiny_qwen3_dir, itemsize=2 if dtype == "bfloat16" else 4)
+    contexts = _conversations()
+    results = {}
+    for name, pool, size in (("tier", 272, 0.01), ("device cache", 2048, 0)):
+        cfg = tiny_engine(tiny_qwen3_dir, device="cuda", dtype=dtype, block_size=16,
+                          kv_cache_bytes=per_token * pool, kv_offloading_size=size)
+        with LLM(**cfg) as llm:
+            results[name] = _returning_turns(llm, contexts)
+    tier, cached = results["tier"], results["device cache"]
+    assert [o["token_ids"] for o in tier] == [o["token_ids"] for o in cached]
+    host = [o["metrics"].host_prompt_tokens for o in tier[NUM_CONTEXTS:]]
+    assert sum(host) >= (NUM_CONTEXTS - 1) * (CONTEXT_TOKENS - 32), host
+    assert all(o["metrics"].cached_prompt_tokens >= CONTEXT_TOKENS - 16
+               for o in cached[NUM_CONTEXTS:])

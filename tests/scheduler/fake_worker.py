@@ -73,9 +73,14 @@ class Mirror:
 
 
 class FakeWorker:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, poison_dropped: bool = False) -> None:
         self.block_size = block_size
         self.kv: list[int | None] = [None] * (num_blocks * block_size)
+        self.host: dict[int, list[int | None]] = {}
+        """The host tier: slot -> a block's KV, as the plans' moves copy it."""
+        self.poison_dropped = poison_dropped
+        """Wipe a dropped sequence's blocks (only sound when no block is shared, i.e. with
+        prefix caching off): KV it needs again must then come back through the moves."""
         self.mirrors: dict[int, Mirror] = {}
         self.next_step = 0
         self.plans: list[StepPlan] = []
@@ -90,9 +95,21 @@ class FakeWorker:
         assert plan.step_id == self.next_step, "plans must arrive in order"
         self.next_step += 1
         self.plans.append(plan)
+        # The plan's host-tier copies, stores then loads, as a real rank runs them before its
+        # forward; a dropped sequence's blocks are dead once this plan's stores have read them.
+        m, bs = plan.moves, self.block_size
+        slots = [*m.store_host_slots, *m.load_host_slots]
+        assert len(set(slots)) == len(slots), f"plan {plan.step_id}: a host slot moved twice"
+        for b, slot in zip(m.store_device_blocks, m.store_host_slots, strict=True):
+            self.host[slot] = self.kv[b * bs : (b + 1) * bs]
         for sid in plan.drop_seq_ids:
             assert sid in self.mirrors, f"drop of unknown sequence {sid}"
-            del self.mirrors[sid]
+            mirror = self.mirrors.pop(sid)
+            if self.poison_dropped:
+                for b in mirror.block_table:
+                    self.kv[b * bs : (b + 1) * bs] = [-1] * bs
+        for slot, b in zip(m.load_host_slots, m.load_device_blocks, strict=True):
+            self.kv[b * bs : (b + 1) * bs] = self.host[slot]
 
     def execute(self, plan: StepPlan) -> StepResult:
         self._begin(plan)
