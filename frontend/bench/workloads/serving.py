@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from frontend import AsyncClient, SamplingParams
 from frontend.bench.common import emit, greedy, random_prompts
@@ -38,6 +36,7 @@ from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
+from protocol.model_config import read_model_config, vocab_size
 
 
 @dataclass
@@ -122,7 +121,7 @@ async def run_rate(client: AsyncClient, rate: float, args: argparse.Namespace,
 async def serve_all(config: EngineConfig, args: argparse.Namespace) -> list[dict]:
     with Pipeline(config) as pipeline:
         async with AsyncClient(pipeline.address) as client:
-            vocab = json.loads((Path(config.model_dir) / "config.json").read_text())["vocab_size"]
+            vocab = vocab_size(read_model_config(config.model_dir))
             await client.generate(prompt_token_ids=[1, 2, 3, 4], params=greedy(4))
             results = []
             for rate in args.rates:
