@@ -167,8 +167,7 @@ class Pipeline:
             host_bytes.append(sum(r.host_block_bytes for r in readies))
         self.num_kv_blocks = min(kv_blocks)
         self.num_host_slots = min(host_slots)
-        sched_cfg = cfg.scheduler_config(self.num_kv_blocks, self.num_host_slots,
-                                         max(host_bytes))
+        sched_cfg = cfg.scheduler_config(self.num_kv_blocks, self.num_host_slots, max(host_bytes))
         try:
             sched_cfg.check_pool_fits_model_len()
         except ValueError as exc:
