@@ -99,8 +99,9 @@ class EngineConfig:
         "this much of what --gpu-memory-utilization leaves (default: no cap)", minimum=1)
     kv_offloading_size: float | None = option(
         None, "GiB of host memory per rank that keep prefix KV blocks evicted from the device "
-        "(a host tier the prefix cache reloads from; 0: off; default: 0 on cpu, "
-        f"min(1/4 of free host memory, {AUTO_OFFLOAD_CAP_GIB}) on cuda)", minimum=0)
+        "(a host tier the prefix cache reloads from, and preemption swaps to; 0: off; "
+        f"default: 0 on cpu, min(1/4 of free host memory, {AUTO_OFFLOAD_CAP_GIB}) on cuda)",
+        minimum=0)
     enforce_eager: bool = option(False, "no CUDA graphs for decode")
     peer_all_reduce: bool = option(
         False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
