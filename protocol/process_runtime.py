@@ -108,11 +108,12 @@ class ProcessRuntime:
         return sock
 
     def report_ready(self, control_address: str, info: str = "", num_kv_blocks: int = 0,
-                     security: CurveKeys | None = None, num_host_slots: int = 0) -> None:
+                     security: CurveKeys | None = None, num_host_slots: int = 0,
+                     host_block_bytes: int = 0) -> None:
         """Tell the launcher this process serves now (and what it learned at start-up)."""
         sock = self.socket(zmq.PUSH, control_address, bind=False, security=security)
         sock.send(Ready(role=self.role, rank=self.rank, num_kv_blocks=num_kv_blocks, info=info,
-                       num_host_slots=num_host_slots))
+                       num_host_slots=num_host_slots, host_block_bytes=host_block_bytes))
 
     def report_progress(self, control_address: str, text: str,
                         security: CurveKeys | None = None) -> None:
@@ -163,6 +164,7 @@ class Started:
     info: str = ""
     num_kv_blocks: int = 0
     num_host_slots: int = 0
+    host_block_bytes: int = 0
 
 
 @contextlib.contextmanager
@@ -199,5 +201,6 @@ def start_and_serve(rt: ProcessRuntime, endpoints: Endpoints,
         rt.report_failure(endpoints.control, exc, security=endpoints.keys)
         raise SystemExit(1) from exc
     rt.report_ready(endpoints.control, started.info, num_kv_blocks=started.num_kv_blocks,
-                    security=endpoints.keys, num_host_slots=started.num_host_slots)
+                    security=endpoints.keys, num_host_slots=started.num_host_slots,
+                    host_block_bytes=started.host_block_bytes)
     started.serve()

@@ -125,6 +125,9 @@ class SamplingParams:
         self._check_structured()
         if isinstance(self.stop, str):  # vLLM and OpenAI take one stop string as it is
             object.__setattr__(self, "stop", [self.stop])
+        for name in ("stop", "stop_token_ids"):  # None, as OpenAI's `"stop": null`: none
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, [])
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             value = getattr(self, name)

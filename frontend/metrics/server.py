@@ -1,7 +1,9 @@
 """`--metrics-port`: the Prometheus text format on its own port, for pipelines without HTTP.
 
 The port is bound when the server is made (before the engine starts), so a port in use is a
-one-line error at once; scrapes are answered from a thread of the launcher.
+one-line error at once; scrapes are answered from a thread of the launcher. Its listen
+backlog is the system's maximum, not http.server's 5: a burst of scrapers (or of anything
+else) queues instead of waiting out SYN retries.
 """
 
 from __future__ import annotations
@@ -11,12 +13,24 @@ import socket
 import threading
 from http.server import ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.exposition import MetricsHandler
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = socket.SOMAXCONN
+
+
+class _Handler(MetricsHandler):
+    """prometheus_client's handler, plus HEAD (a load balancer's or uptime probe's check)."""
+
+    def do_HEAD(self) -> None:
+        body = generate_latest(self.registry)
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
 
 
 class _Server6(_Server):
@@ -29,7 +43,7 @@ class MetricsServer:
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
         cls = _Server6 if ":" in host else _Server
         try:
-            self._httpd = cls((host, port), MetricsHandler.factory(registry))
+            self._httpd = cls((host, port), _Handler.factory(registry))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise ValueError(f"the metrics port {port} on {host} is already in use") \

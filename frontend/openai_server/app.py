@@ -37,7 +37,8 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
                max_model_len: int | None = None, max_request_bytes: int | None = None,
                metrics: EngineMetrics | None = None,
                degraded: Callable[[], str | None] | None = None,
-               drained: asyncio.Event | None = None) -> FastAPI:
+               drained: asyncio.Event | None = None,
+               stopping: Callable[[], bool] | None = None) -> FastAPI:
     """The app serving `client`'s pipeline as `model_name`; `api_key` turns on Bearer auth.
     With `metrics`, `/metrics` serves them in the Prometheus text format (without auth, like
     /health: scrapers rarely hold API keys).
@@ -47,7 +48,8 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
     max_model_len) are refused with 413 before they are parsed. `degraded`, when given,
     says why some data-parallel replicas are down (None while all serve): /health reports it.
     `drained` is set when a stopping server's grace is over (draining.Drain): requests still
-    running are then answered with a 503.
+    running are then answered with a 503. `stopping` says the server was told to stop:
+    /health is then a 503 `shutting_down`.
     """
     drained = drained or asyncio.Event()
     if max_model_len is None:
@@ -95,13 +97,14 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
-        state = health_of(client, degraded() if degraded is not None else None)
+        state = health_of(client, degraded() if degraded is not None else None,
+                          stopping=stopping is not None and stopping())
         return JSONResponse(state.body(), status_code=state.http_status)
 
     if metrics is not None:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        @app.get("/metrics")
+        @app.api_route("/metrics", methods=["GET", "HEAD"])
         async def prometheus() -> Response:
             return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

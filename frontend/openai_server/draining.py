@@ -38,6 +38,16 @@ class Drain:
     def __init__(self, grace_s: float = GRACE_S) -> None:
         self.grace_s = grace_s
         self.over = asyncio.Event()
+        self._server: Stoppable | None = None
+
+    def attach(self, server: Stoppable) -> None:
+        """The server whose stop `stopping` reports."""
+        self._server = server
+
+    def stopping(self) -> bool:
+        """Told to stop (SIGTERM sets uvicorn's flag in the signal handler itself): /health
+        says so from that moment, not from the next tick of uvicorn's loop."""
+        return self._server is not None and self._server.should_exit
 
     @property
     def uvicorn_timeout_s(self) -> float:

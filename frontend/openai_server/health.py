@@ -5,6 +5,7 @@
     degraded (200): requests are served, but some data-parallel replicas are down (reason:
                     which, and why); a load balancer keeps sending, an operator is told
     dead     (503): the engine is gone (reason: what the engine said)
+    shutting_down (503): the server was told to stop (SIGTERM, Ctrl-C) and is draining
 
 Load balancers and orchestrators read the status code; people read the JSON body
 `{"status": ..., "reason": ...}`.
@@ -24,6 +25,7 @@ class HealthStatus(enum.Enum):
     READY = "ready"
     DEGRADED = "degraded"
     DEAD = "dead"
+    SHUTTING_DOWN = "shutting_down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +51,15 @@ class Connection(Protocol):
     def dead_reason(self) -> str | None: ...
 
 
-def health_of(client: Connection, degraded: str | None = None) -> Health:
+def health_of(client: Connection, degraded: str | None = None,
+              stopping: bool = False) -> Health:
     """The state of the pipeline behind `client`; `degraded` is the launcher's word on lost
-    replicas (Pipeline.degraded), None when all serve or the server runs apart from it."""
+    replicas (Pipeline.degraded), None when all serve or the server runs apart from it;
+    `stopping`: the server was told to stop, so a load balancer must send no more."""
     if client.dead_reason is not None:
         return Health(HealthStatus.DEAD, client.dead_reason)
+    if stopping:
+        return Health(HealthStatus.SHUTTING_DOWN, "the server is shutting down")
     if client.welcome is None:
         return Health(HealthStatus.STARTING, "connecting to the engine")
     if degraded is not None:

@@ -50,11 +50,12 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
             drain = Drain()
             app = create_app(client, name, api_key, max_request_bytes=max_request_bytes,
                              metrics=metrics if own is None else own_metrics,
-                             degraded=degraded, drained=drain.over)
+                             degraded=degraded, drained=drain.over, stopping=drain.stopping)
             config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                     lifespan="off",
                                     timeout_graceful_shutdown=drain.uvicorn_timeout_s)
             server = uvicorn.Server(config)
+            drain.attach(server)
             watch = asyncio.ensure_future(drain.watch(server, engine_alive))
             try:
                 await server.serve(sockets=[sock] if sock is not None else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -28,6 +29,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+BURST = 200
+
+
+def queued_connections(port: int, count: int, wait_s: float = 10) -> int:
+    """Open `count` connections at once; how many the kernel completed within `wait_s`
+    (a full listen backlog leaves the rest retrying their SYN)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            socks.append(s)
+        pending, deadline = set(socks), time.monotonic() + wait_s
+        while pending and time.monotonic() < deadline:
+            _, writable, _ = select.select([], list(pending), [], 0.2)
+            pending -= {s for s in writable if s.getsockopt(socket.SOL_SOCKET,
+                                                            socket.SO_ERROR) == 0}
+        return count - len(pending)
+    finally:
+        for s in socks:
+            s.close()
 
 
 def samples(url: str) -> dict[str, float]:
@@ -72,6 +97,18 @@ def test_metrics_port_serves_what_the_requests_did(tiny_qwen3_dir):
         for name in ("time_to_first_token_seconds", "time_per_output_token_seconds",
                      "e2e_request_latency_seconds", "request_queue_time_seconds"):
             assert got[f"nanopipe:{name}_count[]"] == 3
+        head = httpx.head(url, timeout=30)  # an uptime probe's check
+        assert head.status_code == 200 and head.content == b""
+        assert head.headers["content-type"].startswith("text/plain")
+        # A burst of connections queues in the listen backlog while the launcher is busy
+        # (here: stopped), instead of most of them waiting out SYN retries.
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            burst = queued_connections(port, BURST)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        assert burst == BURST
+        assert samples(url)[done] == 3
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:

@@ -95,3 +95,12 @@ def test_logprobs_as_a_count_points_to_top_logprobs():
 
 def test_one_stop_string_may_be_given_as_it_is():
     assert SamplingParams(stop="abc") == SamplingParams(stop=["abc"])
+
+
+def test_none_means_no_stop_strings_and_no_stop_tokens():
+    # OpenAI's `"stop": null` and vLLM's `stop=None`: nothing stops the request early.
+    params = SamplingParams(stop=None, stop_token_ids=None)
+    assert params == SamplingParams()
+    assert params.stop == [] and params.stop_token_ids == []
+    with pytest.raises(SamplingParamsError, match="stop"):
+        SamplingParams(stop=[None])  # an item still has to be a string

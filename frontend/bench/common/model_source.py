@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from frontend.bench.common.random_model import SHAPES, make_random
-from protocol import model_config as hf
+from protocol.model_config import has_model_config
 
 
 def add_model_source(ap: argparse.ArgumentParser, *, required: bool = True,
@@ -71,7 +71,7 @@ def resolve_model_dir(args: argparse.Namespace, device: str, out: str | Path | N
     emptied after the build: engines size their KV cache from the free memory."""
     shape = args.make_random
     if not shape:
-        if args.model is not None and not hf.has_model_config(args.model):
+        if args.model is not None and not has_model_config(args.model):
             raise SystemExit(f"--model {args.model}: no config.json there "
                              "(a Hugging Face model directory is expected)")
         return args.model

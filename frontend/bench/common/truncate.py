@@ -14,7 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
-from protocol import model_config as hf
+from protocol.model_config import config_path, read_model_config
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -25,20 +25,20 @@ def truncate_model(src: str | Path, out: str | Path, layers: int) -> Path:
     from safetensors.torch import save_file
 
     src, out = Path(src), Path(out)
-    config = hf.read_model_config(src)
+    config = read_model_config(src)
     total = config["num_hidden_layers"]
     if not 1 <= layers <= total:
         raise ValueError(f"layers must be in 1..{total}, got {layers}")
     out.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.is_file() and f.suffix != ".safetensors" and f.name not in (
-                hf.CONFIG_FILE, "model.safetensors.index.json"):
+                config_path(src).name, "model.safetensors.index.json"):
             shutil.copy2(f, out / f.name)
     config["num_hidden_layers"] = layers
     for key in ("layer_types",):  # per-layer lists some configs carry
         if isinstance(config.get(key), list):
             config[key] = config[key][:layers]
-    hf.config_path(out).write_text(json.dumps(config, indent=2))
+    config_path(out).write_text(json.dumps(config, indent=2))
     kept = {}
     for path in sorted(src.glob("*.safetensors")):
         with safe_open(str(path), framework="pt", device="cpu") as f:

@@ -36,7 +36,7 @@ from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
-from protocol import model_config as hf
+from protocol.model_config import read_model_config, vocab_size
 
 
 @dataclass
@@ -121,7 +121,7 @@ async def run_rate(client: AsyncClient, rate: float, args: argparse.Namespace,
 async def serve_all(config: EngineConfig, args: argparse.Namespace) -> list[dict]:
     with Pipeline(config) as pipeline:
         async with AsyncClient(pipeline.address) as client:
-            vocab = hf.vocab_size(hf.read_model_config(config.model_dir))
+            vocab = vocab_size(read_model_config(config.model_dir))
             await client.generate(prompt_token_ids=[1, 2, 3, 4], params=greedy(4))
             results = []
             for rate in args.rates:
