@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from frontend.engine.llm import LLM
+from frontend.engine.options import ConfigError
 from frontend.engine.startup import StartupError
 from frontend.engine.usage import EXIT_FAILED
 from protocol import SamplingParams
@@ -154,11 +155,27 @@ def test_a_corrupt_safetensors_file_is_one_line_naming_it(case, tiny_qwen3_dir, 
         LLM(model, device="cpu")
 
 
-def test_an_index_naming_a_missing_shard_is_one_line(tiny_qwen3_dir, tmp_path):
-    model = _copy(tiny_qwen3_dir, tmp_path / "model", _index_naming_a_missing_shard)
+def _index_not_json(model: Path) -> None:
+    (model / "model.safetensors.index.json").write_text("{oops")
+
+
+def _index_outside_the_directory(model: Path) -> None:
+    header, _ = _split(model / WEIGHTS)
+    weight_map = {n: "../model.safetensors" for n in header if n != "__metadata__"}
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (_index_naming_a_missing_shard, "model.safetensors.index.json names shard "
+     "'model-00002-of-00002.safetensors', which is not in the model directory"),
+    (_index_not_json, "model.safetensors.index.json is not readable JSON"),
+    (_index_outside_the_directory, "names shard '../model.safetensors', which is not a "
+     "*.safetensors file name in the model directory"),
+])
+def test_a_broken_index_is_one_line(edit, expected, tiny_qwen3_dir, tmp_path):
+    model = _copy(tiny_qwen3_dir, tmp_path / "model", edit)
     line = _refused(_serve(model))
-    assert ("model.safetensors.index.json names shard 'model-00002-of-00002.safetensors', "
-            "which is not in the model directory") in line
+    assert expected in line, line
 
 
 def test_a_sharded_checkpoint_that_matches_its_index_passes_the_checks(tiny_qwen3_dir,
@@ -214,6 +231,8 @@ def test_an_invalid_tokenizer_json_is_one_line(text, expected, tiny_qwen3_dir, t
     model = _copy(tiny_qwen3_dir, tmp_path / "model", spoil)
     line = _refused(_serve(model))
     assert f"{model}/tokenizer.json is not a valid tokenizer: " in line and expected in line
+    with pytest.raises(StartupError, match="tokenizer.json is not a valid tokenizer: "):
+        LLM(model, device="cpu")
 
 
 @pytest.mark.parametrize("case, expected", [
@@ -232,3 +251,6 @@ def test_a_bad_draft_model_is_one_line_naming_the_flag(case, expected, tiny_qwen
     line = _refused(_serve(tiny_qwen3_dir, "--speculative", "draft", "--draft-model", draft))
     assert line.startswith(f"nanopipe: EngineConfig.draft_model {draft!r}: "), line
     assert expected in line, line
+    with pytest.raises(ConfigError) as refused:
+        LLM(tiny_qwen3_dir, device="cpu", speculative="draft", draft_model=draft)
+    assert refused.value.field == "draft_model" and expected in str(refused.value)
