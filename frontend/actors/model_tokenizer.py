@@ -15,6 +15,8 @@ from protocol import model_config as hf
 TOKENIZER_JSON = "tokenizer.json"
 SLOW_TOKENIZER_FILES = (("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",))
 """The other file sets a Hugging Face tokenizer loads from (sentencepiece, BPE, WordPiece)."""
+TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+"""JSON files read beside the tokenizer when present; each must hold an object."""
 
 
 class TokenizerFilesError(ValueError):
@@ -27,6 +29,9 @@ def check_tokenizer_files(model: str) -> None:
     token to nothing, or each frontend actor dies with a traceback. The `tokenizers` library
     parses the file in a fraction of a second, without importing transformers."""
     root = Path(model)
+    for side in (root / name for name in TOKENIZER_SIDE_FILES):
+        if side.is_file():
+            _check_json_object(side)
     path = root / TOKENIZER_JSON
     if not path.is_file():
         if any(all((root / f).is_file() for f in files) for files in SLOW_TOKENIZER_FILES):
@@ -44,6 +49,16 @@ def check_tokenizer_files(model: str) -> None:
     except Exception as exc:  # noqa: BLE001 - the library's errors have no common type
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TokenizerFilesError(f"{path} is not a valid tokenizer: {reason}") from None
+
+
+def _check_json_object(path: Path) -> None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerFilesError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise TokenizerFilesError(f"{path} must hold a JSON object, got "
+                                  f"{type(value).__name__}")
 
 
 def load_tokenizer(model: str) -> Any:

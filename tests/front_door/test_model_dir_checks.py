@@ -254,3 +254,13 @@ def test_a_bad_draft_model_is_one_line_naming_the_flag(case, expected, tiny_qwen
     with pytest.raises(ConfigError) as refused:
         LLM(tiny_qwen3_dir, device="cpu", speculative="draft", draft_model=draft)
     assert refused.value.field == "draft_model" and expected in str(refused.value)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("{oops", "tokenizer_config.json is not valid JSON: "),
+    ("[1]", "tokenizer_config.json must hold a JSON object, got list"),
+])
+def test_an_invalid_tokenizer_config_is_one_line(text, expected, tiny_qwen3_dir, tmp_path):
+    model = _copy(tiny_qwen3_dir, tmp_path / "model",
+                  lambda m: (m / "tokenizer_config.json").write_text(text))
+    assert expected in _refused(_serve(model))
