@@ -16,6 +16,8 @@ import pytest
 
 from frontend.engine.usage import EXIT_FAILED, EXIT_STOPPED
 
+pytestmark = pytest.mark.slow  # races whole launchers
+
 ROOT = Path(__file__).resolve().parents[2]
 PROGRESS = ("nanopipe: starting ", "nanopipe: worker ", "nanopipe: KV cache: ")
 """What start-up prints before it can fail; not part of an error."""

@@ -22,6 +22,8 @@ from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
 from protocol import SamplingParams
 
+pytestmark = pytest.mark.slow  # launches whole engines
+
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>]")
