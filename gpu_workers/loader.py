@@ -8,12 +8,13 @@ cut into those parts first.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+from protocol.checkpoint_files import checkpoint_files
 
 # HF tensor name piece -> (our packed module name, shard id)
 PACKED = {
@@ -24,18 +25,6 @@ PACKED = {
     "up_proj": ("gate_up_proj", 1),
 }
 _IGNORED = ("rotary_emb.inv_freq",)
-
-
-def checkpoint_files(model_dir: str | Path) -> list[Path]:
-    root = Path(model_dir)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [root / n for n in names]
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors checkpoint in {model_dir}")
-    return files
 
 
 def _target(name: str) -> tuple[str, object]:

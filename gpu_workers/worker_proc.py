@@ -21,9 +21,12 @@ from gpu_workers.config import WorkerConfig
 from gpu_workers.rendezvous import tcp_rendezvous
 from protocol import Endpoints, ProtocolError, Shutdown, StepPlan
 from protocol.actor_start import from_plain, read_start
+from protocol.checkpoint_match import check_checkpoint_matches
 from protocol.host_timeline import NO_TIMELINE, HostTimeline, host_timeline
+from protocol.model_shape import ModelShape
 from protocol.process_runtime import (
     POLL_MS,
+    ExplainedStartupError,
     ProcessRuntime,
     Started,
     actor_process,
@@ -55,6 +58,17 @@ def init_distributed(config: WorkerConfig, rank: int, world_size: int,
                             world_size=world_size)
 
 
+def check_checkpoints(config: WorkerConfig) -> None:
+    """The launcher checked the checkpoints against their config.json on its host; a rank
+    on another host reads its own copy, checked here (the headers only) before a model the
+    checkpoint cannot fill is allocated."""
+    for model in filter(None, (config.model, config.draft_model)):
+        try:
+            check_checkpoint_matches(model, ModelShape.from_dir(model, config.dtype))
+        except ValueError as exc:
+            raise ExplainedStartupError(f"model {model!r}: {exc}") from None
+
+
 def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endpoints,
                rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S) -> None:
     """Process entry point for one rank."""
@@ -70,6 +84,7 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
             if rank == 0:
                 results = rt.socket(zmq.PUSH, endpoints.step_results, bind=False,
                                     security=endpoints.keys)
+            check_checkpoints(config)
             init_distributed(config, rank, world_size, rendezvous_timeout_s)
             progress = None
             if rank == 0:
@@ -87,8 +102,10 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
                 finally:
                     timeline.write()
 
+            mover = runner.mover
             return Started(serve, info, num_kv_blocks=runner.num_kv_blocks,
-                           num_host_slots=runner.num_host_slots)
+                           num_host_slots=runner.num_host_slots,
+                           host_block_bytes=0 if mover is None else mover.block_bytes)
 
         try:
             start_and_serve(rt, endpoints, start)

@@ -22,6 +22,8 @@ class Ready:
     info: str
     num_host_slots: int = 0
     """A worker: blocks its host KV tier holds (0: no tier)."""
+    host_block_bytes: int = 0
+    """A worker: bytes one block of its host tier takes (its shard of every layer's K and V)."""
 
 
 @message(0x31)

@@ -172,6 +172,8 @@ class EngineStats:
     count in host_blocks_stored)."""
     host_swaps_in: int = 0
     """Swapped sequences resumed with their KV loaded back (blocks in host_blocks_loaded)."""
+    host_block_bytes: int = 0
+    """Bytes one host-tier block takes over all the ranks: blocks x this = bytes moved."""
 
 
 def _topic(cls: type) -> bytes:

@@ -64,10 +64,22 @@ def require(config: dict[str, Any], key: str) -> Any:
         raise ModelConfigError(f"{CONFIG_FILE} lacks {key!r}") from None
 
 
+def positive_int(config: dict[str, Any], key: str, default: int | None = None) -> int:
+    """config[key] (or `default` when absent), which must be an integer above 0: a size of
+    the model's tensors, which a negative or fractional value would make meaningless."""
+    value = config.get(key, default) if default is not None else require(config, key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ModelConfigError(f"{CONFIG_FILE}'s {key!r} must be a positive integer, "
+                               f"got {value!r}")
+    return value
+
+
 def attention_heads(config: dict[str, Any]) -> tuple[int, int]:
     """(query heads, KV heads); a config without `num_key_value_heads` has one per query head."""
-    heads = require(config, "num_attention_heads")
-    return heads, config.get("num_key_value_heads") or heads
+    heads = positive_int(config, "num_attention_heads")
+    if config.get("num_key_value_heads") is None:
+        return heads, heads
+    return heads, positive_int(config, "num_key_value_heads")
 
 
 def max_position_embeddings(config: dict[str, Any]) -> int:

@@ -75,7 +75,7 @@ class ModelShape:
         ValueError for an unsupported type or dtype, ModelConfigError for a missing field."""
         model_type = check_model_type(cfg.get("model_type"))
         heads, kv_heads = hf.attention_heads(cfg)
-        hidden = hf.require(cfg, "hidden_size")
+        hidden = hf.positive_int(cfg, "hidden_size")
         rope = cfg.get("rope_parameters") or {}
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
         scaling = cfg.get("rope_scaling") or (rope if rope else None)
@@ -85,13 +85,14 @@ class ModelShape:
         dtype_name = dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
         return ModelShape(
             model_type=model_type,
-            vocab_size=hf.require(cfg, "vocab_size"),
+            vocab_size=hf.positive_int(cfg, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=hf.require(cfg, "intermediate_size"),
-            num_layers=hf.require(cfg, "num_hidden_layers"),
+            intermediate_size=hf.positive_int(cfg, "intermediate_size"),
+            num_layers=hf.positive_int(cfg, "num_hidden_layers"),
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=cfg.get("head_dim") or hidden // heads,
+            head_dim=hf.positive_int(cfg, "head_dim") if cfg.get("head_dim") is not None
+            else hidden // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             rope_scaling=scaling,

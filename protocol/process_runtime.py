@@ -44,6 +44,12 @@ class ExplainedStartupError(RuntimeError):
     cache that cannot fit): logged in one line. Any other failure keeps its traceback."""
 
 
+class QuietStartupError(ExplainedStartupError):
+    """An explained failure that the launcher's own line states in full (a port another
+    process took during start-up): the actor logs it at debug level only, so that the user
+    reads it once."""
+
+
 class ProcessRuntime:
     """Owns the process-wide zmq.Context and knows when the process must stop."""
 
@@ -104,12 +110,14 @@ class ProcessRuntime:
         return sock
 
     def report_ready(self, control_address: str, info: str = "", num_kv_blocks: int = 0,
-                     security: CurveKeys | None = None, num_host_slots: int = 0) -> None:
+                     security: CurveKeys | None = None, num_host_slots: int = 0,
+                     host_block_bytes: int = 0) -> None:
         """Tell the launcher this process serves now (and what it learned at start-up)."""
         sock = self.socket(zmq.PUSH, control_address, bind=False, security=security)
         self._send_to_launcher(sock, Ready(role=self.role, rank=self.rank,
                                            num_kv_blocks=num_kv_blocks, info=info,
-                                           num_host_slots=num_host_slots))
+                                           num_host_slots=num_host_slots,
+                                           host_block_bytes=host_block_bytes))
 
     def report_progress(self, control_address: str, text: str,
                         security: CurveKeys | None = None) -> None:
@@ -123,7 +131,8 @@ class ProcessRuntime:
     def report_failure(self, control_address: str, exc: BaseException,
                        security: CurveKeys | None = None) -> None:
         """Tell the launcher why start-up failed; waits briefly so the message leaves."""
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        error = str(exc) if isinstance(exc, QuietStartupError) else \
+            "".join(traceback.format_exception_only(type(exc), exc)).strip()
         sock = self.ctx.socket(zmq.PUSH)
         try:
             secure(sock, security, server=False)
@@ -160,6 +169,7 @@ class Started:
     info: str = ""
     num_kv_blocks: int = 0
     num_host_slots: int = 0
+    host_block_bytes: int = 0
 
 
 @contextlib.contextmanager
@@ -187,12 +197,15 @@ def start_and_serve(rt: ProcessRuntime, endpoints: Endpoints,
         if endpoints.run_dir_missing:  # the launcher sees it too and says so in one line
             log.debug("%s: start-up failed without its run directory: %s", name, exc)
             raise SystemExit(1) from exc
-        if isinstance(exc, ExplainedStartupError):
+        if isinstance(exc, QuietStartupError):
+            log.debug("%s: start-up failed: %s", name, exc)
+        elif isinstance(exc, ExplainedStartupError):
             log.error("%s: start-up failed: %s", name, exc)
         else:
             log.exception("%s: start-up failed", name)
         rt.report_failure(endpoints.control, exc, security=endpoints.keys)
         raise SystemExit(1) from exc
     rt.report_ready(endpoints.control, started.info, num_kv_blocks=started.num_kv_blocks,
-                    security=endpoints.keys, num_host_slots=started.num_host_slots)
+                    security=endpoints.keys, num_host_slots=started.num_host_slots,
+                    host_block_bytes=started.host_block_bytes)
     started.serve()

@@ -39,6 +39,8 @@ class SchedulerConfig:
     run it would take a core from the workers' compute, so it stays 0 there."""
     num_host_slots: int = 0
     """Blocks of the host KV tier (what the workers found room for; 0: no tier)."""
+    host_block_bytes: int = 0
+    """Bytes one host-tier block takes over all the ranks (only the stats use it)."""
     swap_min_tokens: int | None = None
     """With a host tier, preemption swaps a sequence out only past this many computed tokens
     (None: one block); shorter ones are recomputed (scheduler_proc.swap)."""

@@ -123,4 +123,4 @@ def _tier_stats(state: SchedulerState) -> dict[str, int]:
     return dict(host_hit_tokens=c.hit_tokens, host_blocks_stored=c.blocks_stored,
                 host_blocks_loaded=c.blocks_loaded, host_blocks_used=tier.host.num_used,
                 host_blocks_total=tier.host.num_slots, host_swaps_out=c.swaps_out,
-                host_swaps_in=c.swaps_in)
+                host_swaps_in=c.swaps_in, host_block_bytes=state.config.host_block_bytes)

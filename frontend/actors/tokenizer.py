@@ -17,6 +17,7 @@ one; a REQ peer gets its error inside the envelope it can read.
 from __future__ import annotations
 
 import copy
+import errno
 import functools
 import logging
 import time
@@ -61,6 +62,7 @@ from protocol.outcomes import invalid
 from protocol.process_runtime import (
     POLL_MS,
     ProcessRuntime,
+    QuietStartupError,
     Started,
     actor_process,
     start_and_serve,
@@ -93,6 +95,21 @@ class TokenizerConfig:
         return self.model_name or Path(self.model).name
 
 
+def _client_socket(rt: ProcessRuntime, address: str) -> RouterSocket:
+    """The public socket clients connect to. Its tcp port is checked free before start-up,
+    but another process may take it while the workers load: that is one line, not a
+    traceback (QuietStartupError: the launcher prints it)."""
+    try:
+        return RouterSocket(rt.ctx, address, accepts=(ClientHello, GenerateRequest,
+                                                      AbortRequest))
+    except zmq.ZMQError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        where = address.removeprefix("tcp://").rpartition(":")
+        raise QuietStartupError(f"the client port {where[2]} on {where[0]} is already in use "
+                                "(another process took it during start-up)") from None
+
+
 class TokenizerActor:
     """The I/O loop: reads client frames, hands GenerateRequests to a pool of tokenizing
     threads, and forwards what they prepare. Only cheap work happens on this thread: small
@@ -110,8 +127,7 @@ class TokenizerActor:
         self.client_budget_bytes = max(CLIENT_PENDING_BYTES, 2 * self.limits.max_frame_bytes)
         self.request_decoder = Decoder(GenerateRequest, max_bytes=self.limits.max_frame_bytes)
         self.eos_ids = eos_token_ids(config.model, tokenizer)
-        self.router = rt.adopt(RouterSocket(
-            rt.ctx, endpoints.tokenizer, accepts=(ClientHello, GenerateRequest, AbortRequest)))
+        self.router = rt.adopt(_client_socket(rt, endpoints.tokenizer))
         # With several replicas the detokenizer's aborts (stop strings, lost clients) come
         # here too, as only the router knows which replica holds a request.
         self.ctl = rt.socket(zmq.PULL, endpoints.tokenizer_ctl, bind=True,

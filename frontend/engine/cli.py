@@ -20,7 +20,7 @@ from typing import Any
 from frontend.engine.log_config import configure_logging
 from frontend.engine.options import ConfigError
 from frontend.engine.pipeline import Pipeline
-from frontend.engine.preflight import check_port_free, warn_if_exposed
+from frontend.engine.preflight import port_unavailable, warn_if_exposed
 from frontend.engine.serve_flags import ServeCommand, package_version, parse_serve_args
 from frontend.engine.startup import StartupError
 from frontend.engine.stop_signal import StopSignal
@@ -32,6 +32,9 @@ from frontend.engine.usage import (
     closest,
 )
 
+HTTP_BACKLOG = 128
+"""Connections the HTTP port queues while start-up answers them "starting"."""
+
 
 def print_progress(text: str) -> None:
     """What start-up is doing, on stderr (stdout carries the addresses users copy)."""
@@ -39,12 +42,18 @@ def print_progress(text: str) -> None:
 
 
 def _bind_http(host: str, port: int) -> socket.socket:
-    """Take the HTTP port before the engine starts: a taken port fails in one line, at once."""
-    check_port_free(host, port, "the HTTP")
+    """Take the HTTP port (bound and listening) before the engine starts: a taken port fails
+    in one line, at once. Listening at once matters: with SO_REUSEADDR two launchers may both
+    bind one port until one of them listens, and the other's later listen would fail."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+        sock.listen(HTTP_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(port_unavailable(host, port, "the HTTP", exc)) from None
     return sock
 
 

@@ -99,8 +99,9 @@ class EngineConfig:
         "this much of what --gpu-memory-utilization leaves (default: no cap)", minimum=1)
     kv_offloading_size: float | None = option(
         None, "GiB of host memory per rank that keep prefix KV blocks evicted from the device "
-        "(a host tier the prefix cache reloads from; 0: off; default: 0 on cpu, "
-        f"min(1/4 of free host memory, {AUTO_OFFLOAD_CAP_GIB}) on cuda)", minimum=0)
+        "(a host tier the prefix cache reloads from, and preemption swaps to; 0: off; "
+        f"default: 0 on cpu, min(1/4 of free host memory, {AUTO_OFFLOAD_CAP_GIB}) on cuda)",
+        minimum=0)
     enforce_eager: bool = option(False, "no CUDA graphs for decode")
     peer_all_reduce: bool = option(
         False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
@@ -356,13 +357,15 @@ class EngineConfig:
 
         return self._derive(DetokenizerConfig, model_name=self.model_name)
 
-    def scheduler_config(self, num_kv_blocks: int, num_host_slots: int = 0):
+    def scheduler_config(self, num_kv_blocks: int, num_host_slots: int = 0,
+                         host_block_bytes: int = 0):
         from scheduler_proc.config import GPU_RESULT_SPIN_S, SchedulerConfig
 
         spin_s = GPU_RESULT_SPIN_S if self.resolved_device == "cuda" else 0.0
         deep_limit = DEEP_PLAN_MAX_SEQS if self.plans_ahead is None else None
         return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks, result_spin_s=spin_s,
-                            deep_plan_max_seqs=deep_limit, num_host_slots=num_host_slots)
+                            deep_plan_max_seqs=deep_limit, num_host_slots=num_host_slots,
+                            host_block_bytes=host_block_bytes)
 
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))

@@ -155,7 +155,7 @@ class Pipeline:
                             {"worker": worker_cfg, "world_size": tp,
                              "rendezvous_timeout_s": cfg.startup_timeout_s}, replica=i,
                             env=replica_env(cfg.resolved_device, tp, dp, i))
-        kv_blocks, host_slots = [], []
+        kv_blocks, host_slots, host_bytes = [], [], []
         for i in range(dp):
             # Ranks on other hosts report on node 0's control link like the local ones.
             try:
@@ -166,9 +166,10 @@ class Pipeline:
                 raise StartupError(f"{exc}{missing_ranks_hint(cfg)}") from None
             kv_blocks.append(min(r.num_kv_blocks for r in readies))
             host_slots.append(min(r.num_host_slots for r in readies))
+            host_bytes.append(sum(r.host_block_bytes for r in readies))
         self.num_kv_blocks = min(kv_blocks)
         self.num_host_slots = min(host_slots)
-        sched_cfg = cfg.scheduler_config(self.num_kv_blocks, self.num_host_slots)
+        sched_cfg = cfg.scheduler_config(self.num_kv_blocks, self.num_host_slots, max(host_bytes))
         try:
             sched_cfg.check_pool_fits_model_len()
         except ValueError as exc:

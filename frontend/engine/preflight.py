@@ -14,8 +14,11 @@ import os
 import socket
 from pathlib import Path
 
+from frontend.actors.model_tokenizer import check_tokenizer_files
 from frontend.engine.config import EngineConfig
+from frontend.engine.options import ConfigError
 from protocol import model_config as hf
+from protocol.checkpoint_match import check_checkpoint_matches
 from protocol.model_shape import ModelShape
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,32 @@ def check_model_fits_tp(config: EngineConfig) -> None:
     model.head_shards(config.tensor_parallel_size)
 
 
+def check_model_files(config: EngineConfig) -> None:
+    """The checkpoint is sound and is the model config.json describes (from the safetensors
+    headers, reading no tensor), and the tokenizer loads: a mismatch would otherwise load
+    silently and serve wrong tokens, or fail in a child process with a traceback."""
+    model_dir = config.model_dir
+    try:
+        check_checkpoint_matches(model_dir, ModelShape.from_dir(model_dir, config.dtype))
+    except ValueError as exc:
+        raise ValueError(f"model {model_dir!r}: {exc}") from None
+    check_tokenizer_files(model_dir)
+
+
+def check_draft_model(config: EngineConfig) -> None:
+    """The draft model passes the target's checks: a supported shape that splits `tp` ways,
+    and a checkpoint its config.json describes (its tokenizer is the target's)."""
+    draft = config.resolved_draft_model  # a directory whose vocabulary is the target's
+    if draft is None:
+        return
+    try:
+        shape = ModelShape.from_dir(draft, config.dtype)
+        shape.head_shards(config.tensor_parallel_size)
+        check_checkpoint_matches(draft, shape)
+    except ValueError as exc:
+        raise ConfigError("EngineConfig", "draft_model", f"{draft!r}: {exc}") from None
+
+
 def check_port_free(host: str, port: int, what: str) -> None:
     """Refuse a port that something already listens on (checked by binding it briefly)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -81,10 +110,14 @@ def check_port_free(host: str, port: int, what: str) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise ValueError(f"{what} port {port} on {host} is already in use") from None
-            raise ValueError(f"cannot listen on {host}:{port} for {what}: "
-                             f"{exc.strerror}") from None
+            raise ValueError(port_unavailable(host, port, what, exc)) from None
+
+
+def port_unavailable(host: str, port: int, what: str, exc: OSError) -> str:
+    """The one line that says why `what` cannot listen on host:port."""
+    if exc.errno == errno.EADDRINUSE:
+        return f"{what} port {port} on {host} is already in use"
+    return f"cannot listen on {host}:{port} for {what}: {exc.strerror or exc}"
 
 
 def ephemeral_ports() -> range | None:
@@ -142,13 +175,14 @@ def check_config(config: EngineConfig) -> None:
         check_default_model(config)
     check_device(config)
     check_model_fits_tp(config)
+    check_model_files(config)
     config.resolved_max_model_len  # noqa: B018 - raises if above the model's limit
     if config.transport == "tcp":
         warn_if_exposed("the ZMQ client port", config.host, "authentication (it has none: "
                         "keep it on loopback, or serve the HTTP API with --api-key)")
     if (config.transport == "tcp" or config.nnodes > 1) and config.port is not None:
         check_port_free(config.host, config.port, "the client")
-    config.resolved_draft_model  # noqa: B018 - raises if it is no draft for this model
+    check_draft_model(config)
     if config.nnodes > 1 and config.node_rank == 0:
         from protocol import Endpoints
 

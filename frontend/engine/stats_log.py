@@ -91,6 +91,8 @@ def _host_tier(prev: EngineStats, cur: EngineStats) -> str | None:
     return (f"host tier {cur.host_hit_tokens - prev.host_hit_tokens:,} tok hit, "
             f"{cur.host_blocks_stored - prev.host_blocks_stored} blocks out / "
             f"{cur.host_blocks_loaded - prev.host_blocks_loaded} in, "
+            f"swaps {cur.host_swaps_out - prev.host_swaps_out} out / "
+            f"{cur.host_swaps_in - prev.host_swaps_in} in, "
             f"{cur.host_blocks_used / cur.host_blocks_total:.1%} used")
 
 

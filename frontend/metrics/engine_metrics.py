@@ -99,6 +99,11 @@ class _LatestStats(Collector):
                 s.host_blocks_stored if s else 0)
         yield c("host_tier_blocks_loaded", "KV blocks copied back from the host tier.",
                 s.host_blocks_loaded if s else 0)
+        yield c("host_tier_swaps_out", "Preempted sequences swapped out to the host tier "
+                "instead of recomputed (part of num_preemptions).",
+                s.host_swaps_out if s else 0)
+        yield c("host_tier_swaps_in", "Swapped-out sequences resumed with their KV loaded "
+                "back from the host tier.", s.host_swaps_in if s else 0)
         yield g("host_tier_usage_perc", "Share of the host KV tier's blocks in use (0..1).",
                 s.host_blocks_used / s.host_blocks_total if s and s.host_blocks_total else 0.0)
         finished = CounterMetricFamily(PREFIX + "requests_finished", "Requests finished, by "

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from frontend.top.state import RequestView, TopView
+from protocol.engine_messages import EngineStats
 
 BAR_WIDTH = 30
 
@@ -47,6 +48,8 @@ def _engine(view: TopView) -> Table:
     hits = "-" if view.prefix_hits_total is None else f"{view.prefix_hits_total:.1%}"
     recent = "-" if view.prefix_hits_recent is None else f"{view.prefix_hits_recent:.1%}"
     grid.add_row("prefix hits", f"{recent} recently   {hits} since start")
+    if s.host_blocks_total:
+        grid.add_row("host tier", host_tier(s))
     st = view.steps
     grid.add_row("step time", "idle" if st is None else
                  f"{st.step_ms:,.2f} ms/step ({st.steps_per_s:,.1f} steps/s): "
@@ -54,6 +57,27 @@ def _engine(view: TopView) -> Table:
                  f"workers+idle {st.other_ms:.2f} ms\n"
                  f"device busy {st.gpu_ms:.2f} ms/step ({st.gpu_ms / st.step_ms:.1%})")
     return grid
+
+
+def host_tier(s: EngineStats) -> Text:
+    """The host KV tier since start: its use, prefix hits, what moved, and swaps."""
+    bar = kv_bar(s.host_blocks_used, s.host_blocks_total)
+    bar.append(f"\nhits {s.host_hit_tokens:,} tok   stored {_moved(s.host_blocks_stored, s)}   "
+               f"loaded {_moved(s.host_blocks_loaded, s)}\n"
+               f"swaps {s.host_swaps_out:,} out / {s.host_swaps_in:,} in")
+    return bar
+
+
+def _moved(blocks: int, s: EngineStats) -> str:
+    """Blocks as bytes when the engine says what a block weighs."""
+    if not s.host_block_bytes:
+        return f"{blocks:,} blocks"
+    size = float(blocks * s.host_block_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            break
+        size /= 1024
+    return f"{size:,.1f} {unit}" if unit != "B" else f"{int(size):,} B"
 
 
 def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> Text:

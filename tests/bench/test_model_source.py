@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds models for the benchmark tool
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

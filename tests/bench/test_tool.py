@@ -19,6 +19,8 @@ from frontend.bench.figures import Figure
 from frontend.bench.record import portable, read
 from frontend.bench.registry import BENCHMARKS, PROFILES
 
+pytestmark = pytest.mark.slow  # the benchmark tool's runs
+
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RECORD_KEYS = {"workload", "command", "date", "hardware", "commit", "figures"}

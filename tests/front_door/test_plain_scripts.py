@@ -17,6 +17,8 @@ import time
 import pytest
 from process_watch import alive
 
+pytestmark = pytest.mark.slow  # runs user scripts that each start an engine
+
 SCRIPT = """\
 import json
 from frontend import LLM, SamplingParams

@@ -17,6 +17,8 @@ import httpx
 import pytest
 from process_watch import alive, descendants
 
+pytestmark = pytest.mark.slow  # launches whole engines
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

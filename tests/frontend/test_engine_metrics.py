@@ -4,6 +4,8 @@ finished-request record is observed once, and two pipelines' metrics never mix."
 
 from __future__ import annotations
 
+import dataclasses
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontend.metrics import EngineMetrics
@@ -56,3 +58,17 @@ def test_two_pipelines_keep_separate_registries():
     assert scrape(a)["nanopipe:e2e_request_latency_seconds_count"] == 1
     assert scrape(b)["nanopipe:e2e_request_latency_seconds_count"] == 0
     assert scrape(b)["nanopipe:generation_tokens_total"] == 0
+
+
+def test_host_tier_counters_and_usage():
+    m = EngineMetrics()
+    m.update(dataclasses.replace(stats(1.0, 8, [], [0, 0, 0, 0]), host_hit_tokens=64,
+                                 host_blocks_stored=9, host_blocks_loaded=7, host_blocks_used=5,
+                                 host_blocks_total=20, host_swaps_out=2, host_swaps_in=1))
+    got = scrape(m)
+    assert got["nanopipe:host_tier_hit_tokens_total"] == 64
+    assert got["nanopipe:host_tier_blocks_stored_total"] == 9
+    assert got["nanopipe:host_tier_blocks_loaded_total"] == 7
+    assert got["nanopipe:host_tier_swaps_out_total"] == 2
+    assert got["nanopipe:host_tier_swaps_in_total"] == 1
+    assert got["nanopipe:host_tier_usage_perc"] == 0.25

@@ -76,7 +76,9 @@ def test_the_line_names_the_host_tier_only_when_there_is_one():
                                host_blocks_loaded=6, host_blocks_total=40)
     cur = dataclasses.replace(stats(11.0, prompt=10), host_hit_tokens=1124,
                               host_blocks_stored=9, host_blocks_loaded=70,
-                              host_blocks_used=10, host_blocks_total=40)
+                              host_blocks_used=10, host_blocks_total=40, host_swaps_out=3,
+                              host_swaps_in=2)
     line = format_line(rates(prev, cur))
-    assert line.endswith(", host tier 1,024 tok hit, 5 blocks out / 64 in, 25.0% used")
+    assert line.endswith(", host tier 1,024 tok hit, 5 blocks out / 64 in, swaps 3 out / 2 in, "
+                         "25.0% used")
     assert "host tier" not in format_line(rates(stats(10.0), stats(11.0, prompt=10)))

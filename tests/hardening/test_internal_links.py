@@ -39,6 +39,8 @@ from protocol import (
 )
 from protocol.auth import CurveKeys, load_credentials
 
+pytestmark = pytest.mark.slow  # stalls and kills engine processes
+
 PROMPT = "The quick brown fox"
 LONG = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
 SHORT = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

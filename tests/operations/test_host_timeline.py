@@ -17,6 +17,8 @@ from frontend import LLM
 from protocol import SamplingParams
 from protocol.host_timeline import ENV, NO_TIMELINE, HostTimeline, host_timeline
 
+pytestmark = pytest.mark.slow  # profiles whole engines
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = 12
 

@@ -22,6 +22,8 @@ from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
 from protocol import SamplingParams
 
+pytestmark = pytest.mark.slow  # launches whole engines
+
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>]")
@@ -157,3 +159,26 @@ def test_the_end_of_the_engine_is_shown(tiny_qwen3_dir, ending):
     finally:
         pipeline.stop()
         screen.kill()
+
+
+def test_once_shows_the_host_tier_with_its_swaps(tiny_qwen3_dir):
+    from pipeline_config import kv_bytes_per_token
+    from test_swap import GREEDY as CROWD_PARAMS
+    from test_swap import HOST_GIB, POOL_TOKENS, _prompts
+
+    from frontend import LLM
+
+    per_token = kv_bytes_per_token(tiny_qwen3_dir)
+    cfg = tiny_engine(tiny_qwen3_dir, max_model_len=64, kv_cache_bytes=per_token * POOL_TOKENS,
+                      kv_offloading_size=HOST_GIB)
+    with LLM(**cfg) as llm:
+        llm.generate(_prompts(), CROWD_PARAMS, use_tqdm=False)  # outgrows the pool: swaps
+        done = subprocess.run([sys.executable, "-m", "frontend.top",
+                               llm.pipeline.endpoints.run_dir, "--once"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"host tier\s+[█░]+ \d+/[\d,]+ .*\n\s*hits [\d,]+ tok   "
+                      r"stored ([\d.]+) KiB   loaded [\d.]+ KiB\s*\n\s*swaps (\d+) out / (\d+) in",
+                      done.stdout)
+    assert found, done.stdout
+    assert float(found[1]) > 0 and int(found[2]) > 0 and int(found[3]) > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.console import Console
 
 from frontend.top import TopState, render
@@ -111,3 +113,24 @@ def test_before_stats_and_after_the_end():
 def test_kv_bar_bounds():
     assert kv_bar(0, 0).plain == "░" * 30 + " 0/0 (0.0%)"
     assert kv_bar(100, 100, width=4).plain == "████ 100/100 (100.0%)"
+
+
+def test_the_host_tier_row_shows_use_hits_bytes_moved_and_swaps():
+    state = TopState("a")
+    state.on_stats(stats(1.0))
+    assert "host tier" not in text(state, 0.0)  # no tier, no row
+    state.on_stats(dataclasses.replace(
+        stats(2.0), host_hit_tokens=4096, host_blocks_stored=3072, host_blocks_loaded=5,
+        host_blocks_used=10, host_blocks_total=40, host_swaps_out=7, host_swaps_in=6,
+        host_block_bytes=1 << 20))
+    frame = text(state, 0.0)
+    assert "host tier" in frame and "█" * 8 + "░" * 22 + " 10/40 (25.0%)" in frame
+    assert "hits 4,096 tok   stored 3.0 GiB   loaded 5.0 MiB" in frame
+    assert "swaps 7 out / 6 in" in frame
+
+
+def test_host_tier_moves_are_counted_in_blocks_when_their_size_is_unknown():
+    state = TopState("a")
+    state.on_stats(dataclasses.replace(stats(1.0), host_blocks_stored=12, host_blocks_total=4))
+    frame = text(state, 0.0)
+    assert "stored 12 blocks   loaded 0 blocks" in frame and "swaps 0 out / 0 in" in frame

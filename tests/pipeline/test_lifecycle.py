@@ -19,6 +19,8 @@ from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
 from protocol import SamplingParams
 
+pytestmark = pytest.mark.slow  # lifecycle: launches and signals whole engines
+
 ROOT = Path(__file__).resolve().parents[2]
 OK = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 

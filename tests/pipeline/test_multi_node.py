@@ -24,6 +24,8 @@ from frontend.engine.preflight import ephemeral_ports
 from protocol import SamplingParams
 from protocol.auth import keys_from_secret, read_cluster_key
 
+pytestmark = pytest.mark.slow  # multi-node rendezvous
+
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PROMPTS = [[5, 6, 7, 8], [300, 2, 71, 9, 44, 12, 3], [17] * 20]

@@ -24,6 +24,8 @@ from frontend.engine.pipeline import Pipeline
 from protocol import Ready, SamplingParams, StartupFailed
 from protocol.sockets import MessageSocket
 
+pytestmark = pytest.mark.slow  # launches whole engines
+
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 

@@ -62,6 +62,8 @@ def test_swapped_sequences_generate_the_tokens_of_recompute(tiny_qwen3_dir, over
     on = run_crowd(tiny_qwen3_dir, prompts, GREEDY, overlap=overlap,
                    kv_offloading_size=HOST_GIB)
     assert_swaps_match_recompute(off, on)
+    # The dashboard's bytes: one block of every layer's K and V, float32, 16 tokens.
+    assert on[1].host_block_bytes == kv_bytes_per_token(tiny_qwen3_dir) * 16
     if overlap:
         ref = hf_greedy(tiny_qwen3_dir, prompts[-1], GREEDY.max_tokens)
         assert on[0][-1]["token_ids"] == ref

@@ -158,3 +158,27 @@ def test_worker_process_reports_startup_failure(tiny_qwen3_dir):
         results.close()
         ctx.term()
         ep.cleanup()
+
+
+def test_a_rank_checks_its_own_copy_of_the_checkpoint(tiny_qwen3_dir, tmp_path):
+    """A rank on another host reads its own model directory: one whose config.json claims a
+    million layers is refused from the headers, before the model is allocated, in one line."""
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_qwen3_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**6}))
+    ctx, ep, control, results, proc, msg = _start(_worker_config(str(broken)))
+    try:
+        assert isinstance(msg, StartupFailed), msg
+        assert msg.error.endswith(f"model {str(broken)!r}: config.json's num_hidden_layers is "
+                                  "1000000 but the checkpoint holds weights for 2 layers")
+        assert "\n" not in msg.error
+        proc.join(30)
+        assert proc.exitcode == 1
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        control.close()
+        results.close()
+        ctx.term()
+        ep.cleanup()

@@ -101,3 +101,74 @@ def test_a_swapped_sequence_that_is_aborted_gives_its_slots_back():
     drive(sched, worker)
     stats = sched.stats()
     assert tier.host.num_used == 0 and stats.host_swaps_in == stats.host_swaps_out - 1
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_speculating_sequences_swap_only_without_proposals_in_flight(overlap):
+    from fake_worker import Collector
+    from spec_fake_worker import SpecFakeWorker, drive_spec
+    from test_sched_spec_overlap import MAX_LEN, expected, random_accept, workload
+
+    reqs = workload(7)
+    cfg = SchedulerConfig(14, BS, max_num_seqs=8, max_num_batched_tokens=24,
+                          max_model_len=MAX_LEN, overlap=overlap, num_speculative_tokens=3,
+                          num_host_slots=64)
+    sched = Scheduler(cfg)
+    worker = SpecFakeWorker(14, BS, MAX_LEN, random_accept(7))
+    swapped_with_proposals = []  # at every swap-out, the sequence's proposals in flight
+    sched.state.kv_tier.swapped = _Recording(
+        lambda sid: swapped_with_proposals.append(sched.seqs[sid].spec_inflight))
+    for r in reqs:
+        sched.add_request(r)
+    out = drive_spec(sched, worker, Collector()).outputs
+    assert {rid: (o.token_ids, o.finish_reason) for rid, o in out.items()} == expected(reqs)
+    stats = sched.stats()
+    assert stats.preemptions > 0 and stats.spec_accepted_tokens > 0
+    assert not any(swapped_with_proposals)
+    if not overlap:  # nothing is ever in flight at planning time: every long victim swaps
+        assert stats.host_swaps_out > 0 and stats.host_swaps_in > 0
+
+
+class _Recording(dict):
+    """A dict that tells on_set each key set."""
+
+    def __init__(self, on_set) -> None:
+        super().__init__()
+        self._on_set = on_set
+
+    def __setitem__(self, key, value) -> None:
+        self._on_set(key)
+        super().__setitem__(key, value)
+
+
+@pytest.mark.parametrize("host_slots", [3, 8, 64])
+@pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.parametrize("mode", ["off", "overlap", "two ahead", "speculating"])
+def test_mixed_workloads_swap_recompute_and_hit_with_reference_tokens(mode, caching, host_slots):
+    """Shared prefixes, EOS, chunked prefill and a 14-block pool, with host pools too small
+    for some swaps: every output is the reference, and every swap's slots come back."""
+    from fake_worker import Collector
+    from spec_fake_worker import SpecFakeWorker, drive_spec
+    from test_sched_spec_overlap import MAX_LEN, expected, random_accept, workload
+
+    swaps = 0
+    for seed in range(3):
+        reqs = workload(seed)
+        k = 2 if mode == "speculating" else 0
+        cfg = SchedulerConfig(14, BS, max_num_seqs=8, max_num_batched_tokens=24,
+                              max_model_len=MAX_LEN, overlap=mode != "off",
+                              plans_ahead=2 if mode == "two ahead" else 1,
+                              enable_prefix_caching=caching, num_host_slots=host_slots,
+                              num_speculative_tokens=k)
+        sched = Scheduler(cfg)
+        worker = (SpecFakeWorker(14, BS, MAX_LEN, random_accept(seed)) if k
+                  else FakeWorker(14, BS))
+        worker.poison_dropped = not caching
+        for r in reqs:
+            sched.add_request(r)
+        out = (drive_spec(sched, worker, Collector()) if k else drive(sched, worker)).outputs
+        assert {rid: (o.token_ids, o.finish_reason) for rid, o in out.items()} == expected(reqs)
+        tier = sched.state.kv_tier
+        assert not tier.swapped and (caching or tier.host.num_used == 0)
+        swaps += sched.stats().host_swaps_in
+    assert swaps > 0
