@@ -26,11 +26,9 @@ def jit(fn):
     return triton.jit(fn) if HAS_TRITON else fn
 
 
-PDL_ENABLED = (os.environ.get("NANOPIPE_PDL", "1") != "0"
-               and os.environ.get("TRITON_INTERPRET") != "1"  # it cannot run the wait
+PDL_ENABLED = (os.environ.get("TRITON_INTERPRET") != "1"  # it cannot run the wait
                and hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait"))
-"""Programmatic dependent launch for the decode path's kernels (Triton 3.4 on);
-NANOPIPE_PDL=0 turns it off."""
+"""Programmatic dependent launch for the decode path's kernels (Triton 3.4 on)."""
 
 
 @functools.cache

@@ -20,26 +20,24 @@ After loading, `use_onednn_weights` gives every linear layer and the LM head on 
 `onednn_weight` and, unless the plain one is kept as above, drops the plain one (a tied LM
 head's stays with the embedding, which looks rows up). Where oneDNN is missing or cannot
 take the dtype (bf16 needs AVX-512 or AVX-NE-CONVERT), the layer keeps its plain weight and
-F.linear. NANOPIPE_PLAIN_CPU_LINEAR=1 keeps them all plain, to compare.
+F.linear.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-PLAIN_ENV = "NANOPIPE_PLAIN_CPU_LINEAR"
 FEW_ROWS = 2
 """Steps of at most this many rows may take the plain weights (see the module's docstring)."""
 
 
 def onednn_wanted() -> bool:
-    return (os.environ.get(PLAIN_ENV, "0") in ("", "0") and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """Whether this torch build has oneDNN's inner product (the plain weights stay if not)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def onednn_layout(weight: torch.Tensor) -> torch.Tensor | None:

@@ -5,13 +5,11 @@ before rotary. Module names follow the Hugging Face checkpoints so the loader ma
 (apart from the packed qkv_proj and gate_up_proj).
 
 Between the QKV projection and attention the model runs one fused kernel (q/k norms, rotary,
-KV-cache store: kernels/qk_norm_rope_store.py). NANOPIPE_UNFUSED_QKV=1 in the environment, or
-CausalLM(..., fused_qkv=False), selects the former op-by-op sequence instead, to compare.
+KV-cache store: kernels/qk_norm_rope_store.py). CausalLM(..., fused_qkv=False) runs the
+former op-by-op sequence instead, the reference the tests compare the kernel with.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import nn
@@ -30,13 +28,6 @@ from gpu_workers.layers.norm import RMSNorm, norm_then_linear
 from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.ops import apply_rotary, build_rope_cache
 from kernels import qk_norm_rope_store, qk_norm_rope_store_ref
-
-UNFUSED_QKV_ENV = "NANOPIPE_UNFUSED_QKV"
-
-
-def fused_qkv_default() -> bool:
-    """The fused q/k-norm + rotary + store kernel, unless the environment asks otherwise."""
-    return os.environ.get(UNFUSED_QKV_ENV, "0") in ("", "0")
 
 
 class SelfAttention(nn.Module):
@@ -162,10 +153,10 @@ class DecoderStack(nn.Module):
 
 class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPInfo, backend: str, device,
-                 max_positions: int, fused_qkv: bool | None = None) -> None:
+                 max_positions: int, fused_qkv: bool = True) -> None:
         super().__init__()
         self.config = cfg
-        self.fused_qkv = fused_qkv_default() if fused_qkv is None else fused_qkv
+        self.fused_qkv = fused_qkv
         self.model = DecoderStack(cfg, tp, backend, device, max_positions, self.fused_qkv)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp, cfg.dtype, device)
         if cfg.tie_word_embeddings:

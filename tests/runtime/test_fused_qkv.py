@@ -1,7 +1,9 @@
 """The fused q/k-norm + rotary + KV-store path and the op-by-op path it replaced give the same
-tokens as transformers; the environment switch selects between them."""
+tokens as transformers; a runner built with CausalLM(fused_qkv=False) takes the op-by-op one."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 from hf_reference import hf_greedy
@@ -9,7 +11,8 @@ from random_prompts import random_prompts
 from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
 
-from gpu_workers.models.decoder import UNFUSED_QKV_ENV
+from gpu_workers import model_runner
+from gpu_workers.models import CausalLM
 
 
 def _generate(runner, ps, max_tokens):
@@ -27,7 +30,7 @@ def test_fused_and_unfused_paths_equal_transformers(model, request, monkeypatch)
     fused = make_runner(model_dir, attention_backend="triton")
     assert fused.model.fused_qkv
     assert _generate(fused, ps, 8) == want
-    monkeypatch.setenv(UNFUSED_QKV_ENV, "1")
+    monkeypatch.setattr(model_runner, "CausalLM", functools.partial(CausalLM, fused_qkv=False))
     unfused = make_runner(model_dir, attention_backend="triton")
     assert not unfused.model.fused_qkv
     assert _generate(unfused, ps, 8) == want

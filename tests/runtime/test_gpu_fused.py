@@ -3,6 +3,7 @@ op-by-op path does, and both agree with transformers."""
 
 from __future__ import annotations
 
+import functools
 import gc
 
 import pytest
@@ -11,7 +12,8 @@ from random_prompts import random_prompts
 from rt_helpers import BLOCK_SIZE, make_runner
 from rt_planner import Planner
 
-from gpu_workers.models.decoder import UNFUSED_QKV_ENV
+from gpu_workers import model_runner
+from gpu_workers.models import CausalLM
 
 pytestmark = pytest.mark.gpu
 
@@ -37,7 +39,7 @@ def test_fused_path_matches_unfused_and_transformers(model, request, monkeypatch
     model_dir = request.getfixturevalue(model)
     ps = random_prompts(23, [1, 5, 17, 33, 64, 100, 3, 9, 12])
     fused, is_fused = _generate(model_dir, ps, 24)
-    monkeypatch.setenv(UNFUSED_QKV_ENV, "1")
+    monkeypatch.setattr(model_runner, "CausalLM", functools.partial(CausalLM, fused_qkv=False))
     unfused, was_fused = _generate(model_dir, ps, 24)
     assert is_fused and not was_fused
     # fp32 on the GPU, summed in another order: allow a rare near-tie to flip a sequence.
