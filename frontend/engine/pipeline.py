@@ -119,8 +119,7 @@ class Pipeline:
     def _start(self) -> None:
         cfg = self.config
         tp, dp = cfg.tensor_parallel_size, cfg.data_parallel_size
-        # Before the run directory exists (this import takes a second): nothing to orphan.
-        worker_template = cfg.worker_config("")
+        worker_template = cfg.worker_config("")  # before the run directory: nothing to orphan
         if cfg.ray_address is not None:
             self._progress(f"placing {dp} replica{'s' if dp > 1 else ''} on Ray")
             self._ray = RayPlacement(cfg)
