@@ -90,10 +90,11 @@ def test_dead_outranks_degraded_and_degraded_is_still_served():
     from frontend.openai_server.health import health_of
 
     why = "replica 1 is down: replica 1 worker 0 exited with code 1"
-    serving = SimpleNamespace(welcome=object(), dead_reason=None)
+    serving = SimpleNamespace(welcome=object(), dead_reason=None, lost_reason=None)
     state = health_of(serving, why)
     assert (state.http_status, state.body()) == (200, {"status": "degraded", "reason": why})
     assert health_of(serving).body() == {"status": "ready", "reason": None}
-    dead = SimpleNamespace(welcome=object(), dead_reason="engine dead: tokenizer 0 exited")
+    dead = SimpleNamespace(welcome=object(), dead_reason="engine dead: tokenizer 0 exited",
+                           lost_reason=None)
     assert health_of(dead, why).http_status == 503
     assert health_of(dead, why).body()["status"] == "dead"
