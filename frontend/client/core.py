@@ -148,6 +148,8 @@ class ClientCore:
         """Why requests fail while the core reconnects after a dropped connection."""
         self._retry_at: float | None = None
         """When a reconnecting handshake starts over."""
+        self._stranded = False
+        """The requests in flight when the connection dropped are still to be failed."""
 
     @property
     def handshaking(self) -> bool:
@@ -181,9 +183,20 @@ class ClientCore:
             # a moment to arrive so every client learns the same, deterministic one.
             if self.lost_at is None and self.dead is None:
                 self.lost_at = now
-        elif (self._watches[link].gave_up(event) and self.handshaking
-              and self.lost is None):  # a reconnection waits for the pipeline to come back
-            self.fail_all(refused(self._addresses[link]))
+        elif self._watches[link].gave_up(event) and self.handshaking:
+            lost = "" if self.lost is None else f"lost the connection to {self.address}; "
+            self.fail_all(lost + refused(self._addresses[link]))
+        elif event == zmq.EVENT_CONNECTED and self.lost is not None:
+            self._fail_stranded()  # something listens: a stalled peer, not a stopped one
+
+    def _fail_stranded(self) -> None:
+        if self._stranded:
+            self._stranded = False
+            sinks = list(self._sinks.values())
+            self._sinks.clear()
+            self._unanswered.clear()
+            for sink in sinks:
+                sink(ConnectionLostError(self.lost or "lost the connection"))
 
     def wait_s(self, now: float) -> float | None:
         """How long the driver may wait for I/O before calling on_timer (None: forever)."""
@@ -201,21 +214,20 @@ class ClientCore:
                 return []
             return self._reconnect(reason, now)
         if self._retry_at is not None and now >= self._retry_at:
+            self._fail_stranded()  # the pipeline neither answers nor refuses
             return self._reconnect(self.lost or "", now)
         return []
 
     def _reconnect(self, reason: str, now: float) -> list[Action]:
-        """Fail what is in flight (its results may be lost), then start a fresh handshake."""
+        """Start a fresh handshake. What was in flight is stranded (its results may be lost):
+        it fails with EngineDeadError if nothing listens there any more, else once something
+        accepts the new connection (a stalled peer's socket does) with ConnectionLostError."""
         if self.closed or self.dead is not None:
             return []
         if self.lost is None:
             self.lost = (f"{reason} (no answer within the heartbeat timeout); requests in "
                          "flight failed, new ones are refused until it is reconnected")
-        sinks = list(self._sinks.values())
-        self._sinks.clear()
-        self._unanswered.clear()
-        for sink in sinks:
-            sink(ConnectionLostError(self.lost))
+            self._stranded = True
         self.client_id = uuid.uuid4().hex
         self.phase = Phase.CONNECTING
         self._watches = {Link.REQUESTS: HandshakeWatch(), Link.RESULTS: HandshakeWatch()}
@@ -231,6 +243,7 @@ class ClientCore:
         if link is Link.RESULTS and self.phase is Phase.JOINING:
             self.welcome = self._first_welcome
             self.phase = Phase.READY
+            self._fail_stranded()
             self.lost = self._retry_at = None
         return []
 
@@ -286,6 +299,7 @@ class ClientCore:
         if self.dead is None:
             self.dead = reason
         self.lost = self._retry_at = None
+        self._stranded = False
         if self.handshaking:
             self.phase = Phase.FAILED
         sinks = list(self._sinks.values())
@@ -311,32 +325,3 @@ class ClientCore:
     @property
     def in_flight(self) -> int:
         return len(self._sinks)
-
-
-class ConnectionInfo:
-    """What Client and AsyncClient report about their connection (their `_core`)."""
-
-    _core: ClientCore
-
-    @property
-    def client_id(self) -> str:
-        return self._core.client_id
-
-    @property
-    def welcome(self) -> ClientWelcome | None:
-        return self._core.welcome
-
-    @property
-    def dead(self) -> bool:
-        """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
-        return self._core.dead is not None
-
-    @property
-    def dead_reason(self) -> str | None:
-        """Why the pipeline is gone, as the engine (or a lost first connection) said."""
-        return self._core.dead
-
-    @property
-    def lost_reason(self) -> str | None:
-        """Why requests fail while the client reconnects after a dropped connection."""
-        return self._core.lost

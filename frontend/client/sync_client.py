@@ -25,12 +25,12 @@ from frontend.client.core import (
     CONNECT_TIMEOUT_S,
     Action,
     ClientCore,
-    ConnectionInfo,
     Open,
     Phase,
     Reset,
 )
 from frontend.client.frames import make_request
+from frontend.client.info import ConnectionInfo
 from frontend.client.outputs import (
     EngineDeadError,
     OutputCollector,

@@ -20,6 +20,7 @@ from frontend.client.core import (
     Phase,
     Reset,
     Send,
+    refused,
 )
 from frontend.client.outputs import (
     ClientClosedError,
@@ -224,8 +225,9 @@ def test_retries_after_a_connection_are_no_refusal():
 
 
 def test_a_lost_connection_waits_for_the_reason_then_reconnects():
-    """A peer stalled past the heartbeat timeout: what was in flight fails (its results may
-    be lost), new requests fail at once, and a fresh handshake under a new id brings it back."""
+    """A peer stalled past the heartbeat timeout: once its socket accepts again, what was in
+    flight fails (its results may be lost); new requests fail at once until a fresh handshake
+    under a new id brings the client back."""
     core = ready_core()
     old_id = core.client_id
     got = submit(core, "a")
@@ -235,23 +237,35 @@ def test_a_lost_connection_waits_for_the_reason_then_reconnects():
     assert core.on_timer(now=10.0 + DISCONNECT_GRACE_S - 0.01) == []
     assert got == [] and core.dead is None
     reset, reopen = core.on_timer(now=10.0 + DISCONNECT_GRACE_S)
-    (err,) = got
-    assert isinstance(err, ConnectionLostError) and isinstance(err, EngineDeadError)
-    assert str(err).startswith(f"lost the connection to the pipeline at {ADDRESS} (no answer")
-    assert core.dead is None and core.lost == str(err)
     assert isinstance(reset, Reset) and isinstance(reopen, Open)
     assert reopen.link is Link.REQUESTS and reopen.address == ADDRESS
     assert core.client_id != old_id and SENT.decode(reopen.hello).client_id == core.client_id
     with pytest.raises(ConnectionLostError, match="lost the connection"):
         submit(core, "b")
-    assert core.abort("a") is None
-    for _ in range(REFUSALS_BEFORE_FAILING + 1):  # still stalled: no refusal fails it
-        core.on_monitor(Link.REQUESTS, zmq.EVENT_CONNECT_RETRIED, now=14.0)
-    assert core.dead is None and core.handshaking
+    assert core.abort("a") is None and got == []
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_CONNECTED, now=14.0)
+    (err,) = got
+    assert isinstance(err, ConnectionLostError) and isinstance(err, EngineDeadError)
+    assert str(err).startswith(f"lost the connection to the pipeline at {ADDRESS} (no answer")
+    assert core.dead is None and core.lost == str(err) and core.handshaking
     core.on_frame(Link.REQUESTS, encode(WELCOME))
     core.on_frame(Link.RESULTS, encode(WELCOME))
     assert core.phase is Phase.READY and core.lost is None and core.wait_s(now=20.0) is None
     assert submit(core, "c") == []
+
+
+def test_a_lost_connection_to_a_stopped_pipeline_is_its_death():
+    """Nothing listens at the address any more (a stopped pipeline removed its sockets)."""
+    core = ready_core()
+    got = submit(core, "a")
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_DISCONNECTED, now=0.0)
+    core.on_timer(now=DISCONNECT_GRACE_S)
+    for _ in range(REFUSALS_BEFORE_FAILING):
+        core.on_monitor(Link.REQUESTS, zmq.EVENT_CONNECT_RETRIED, now=4.0)
+    (err,) = got
+    assert type(err) is EngineDeadError and core.dead == str(err) and core.lost is None
+    assert str(err) == f"lost the connection to {ADDRESS}; {refused(ADDRESS)}"
+    assert core.phase is Phase.FAILED and core.wait_s(now=5.0) is None
 
 
 def test_a_reconnection_not_answered_starts_over_until_engine_dead():
