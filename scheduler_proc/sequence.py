@@ -13,6 +13,7 @@ from protocol.packed_ints import int32_array
 
 if TYPE_CHECKING:
     from protocol import FinishReason, SamplingParams
+    from scheduler_proc.fair_share import Client
 
 
 class SequenceStatus(enum.Enum):
@@ -67,6 +68,7 @@ class Sequence:
         "num_cached_prompt",
         "num_host_prompt",
         "num_preemptions",
+        "client",
     )
 
     def __init__(
@@ -127,6 +129,8 @@ class Sequence:
         self.num_host_prompt = 0
         """Of num_cached_prompt, tokens loaded from the host KV tier."""
         self.num_preemptions = 0
+        self.client: Client | None = None
+        """Whose share it counts against (scheduler_proc.fair_share); set on arrival."""
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from protocol import FinishReason
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
+from scheduler_proc.fair_share import WaitingQueues
 from scheduler_proc.kv_tier import KVTier
 from scheduler_proc.sequence import Sequence, SequenceStatus
 from scheduler_proc.stats import SchedulerStats, request_metrics
@@ -54,7 +55,7 @@ class SchedulerState:
                         if config.num_host_slots else None)
         """The host KV tier's index, swaps and the moves of the step being planned (None:
         off). Without prefix caching it only swaps: no block is hashed, so none is cached."""
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueues()  # by client: scheduler_proc.fair_share
         self.running: list[Sequence] = []  # in admission order: the tail is preempted first
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence
         self.next_step_id = 0
@@ -97,6 +98,7 @@ class SchedulerState:
         self.block_manager.free(seq)
         self.trims.pop(seq.seq_id, None)  # the drop forgets the whole table
         self.stats.preemptions += 1
+        seq.client.running -= 1
         seq.num_preemptions += 1
         seq.num_computed = 0
         seq.status = WAITING
@@ -127,6 +129,9 @@ class SchedulerState:
             self.block_manager.hash_full_blocks(seq)
             self.block_manager.free(seq)
         self.trims.pop(seq.seq_id, None)
+        if seq.status is RUNNING:
+            seq.client.running -= 1
+        self.waiting.forget_if_idle(seq.client)
         if self.kv_tier is not None:
             discard(self.kv_tier, seq.seq_id)
         seq.status = FINISHED
