@@ -33,8 +33,7 @@ from scheduler_proc.fair_share import WaitingQueues
 from scheduler_proc.invariants import check_integrity
 from scheduler_proc.plans_in_flight import PacingMeter
 from scheduler_proc.sequence import Sequence
-from scheduler_proc.state import SchedulerState
-from scheduler_proc.stats import snapshot
+from scheduler_proc.state import SchedulerState, snapshot
 from scheduler_proc.step_planner import deep_plan_pays, plan_step
 from scheduler_proc.step_results import apply_result
 
@@ -167,7 +166,7 @@ class Scheduler:
         return deltas
 
     def stats(self) -> EngineStats:
-        """The counters and gauges now; safe to call from another thread (scheduler_proc.stats)."""
+        """The counters and gauges now; safe to call from another thread (state.snapshot)."""
         return snapshot(self.state)
 
     def check_integrity(self) -> None:

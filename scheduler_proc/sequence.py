@@ -1,4 +1,5 @@
-"""A request as the scheduler tracks it (request id == sequence id)."""
+"""A request as the scheduler tracks it (request id == sequence id), and the client whose share
+it counts against."""
 
 from __future__ import annotations
 
@@ -6,14 +7,15 @@ import enum
 import sys
 import time
 from array import array
+from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from protocol.packed_ints import int32_array
 
 if TYPE_CHECKING:
     from protocol import FinishReason, SamplingParams
-    from scheduler_proc.fair_share import Client
 
 
 class SequenceStatus(enum.Enum):
@@ -154,3 +156,13 @@ class Sequence:
             f"computed={self.num_computed}, pending={self.num_pending}, "
             f"blocks={self.block_table})"
         )
+
+
+@dataclass(slots=True, eq=False)
+class Client:
+    """One client's share: its waiting sequences (FIFO) and how many of its sequences run.
+    Sequences point to it; scheduler_proc.fair_share keeps the clients and applies the rule."""
+
+    key: str
+    waiting: deque[Sequence] = field(default_factory=deque)
+    running: int = 0

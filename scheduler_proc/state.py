@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from protocol import FinishReason
+from protocol.engine_messages import EngineStats
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.fair_share import WaitingQueues
@@ -143,3 +144,42 @@ class SchedulerState:
             self.drops.append(seq.seq_id)
             seq.on_worker = False
         del self.seqs[seq.seq_id]
+
+
+def snapshot(state: SchedulerState) -> EngineStats:
+    """The counters and the gauges now (safe to call from another thread of the process)."""
+    s = state.stats
+    bm = state.block_manager
+    return EngineStats(
+        time_s=time.monotonic(),
+        steps=state.next_step_id,
+        prompt_tokens=s.prompt_tokens,
+        cached_prompt_tokens=s.cached_prompt_tokens,
+        generated_tokens=s.generated_tokens,
+        preemptions=s.preemptions,
+        finished_requests=s.finished_requests,
+        schedule_time_s=s.schedule_time_s,
+        result_time_s=s.result_time_s,
+        running=len(state.running),
+        waiting=len(state.waiting),
+        kv_blocks_used=bm.num_blocks - bm.num_free,
+        kv_blocks_total=bm.num_blocks,
+        spec_proposed_tokens=s.spec_proposed_tokens,
+        spec_accepted_tokens=s.spec_accepted_tokens,
+        gpu_busy_s=s.gpu_busy_s,
+        steps_two_ahead=s.steps_two_ahead,
+        **_tier_stats(state),
+        finished_by_reason=list(s.finished_by_reason),
+        finished=s.take_records(),
+    )
+
+
+def _tier_stats(state: SchedulerState) -> dict[str, int]:
+    tier = state.kv_tier
+    if tier is None:
+        return {}
+    c = tier.counters
+    return dict(host_hit_tokens=c.hit_tokens, host_blocks_stored=c.blocks_stored,
+                host_blocks_loaded=c.blocks_loaded, host_blocks_used=tier.host.num_used,
+                host_blocks_total=tier.host.num_slots, host_swaps_out=c.swaps_out,
+                host_swaps_in=c.swaps_in, host_block_bytes=state.config.host_block_bytes)
