@@ -1,4 +1,5 @@
-"""A request as the scheduler tracks it (request id == sequence id)."""
+"""A request as the scheduler tracks it (request id == sequence id), and the client whose share
+it counts against."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import enum
 import sys
 import time
 from array import array
+from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from protocol.packed_ints import int32_array
@@ -67,6 +70,7 @@ class Sequence:
         "num_cached_prompt",
         "num_host_prompt",
         "num_preemptions",
+        "client",
     )
 
     def __init__(
@@ -127,6 +131,8 @@ class Sequence:
         self.num_host_prompt = 0
         """Of num_cached_prompt, tokens loaded from the host KV tier."""
         self.num_preemptions = 0
+        self.client: Client | None = None
+        """Whose share it counts against (scheduler_proc.fair_share); set on arrival."""
 
     @property
     def num_tokens(self) -> int:
@@ -150,3 +156,13 @@ class Sequence:
             f"computed={self.num_computed}, pending={self.num_pending}, "
             f"blocks={self.block_table})"
         )
+
+
+@dataclass(slots=True, eq=False)
+class Client:
+    """One client's share: its waiting sequences (FIFO) and how many of its sequences run.
+    Sequences point to it; scheduler_proc.fair_share keeps the clients and applies the rule."""
+
+    key: str
+    waiting: deque[Sequence] = field(default_factory=deque)
+    running: int = 0
