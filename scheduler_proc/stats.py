@@ -84,6 +84,7 @@ def request_metrics(seq: Sequence, reason: FinishReason, now: float) -> RequestM
         spec_proposed_tokens=seq.spec_proposed,
         spec_accepted_tokens=seq.spec_accepted,
         host_prompt_tokens=seq.num_host_prompt,
+        kv_transfer_s=seq.kv_transfer_s,
     )
 
 
@@ -110,6 +111,7 @@ def snapshot(state: SchedulerState) -> EngineStats:
         gpu_busy_s=s.gpu_busy_s,
         steps_two_ahead=s.steps_two_ahead,
         **_tier_stats(state),
+        **_handoff_stats(state),
         finished_by_reason=list(s.finished_by_reason),
         finished=s.take_records(),
     )
@@ -124,3 +126,16 @@ def _tier_stats(state: SchedulerState) -> dict[str, int]:
                 host_blocks_loaded=c.blocks_loaded, host_blocks_used=tier.host.num_used,
                 host_blocks_total=tier.host.num_slots, host_swaps_out=c.swaps_out,
                 host_swaps_in=c.swaps_in, host_block_bytes=state.config.host_block_bytes)
+
+
+def _handoff_stats(state: SchedulerState) -> dict[str, int | float]:
+    handoffs = state.handoffs
+    if handoffs is None:
+        return {}
+    c = handoffs.counters
+    waiting = {"prefill": "kv_handoffs_out_waiting", "decode": "kv_handoffs_in_waiting"}
+    return {"kv_handoffs_out": c.handoffs_out, "kv_handoffs_in": c.handoffs_in,
+            "kv_handoff_failures": c.failures, "kv_transfer_blocks_out": c.blocks_out,
+            "kv_transfer_bytes_out": c.bytes_out, "kv_transfer_blocks_in": c.blocks_in,
+            "kv_transfer_bytes_in": c.bytes_in, "kv_transfer_s": c.transfer_s,
+            waiting[handoffs.role]: handoffs.waiting}
