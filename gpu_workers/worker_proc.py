@@ -11,7 +11,10 @@ It stops on Shutdown, SIGTERM/SIGINT, or when its parent dies.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +26,6 @@ from gpu_workers.rendezvous import tcp_rendezvous
 from protocol import Endpoints, ProtocolError, Shutdown, StepPlan
 from protocol.actor_start import from_plain, read_start
 from protocol.checkpoint_match import check_checkpoint_matches
-from protocol.host_timeline import NO_TIMELINE, HostTimeline, host_timeline
 from protocol.kv_handoff import KVCancel, KVExport, KVLinks
 from protocol.model_shape import ModelShape
 from protocol.process_runtime import (
@@ -34,6 +36,7 @@ from protocol.process_runtime import (
     actor_process,
     start_and_serve,
 )
+from protocol.profile_settings import NO_TIMELINE, Timeline, host_timeline, profile_dir
 from protocol.sockets import MessageSocket
 
 log = logging.getLogger("nanopipe.worker")
@@ -71,6 +74,16 @@ def check_checkpoints(config: WorkerConfig) -> None:
             raise ExplainedStartupError(f"model {model!r}: {exc}") from None
 
 
+def served_by(runner: Any, environ: Mapping[str, str] = os.environ) -> Any:
+    """What the worker serves with: the runner itself, or, when NANOPIPE_PROFILE_DIR asks for
+    it, the runner inside the profiling window (gpu_workers.profiling is imported only then)."""
+    if profile_dir(environ) is None:
+        return runner
+    from gpu_workers.profiling.step_profiler import profiled
+
+    return profiled(runner, environ)
+
+
 def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endpoints,
                rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S,
                links: KVLinks | None = None) -> None:
@@ -78,7 +91,6 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
     with actor_process("worker", endpoints, rank) as rt:
         def start() -> Started:
             from gpu_workers.model_runner import ModelRunner
-            from gpu_workers.profiling import profiled
 
             steps = rt.socket(zmq.PULL, endpoints.worker_steps[rank],
                               bind=not endpoints.scheduler_binds_steps,
@@ -97,7 +109,7 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
             runner = ModelRunner(config, rank, world_size, progress=progress)
             info = (f"device={runner.device} backend={runner.backend} "
                     f"dtype={runner.model_config.dtype} kv_blocks={runner.num_kv_blocks}")
-            served = profiled(runner)  # itself unless NANOPIPE_PROFILE_DIR is set
+            served = served_by(runner)  # itself unless NANOPIPE_PROFILE_DIR is set
             timeline = host_timeline("worker", rank)  # NANOPIPE_HOST_TIMELINE
             kv = KVLink.make(rt, links, rank, runner.kv_cache.storage, endpoints)
 
@@ -121,7 +133,7 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
 
 def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
            rt: ProcessRuntime, lookahead: bool = False,
-           timeline: HostTimeline = NO_TIMELINE, kv: KVLink | None = None) -> None:
+           timeline: Timeline = NO_TIMELINE, kv: KVLink | None = None) -> None:
     """Execute plans in order. With lookahead a step stays in flight while the next plan is
     awaited: if that plan arrives before the step's tokens reach the host, it is launched
     first, so the device goes from one step to the next without waiting for the host. (A
@@ -137,7 +149,8 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
     that one's launch (ModelRunner.launch's `meanwhile`).
 
     `timeline` stamps each plan's arrival, the moment its step is queued on the device, the
-    start of the wait for its tokens and the result's departure (protocol.host_timeline).
+    start of the wait for its tokens and the result's departure
+    (protocol.profiling.host_timeline)..
 
     `kv` (prefill/decode disaggregation): exports and cancels come in plan order; transfers
     are pumped between steps and while idle (gpu_workers.kv_transfer)."""

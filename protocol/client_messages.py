@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.codec import message, struct
+from protocol.limits import MAX_CLIENT_KEY_CHARS
 from protocol.metrics import RequestMetrics
 from protocol.outcomes import FieldError, FinishReason, RequestError
 from protocol.sampling_params import SamplingParams, check_token_ids
@@ -49,12 +50,19 @@ class GenerateRequest:
     messages: list[ChatMessage] | None
     params: SamplingParams
     stream: bool
+    client_key: str = ""
+    """Whose share of the engine this request counts against, among this connection's
+    requests ("": the connection's own). A server relaying many users over one connection
+    names them here; see scheduler_proc.fair_share."""
 
     def __post_init__(self) -> None:
         # Checked where the request is made and again where it is decoded: a float or an id
         # past int32 must not be truncated on the way, nor overflow a worker's column.
         if self.prompt_token_ids is not None:
             check_token_ids("prompt_token_ids", self.prompt_token_ids, RequestFieldError)
+        if len(self.client_key) > MAX_CLIENT_KEY_CHARS:
+            raise RequestFieldError("client_key", f"client_key has {len(self.client_key)} "
+                                    f"characters; at most {MAX_CLIENT_KEY_CHARS} are allowed")
 
 
 @message(0x02)

@@ -33,6 +33,10 @@ class AddRequest:
     arrival_time: float = 0.0
     """Wall clock (time.time()) when the tokenizer received the request; 0 when it was made
     inside the engine (the scheduler then counts from its own receipt)."""
+    client_key: str = ""
+    """Whose share of the engine this request counts against (scheduler_proc.fair_share):
+    the tokenizer's number for the client connection, plus the name the client gave, if
+    any ("3" or "3/alice"). Requests made inside the engine share the key ""."""
     decode_replica: int = -1
     """Prefill/decode disaggregation: the decode replica the router chose for this request
     (protocol.kv_handoff); -1 when the receiving replica serves it whole."""

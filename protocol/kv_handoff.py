@@ -53,6 +53,8 @@ class HandoffOffer:
     host_prompt_tokens: int
     preemptions: int
     num_blocks: int
+    client_key: str = ""
+    """Whose share the request counts against on the decode replica too (fair sharing)."""
 
     def __post_init__(self) -> None:
         if (values := int32_array(self.token_ids)) is not self.token_ids:

@@ -38,3 +38,6 @@ def plans_in_flight(overlap: bool, plans_ahead: int = 1) -> int:
     number rather than from constants of theirs.
     """
     return 1 + plans_ahead if overlap else 1
+
+MAX_CLIENT_KEY_CHARS = 64
+"""Longest client key a request may name (GenerateRequest.client_key): a name, not data."""

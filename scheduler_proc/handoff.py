@@ -101,6 +101,16 @@ class Handoffs:
         """Hand-offs not finished on this side (the stats' gauge)."""
         return len(self.out) + len(self.offers) + len(self.incoming)
 
+    def stats_fields(self) -> dict[str, int | float]:
+        """This replica's EngineStats.kv_* fields."""
+        c = self.counters
+        gauge = "kv_handoffs_out_waiting" if self.role == "prefill" else "kv_handoffs_in_waiting"
+        return {"kv_handoffs_out": c.handoffs_out, "kv_handoffs_in": c.handoffs_in,
+                "kv_handoff_failures": c.failures, "kv_transfer_blocks_out": c.blocks_out,
+                "kv_transfer_bytes_out": c.bytes_out, "kv_transfer_blocks_in": c.blocks_in,
+                "kv_transfer_bytes_in": c.bytes_in, "kv_transfer_s": c.transfer_s,
+                gauge: self.waiting}
+
     # ------------------------------------------------------------ prefill side
 
     def hand_off(self, seq: Sequence) -> None:
@@ -109,6 +119,7 @@ class Handoffs:
         blocks, not the sequence)."""
         state, now = self.state, time.monotonic()
         seq.status = HANDOFF
+        seq.client.running -= 1
         if seq.on_worker:
             state.drops.append(seq.seq_id)
             seq.on_worker = False
@@ -120,7 +131,7 @@ class Handoffs:
             seq.params, sorted(seq.stop_tokens), seq.arrival_time,
             (now if first is None else first) - seq.arrival_s,
             (seq.first_token_s or now) - seq.arrival_s, seq.num_cached_prompt,
-            seq.num_host_prompt, seq.num_preemptions, num_blocks)))
+            seq.num_host_prompt, seq.num_preemptions, num_blocks, seq.client.key)))
 
     def on_accept(self, msg: HandoffAccept) -> None:
         entry = self.out.get(msg.request_id)
@@ -180,6 +191,7 @@ class Handoffs:
         state.block_manager.free(seq)
         seq.status = FINISHED
         del state.seqs[seq.seq_id]
+        state.waiting.forget_if_idle(seq.client)
 
     def _fail(self, seq: Sequence, why: str) -> None:
         self.counters.failures += 1
@@ -209,6 +221,7 @@ class Handoffs:
             if state.block_manager.allocate(seq, msg.num_computed) is None:
                 return
             self.offers.popleft()
+            seq.client = state.waiting.client(msg.client_key)
             seq.token_ids.extend(msg.token_ids[msg.num_prompt_tokens:])
             seq.num_computed = msg.num_computed
             seq.status = HANDOFF
@@ -284,6 +297,7 @@ class Handoffs:
         self.state.block_manager.free(seq)
         seq.status = FINISHED
         del self.state.seqs[seq.seq_id]
+        self.state.waiting.forget_if_idle(seq.client)
         self.admit_offers()
 
     def on_cancel(self, msg: HandoffCancel) -> None:

@@ -36,6 +36,15 @@ def check_integrity(state: SchedulerState) -> None:
             problems.append(f"{s!r} pending != tokens in flight")
         if s.spec_inflight != proposals.get(id(s), 0):
             problems.append(f"{s!r} spec_inflight != proposals in flight")
+    runs: dict[str, int] = {}
+    for s in state.running:
+        runs[s.client.key] = runs.get(s.client.key, 0) + 1
+    clients = state.waiting.clients
+    if {k: c.running for k, c in clients.items() if c.running} != runs:
+        problems.append("a client's running count is not what runs")
+    if {s.client.key for s in state.seqs.values()} != set(clients) or any(
+            clients[s.client.key] is not s.client for s in state.seqs.values()):
+        problems.append("the clients known are not those of the unfinished sequences")
     tier = state.kv_tier
     if tier is not None:
         for sid in tier.swapped:

@@ -15,7 +15,6 @@ transitions of SchedulerState.
 from __future__ import annotations
 
 import time
-from collections import deque
 
 from protocol import (
     OUT_OF_BAND_STEP,
@@ -31,12 +30,12 @@ from protocol.kv_handoff import HandoffAccept, HandoffCancel, HandoffOffer, Hand
 from scheduler_proc.admission import admission_error, with_resolved_max_tokens
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
+from scheduler_proc.fair_share import WaitingQueues
 from scheduler_proc.handoff import HANDOFF, Handoffs
 from scheduler_proc.invariants import check_integrity
 from scheduler_proc.plans_in_flight import PacingMeter
 from scheduler_proc.sequence import Sequence
-from scheduler_proc.state import SchedulerState
-from scheduler_proc.stats import snapshot
+from scheduler_proc.state import SchedulerState, snapshot
 from scheduler_proc.step_planner import deep_plan_pays, plan_step
 from scheduler_proc.step_results import apply_result
 
@@ -64,7 +63,8 @@ class Scheduler:
         return self.state.block_manager
 
     @property
-    def waiting(self) -> deque[Sequence]:
+    def waiting(self) -> WaitingQueues:
+        """Every waiting sequence, by client (scheduler_proc.fair_share)."""
         return self.state.waiting
 
     @property
@@ -91,6 +91,7 @@ class Scheduler:
                        req.arrival_time, state.config.max_model_len)
         if state.config.role == "prefill":
             seq.decode_replica = req.decode_replica
+        seq.client = state.waiting.client(req.client_key)
         state.seqs[seq.seq_id] = seq
         state.waiting.append(seq)
 
@@ -193,7 +194,7 @@ class Scheduler:
         return deltas
 
     def stats(self) -> EngineStats:
-        """The counters and gauges now; safe to call from another thread (scheduler_proc.stats)."""
+        """The counters and gauges now; safe to call from another thread (state.snapshot)."""
         return snapshot(self.state)
 
     def check_integrity(self) -> None:

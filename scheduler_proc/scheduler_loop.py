@@ -37,7 +37,6 @@ from protocol import (
 )
 from protocol.actor_start import from_plain, read_start
 from protocol.engine_messages import WatchGoodbye, WatchRequest
-from protocol.host_timeline import host_timeline
 from protocol.kv_handoff import (
     HandoffAccept,
     HandoffCancel,
@@ -47,6 +46,7 @@ from protocol.kv_handoff import (
     KVLinks,
 )
 from protocol.process_runtime import ProcessRuntime, Started, actor_process, start_and_serve
+from protocol.profile_settings import host_timeline
 from protocol.sockets import MessageSocket
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.deltas_publisher import DeltasPublisher

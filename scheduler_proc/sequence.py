@@ -1,4 +1,5 @@
-"""A request as the scheduler tracks it (request id == sequence id)."""
+"""A request as the scheduler tracks it (request id == sequence id), and the client whose share
+it counts against."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import enum
 import sys
 import time
 from array import array
+from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from protocol.packed_ints import int32_array
@@ -71,6 +74,7 @@ class Sequence:
         "num_preemptions",
         "decode_replica",
         "kv_transfer_s",
+        "client",
     )
 
     def __init__(
@@ -134,6 +138,8 @@ class Sequence:
         self.decode_replica = -1
         """A prefill replica's: where the sequence goes after its first token (-1: nowhere)."""
         self.kv_transfer_s: float | None = None
+        self.client: Client | None = None
+        """Whose share it counts against (scheduler_proc.fair_share); set on arrival."""
 
     @property
     def num_tokens(self) -> int:
@@ -157,3 +163,13 @@ class Sequence:
             f"computed={self.num_computed}, pending={self.num_pending}, "
             f"blocks={self.block_table})"
         )
+
+
+@dataclass(slots=True, eq=False)
+class Client:
+    """One client's share: its waiting sequences (FIFO) and how many of its sequences run.
+    Sequences point to it; scheduler_proc.fair_share keeps the clients and applies the rule."""
+
+    key: str
+    waiting: deque[Sequence] = field(default_factory=deque)
+    running: int = 0

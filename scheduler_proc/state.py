@@ -13,8 +13,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from protocol import FinishReason
+from protocol.engine_messages import EngineStats
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
+from scheduler_proc.fair_share import WaitingQueues
 from scheduler_proc.kv_tier import KVTier
 from scheduler_proc.sequence import Sequence, SequenceStatus
 from scheduler_proc.stats import SchedulerStats, request_metrics
@@ -55,7 +57,7 @@ class SchedulerState:
                         if config.num_host_slots else None)
         """The host KV tier's index, swaps and the moves of the step being planned (None:
         off). Without prefix caching it only swaps: no block is hashed, so none is cached."""
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueues()  # by client: scheduler_proc.fair_share
         self.running: list[Sequence] = []  # in admission order: the tail is preempted first
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence
         self.next_step_id = 0
@@ -102,6 +104,7 @@ class SchedulerState:
         self.block_manager.free(seq)
         self.trims.pop(seq.seq_id, None)  # the drop forgets the whole table
         self.stats.preemptions += 1
+        seq.client.running -= 1
         seq.num_preemptions += 1
         seq.num_computed = 0
         seq.status = WAITING
@@ -132,6 +135,9 @@ class SchedulerState:
             self.block_manager.hash_full_blocks(seq)
             self.block_manager.free(seq)
         self.trims.pop(seq.seq_id, None)
+        if seq.status is RUNNING:
+            seq.client.running -= 1
+        self.waiting.forget_if_idle(seq.client)
         if self.kv_tier is not None:
             discard(self.kv_tier, seq.seq_id)
         seq.status = FINISHED
@@ -143,3 +149,43 @@ class SchedulerState:
             self.drops.append(seq.seq_id)
             seq.on_worker = False
         del self.seqs[seq.seq_id]
+
+
+def snapshot(state: SchedulerState) -> EngineStats:
+    """The counters and the gauges now (safe to call from another thread of the process)."""
+    s = state.stats
+    bm = state.block_manager
+    return EngineStats(
+        time_s=time.monotonic(),
+        steps=state.next_step_id,
+        prompt_tokens=s.prompt_tokens,
+        cached_prompt_tokens=s.cached_prompt_tokens,
+        generated_tokens=s.generated_tokens,
+        preemptions=s.preemptions,
+        finished_requests=s.finished_requests,
+        schedule_time_s=s.schedule_time_s,
+        result_time_s=s.result_time_s,
+        running=len(state.running),
+        waiting=len(state.waiting),
+        kv_blocks_used=bm.num_blocks - bm.num_free,
+        kv_blocks_total=bm.num_blocks,
+        spec_proposed_tokens=s.spec_proposed_tokens,
+        spec_accepted_tokens=s.spec_accepted_tokens,
+        gpu_busy_s=s.gpu_busy_s,
+        steps_two_ahead=s.steps_two_ahead,
+        **_tier_stats(state),
+        **({} if state.handoffs is None else state.handoffs.stats_fields()),
+        finished_by_reason=list(s.finished_by_reason),
+        finished=s.take_records(),
+    )
+
+
+def _tier_stats(state: SchedulerState) -> dict[str, int]:
+    tier = state.kv_tier
+    if tier is None:
+        return {}
+    c = tier.counters
+    return dict(host_hit_tokens=c.hit_tokens, host_blocks_stored=c.blocks_stored,
+                host_blocks_loaded=c.blocks_loaded, host_blocks_used=tier.host.num_used,
+                host_blocks_total=tier.host.num_slots, host_swaps_out=c.swaps_out,
+                host_swaps_in=c.swaps_in, host_block_bytes=state.config.host_block_bytes)

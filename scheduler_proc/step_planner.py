@@ -3,7 +3,8 @@
 One token-count model, no prefill/decode phases: a running sequence is asked for its next
 `num_new` tokens (1 when decoding, a chunk while prefilling), so one step mixes both. Running
 sequences are served first, in admission order, preempting from the tail when blocks run out;
-waiting ones are admitted with what budget is left.
+waiting ones are admitted with what budget is left. Between clients, who is admitted and who
+is preempted follows the fair-share rule of scheduler_proc.fair_share.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from protocol import CachedSequences, NewSequence, StepPlan
 from protocol.packed_ints import int32_array
 from protocol.step_messages import NO_MOVES
 from scheduler_proc.block_manager import BlockManager
+from scheduler_proc.fair_share import pressure_victim
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import RUNNING, PlanInFlight, SchedulerState
 from scheduler_proc.swap import plan_swap_in, swap_in
@@ -56,6 +58,10 @@ def plan_step(state: SchedulerState) -> StepPlan | None:
     state.to_hash.clear()
 
     batch = _StepBatch(state.config.max_num_batched_tokens)
+    if state.waiting:  # fair share: a client owed a slot takes it from the largest
+        room = state.waiting.needs_room(state.running, state.config.max_num_seqs)
+        if room is not None:
+            state.preempt(state.running.pop(room))
     _continue_running(state, batch)
     if not batch.preempted:  # under memory pressure admitting more would only thrash
         _admit_waiting(state, batch)
@@ -117,7 +123,8 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
     spec_k = state.config.num_speculative_tokens
 
     # Hot loop (one pass per running sequence per step): locals and bound methods only.
-    # Preemption pops the tail of `running`, which ends this iteration there.
+    # Preemption takes a sequence at or after this one (the tail with one client), so the
+    # entries already planned are never touched.
     for seq in running:
         if budget <= 0:
             break
@@ -144,7 +151,8 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
         if reach > len(seq.block_table) * bs:
             alloc = bm.allocate(seq, reach)
             while alloc is None:
-                victim = running.pop()  # most recently admitted
+                # The most recently admitted (of the client holding the most).
+                victim = running.pop(pressure_victim(state.waiting, running, seq))
                 state.preempt(victim)
                 batch.preempted = True
                 if victim is seq:
@@ -218,7 +226,8 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
     if state.handoffs is not None and state.handoffs.landed:
         budget = _admit_landed(state, batch, budget)
     while waiting and budget > 0 and len(running) < max_seqs:
-        seq = waiting[0]
+        client = waiting.next_client()
+        seq = client.waiting[0]
         # Overlap hazard: a sequence preempted while its last sampled token is in flight
         # cannot be re-sent in full until that token arrives.
         if seq.num_pending:
@@ -244,7 +253,8 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
             swap_in(tier, seq, resume, alloc.new_block_ids)
         elif host_slots:  # the first new blocks take the host tier's KV before the forward
             tier.load(host_slots, alloc.new_block_ids[:len(host_slots)])
-        waiting.popleft()
+        waiting.pop(client)
+        client.running += 1
         seq.status = RUNNING
         running.append(seq)
         batch.new_seqs.append(
@@ -289,6 +299,7 @@ def _admit_landed(state: SchedulerState, batch: _StepBatch, budget: int) -> int:
             break
         landed.popleft()
         seq.status = RUNNING
+        seq.client.running += 1
         running.append(seq)
         batch.new_seqs.append(NewSequence(
             seq.seq_id, _known_tokens(seq), seq.num_prompt_tokens, computed, n,

@@ -70,10 +70,13 @@ def detok_request_info(request_id: int, client_id: str, req: GenerateRequest,
 
 
 def add_request(request_id: int, req: GenerateRequest, ids: list[int],
-                eos_ids: list[int], arrival_time: float) -> AddRequest:
+                eos_ids: list[int], arrival_time: float, connection: int = 0) -> AddRequest:
     """The scheduler's view of a request. It judges the params' lengths itself (and resolves
     max_tokens=None), so they go as the client sent them; `arrival_time` (wall clock) is
-    when its frame reached the tokenizer."""
+    when its frame reached the tokenizer. Its client key is the number of the connection it
+    came on, with the name the request gives within that connection, if any ("3/alice"):
+    a connection can only divide its own share, never claim another's."""
+    key = str(connection) if not req.client_key else f"{connection}/{req.client_key}"
     return AddRequest(request_id=request_id, prompt_token_ids=ids, params=req.params,
                       eos_token_ids=eos_ids, client_request_id=req.client_request_id,
-                      arrival_time=arrival_time)
+                      arrival_time=arrival_time, client_key=key)

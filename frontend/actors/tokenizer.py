@@ -139,6 +139,7 @@ class TokenizerActor:
         self.to_detok = rt.socket(zmq.PUSH, endpoints.detok_in, bind=False,
                                   security=endpoints.keys)
         self.clients: dict[bytes, str] = {}  # peer routing id -> client_id
+        self.connections: dict[bytes, int] = {}  # peer -> its number: its fair-share key
         self.book = RequestBook()
         self.dead_reason: str | None = None
         # Each thread tokenizes with its own copy: a fast tokenizer is not safe to share.
@@ -247,6 +248,7 @@ class TokenizerActor:
             self.router.send_to(peer, EngineDead(self.dead_reason))
             return
         self.clients[peer] = msg.client_id
+        self.connections.setdefault(peer, len(self.connections))
         self.router.send_to(peer, ClientWelcome(
             results_address=self.endpoints.results, model=self.config.served_name,
             max_model_len=self.config.max_model_len, deltas_address=self.endpoints.deltas_pub))
@@ -301,7 +303,8 @@ class TokenizerActor:
         request_id = self.book.assign(peer, req.client_request_id)
         # The detokenizer must know the route before any token of this request can exist.
         self.to_detok.send(detok_request_info(request_id, self.clients[peer], req, ids))
-        self.dispatch.add(add_request(request_id, req, ids, self.eos_ids, arrival_time))
+        self.dispatch.add(add_request(request_id, req, ids, self.eos_ids, arrival_time,
+                                      self.connections[peer]))
 
     def _on_abort(self, peer: bytes, msg: AbortRequest) -> None:
         job = self.book.take_preparing(peer, msg.client_request_id)

@@ -74,8 +74,12 @@ class AsyncClient(ConnectionInfo):
     # ---------------------------------------------------------- public API
 
     async def generate(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
-                       *, prompt_token_ids: Any = None, messages: Any = None) -> RequestOutput:
-        request_id, q = await self._submit(prompt, prompt_token_ids, messages, params, False)
+                       *, prompt_token_ids: Any = None, messages: Any = None,
+                       client_key: str | None = None) -> RequestOutput:
+        """The whole output. `client_key` names a client of its own within this connection
+        (a server relaying many users), for the engine's fair sharing between clients."""
+        request_id, q = await self._submit(prompt, prompt_token_ids, messages, params, False,
+                                           client_key)
         collector = OutputCollector(request_id)
         try:
             while True:
@@ -88,9 +92,10 @@ class AsyncClient(ConnectionInfo):
             raise
 
     def stream(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
-               *, prompt_token_ids: Any = None, messages: Any = None) -> AsyncResultStream:
+               *, prompt_token_ids: Any = None, messages: Any = None,
+               client_key: str | None = None) -> AsyncResultStream:
         """An async iterator of deltas; aclose(), cancellation or dropping it aborts."""
-        frame_args = (prompt, prompt_token_ids, messages, params, True)
+        frame_args = (prompt, prompt_token_ids, messages, params, True, client_key)
         return AsyncResultStream(self, frame_args)
 
     async def abort(self, request_id: str) -> None:
@@ -111,10 +116,12 @@ class AsyncClient(ConnectionInfo):
     # ---------------------------------------------------------- internals
 
     async def _submit(self, prompt: str | None, prompt_token_ids: Any, messages: Any,
-                      params: SamplingParamsLike | None, stream: bool) -> tuple[str, asyncio.Queue]:
+                      params: SamplingParamsLike | None, stream: bool,
+                      client_key: str | None = None) -> tuple[str, asyncio.Queue]:
         await self.start()
         request_id = uuid.uuid4().hex
-        frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream)
+        frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream,
+                             client_key)
         q: asyncio.Queue = asyncio.Queue()
         self._core.submit(request_id, q.put_nowait)
         self._conn.send(frame)

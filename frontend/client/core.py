@@ -60,9 +60,11 @@ this way are also aborted, so the engine does not run them unseen."""
 
 
 def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, messages: Any,
-                 params: SamplingParamsLike | None, stream: bool) -> bytes:
+                 params: SamplingParamsLike | None, stream: bool,
+                 client_key: str | None = None) -> bytes:
     """The encoded request; RequestRejected at once if no pipeline would read a frame so big.
-    `params` may be a dict of SamplingParams' fields, as LLM.generate takes them."""
+    `params` may be a dict of SamplingParams' fields, as LLM.generate takes them;
+    `client_key` names whose share within this connection the request counts against."""
     params = SamplingParams() if params is None else as_sampling_params(params, "params")
     if prompt is not None and not isinstance(prompt, str):
         hint = " (token ids go in prompt_token_ids=)" if isinstance(prompt, list | tuple) else ""
@@ -71,9 +73,11 @@ def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, mes
         prompt_token_ids = as_token_ids(prompt_token_ids)
     if messages is not None:
         messages = as_chat_messages(messages)
+    if client_key is not None and not isinstance(client_key, str):
+        raise TypeError(f"client_key must be a string, got {type(client_key).__name__}")
     frame = encode(GenerateRequest(
         client_request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
-        messages=messages, params=params, stream=stream))
+        messages=messages, params=params, stream=stream, client_key=client_key or ""))
     if len(frame) > MAX_FRAME_BYTES:
         sizes = {"prompt": len(prompt or ""), "prompt_token_ids": len(prompt_token_ids or ()),
                  "messages": sum(len(m.content) for m in messages or ())}

@@ -79,8 +79,12 @@ class Client(ConnectionInfo):
         return self.welcome.max_model_len
 
     def generate(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
-                 *, prompt_token_ids: Any = None, messages: Any = None) -> RequestOutput:
-        request_id, q = self._submit(prompt, prompt_token_ids, messages, params, stream=False)
+                 *, prompt_token_ids: Any = None, messages: Any = None,
+                 client_key: str | None = None) -> RequestOutput:
+        """The whole output. `client_key` names a client of its own within this connection
+        (a server relaying many users), for the engine's fair sharing between clients."""
+        request_id, q = self._submit(prompt, prompt_token_ids, messages, params, False,
+                                     client_key)
         collector = OutputCollector(request_id)
         done = False
         try:
@@ -95,9 +99,11 @@ class Client(ConnectionInfo):
         return collector.output()
 
     def stream(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
-               *, prompt_token_ids: Any = None, messages: Any = None) -> ResultStream:
+               *, prompt_token_ids: Any = None, messages: Any = None,
+               client_key: str | None = None) -> ResultStream:
         """Submit now; iterate for deltas. Closing or dropping the iterator aborts."""
-        request_id, q = self._submit(prompt, prompt_token_ids, messages, params, stream=True)
+        request_id, q = self._submit(prompt, prompt_token_ids, messages, params, True,
+                                     client_key)
         return ResultStream(self, request_id, q)
 
     def abort(self, request_id: str) -> None:
@@ -120,9 +126,11 @@ class Client(ConnectionInfo):
     # ---------------------------------------------------------- caller side
 
     def _submit(self, prompt: str | None, prompt_token_ids: Any, messages: Any,
-                params: SamplingParamsLike | None, stream: bool) -> tuple[str, queue.SimpleQueue]:
+                params: SamplingParamsLike | None, stream: bool,
+                client_key: str | None = None) -> tuple[str, queue.SimpleQueue]:
         request_id = uuid.uuid4().hex
-        frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream)
+        frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream,
+                             client_key)
         q: queue.SimpleQueue = queue.SimpleQueue()
         with self._conn.lock:
             self._core.submit(request_id, q.put)

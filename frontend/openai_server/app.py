@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from frontend.client.outputs import ClientClosedError, EngineDeadError, RequestRejected
 from frontend.openai_server.body_limit import BodyLimit, default_max_request_bytes
+from frontend.openai_server.client_key import client_key
 from frontend.openai_server.errors import ApiError, api_error, error_body, validation_error
 from frontend.openai_server.health import health_of
 from frontend.openai_server.responses import ChatFormat, CompletionFormat
@@ -125,7 +126,9 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
         check_model(body.model)
         params = body.choice_params(body.sampling_params())
         fmt = CompletionFormat(model_name, body.include_usage, len(params))
-        choices = [(prompt, p) for prompt in body.prompt_kwargs() for p in params]
+        key = client_key(request, body.user)
+        choices = [({**prompt, "client_key": key}, p) for prompt in body.prompt_kwargs()
+                   for p in params]
         return await _respond(request, client, choices, body.stream, fmt, drained)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
@@ -134,7 +137,7 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
         # Without a max_tokens, a chat answer may fill the context (OpenAI's default).
         params = body.choice_params(body.sampling_params())
         fmt = ChatFormat(model_name, body.include_usage, len(params), tools=body.tool_plan())
-        messages = {"messages": body.wire_messages()}
+        messages = {"messages": body.wire_messages(), "client_key": client_key(request, body.user)}
         choices = [(messages, p) for p in params]
         return await _respond(request, client, choices, body.stream, fmt, drained)
 

@@ -2,7 +2,8 @@
 
 Fields we do not implement are still declared when a client might set them, so that a
 non-default value is refused with a 400 naming the field instead of being silently ignored.
-Unknown fields (user, metadata, ...) are ignored, as OpenAI's own server does.
+Unknown fields (metadata, ...) are ignored, as OpenAI's own server does; `user` names the
+caller for the engine's fair sharing between clients (client_key.py).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class _SamplingRequest(BaseModel):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    user: Text | None = None
+    """OpenAI's end-user id: whose share of the engine the request counts against."""
     structured_outputs: dict[str, Any] | None = None
     """vLLM's body field: {"json": schema} | {"regex": ...} | {"choice": [...]} | ..."""
 

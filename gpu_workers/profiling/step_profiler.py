@@ -3,11 +3,12 @@ plans, then `rank{R}.json` in a directory, so that every tensor-parallel rank re
 steps cost (`nanopipe profile tp` starts a pipeline with it and reads the files).
 
 Off unless NANOPIPE_PROFILE_DIR is set (vLLM's VLLM_TORCH_PROFILER_DIR works the same way):
-then `profiled(runner)` is the runner itself and serving pays nothing. When it is set the
-worker serves through a StepProfiler, which counts the plans it launches and, inside the
-window only, runs the profiler and puts ranges around the runner's build_batch, forward,
-sample and settle. Those are wrapped on the runner (and build_batch in the module the runner's
-class comes from) for the window and put back after it: the runner's code knows nothing of it.
+then the worker does not even import this module (gpu_workers.worker_proc.served_by) and
+serving pays nothing. When it is set the worker serves through a StepProfiler, which counts
+the plans it launches and, inside the window only, runs the profiler and puts ranges around
+the runner's build_batch, forward, sample and settle. Those are wrapped on the runner (and
+build_batch in the module the runner's class comes from) for the window and put back after
+it: the runner's code knows nothing of it.
 
 NANOPIPE_PROFILE_STEPS=FIRST,LAST: plans [FIRST, LAST), counted from this rank's first
 executed plan (default 300,340). The window opens as plan FIRST is launched and closes as plan
@@ -30,7 +31,6 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from gpu_workers.profiling import DIR_ENV
 from gpu_workers.profiling.rank_profile import (
     BUILD_BATCH_RANGE,
     FINISH_RANGE,
@@ -42,6 +42,7 @@ from gpu_workers.profiling.rank_profile import (
     rank_profile,
 )
 from gpu_workers.profiling.summary import SAMPLER_RANGE
+from protocol.profile_settings import PROFILE_DIR_ENV as DIR_ENV
 
 log = logging.getLogger("nanopipe.worker")
 STEPS_ENV = "NANOPIPE_PROFILE_STEPS"

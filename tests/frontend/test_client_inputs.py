@@ -112,3 +112,19 @@ def test_misshapen_messages_fail_at_the_call_and_the_client_goes_on(pipe, messag
             client.generate(messages=messages)
         assert len(pipe.scheduler.added) == sent
         assert client.generate(PROMPT, params={"max_tokens": 2}).finish_reason == "length"
+
+
+def test_each_connection_is_a_client_of_its_own_and_may_name_clients_within(pipe):
+    """The key the scheduler shares the engine by: the connection's number, with the name a
+    request gives (a server relaying many users names each); a bad name fails at the call."""
+    keys = []
+    with Client(pipe.address) as one, Client(pipe.address) as two:
+        for client, name in ((one, None), (one, None), (two, None), (two, "alice")):
+            client.generate(PROMPT, params={"max_tokens": 1}, client_key=name)
+            keys.append(pipe.scheduler.added[-1].client_key)
+        with pytest.raises(ValueError, match="client_key has 65 characters"):
+            one.generate(PROMPT, client_key="k" * 65)
+        with pytest.raises(TypeError, match="client_key must be a string"):
+            one.generate(PROMPT, client_key=7)
+        assert one.generate(PROMPT, params={"max_tokens": 1}).finish_reason == "length"
+    assert keys[0] == keys[1] != keys[2] and keys[3] == f"{keys[2]}/alice"

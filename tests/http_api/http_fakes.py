@@ -30,6 +30,7 @@ class Call:
     kwargs: dict[str, Any]
     params: SamplingParams
     stream: bool
+    client_key: str | None = None
     finished: bool = False
     aborted: bool = False
 
@@ -109,7 +110,8 @@ class FakeClient:
         return gen()
 
     def _call(self, kwargs: dict[str, Any], params: SamplingParams | None, stream: bool) -> Call:
-        call = Call(f"req-{len(self.calls)}", kwargs, params or SamplingParams(), stream)
+        key = kwargs.pop("client_key", None)
+        call = Call(f"req-{len(self.calls)}", kwargs, params or SamplingParams(), stream, key)
         self.calls.append(call)
         return call
 

@@ -73,7 +73,7 @@ def test_completion_response_and_params(http, fake):
     resp = http.post("/v1/completions", json={
         "model": "fake-model", "prompt": "hello", "max_tokens": 3, "temperature": 0,
         "top_p": 0.9, "top_k": 5, "min_p": 0.05, "seed": 7, "stop": ["x"],
-        "stop_token_ids": [9], "ignore_eos": True, "logprobs": 0, "user": "ignored"})
+        "stop_token_ids": [9], "ignore_eos": True, "logprobs": 0, "user": "ann"})
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
@@ -88,6 +88,23 @@ def test_completion_response_and_params(http, fake):
     assert call.params == SamplingParams(temperature=0.0, top_p=0.9, top_k=5, min_p=0.05, seed=7,
                                          max_tokens=3, ignore_eos=True, stop=["x"],
                                          stop_token_ids=[9], logprobs=True)
+    assert call.client_key == "ann"  # `user` names the caller for fair sharing
+
+
+def test_each_caller_gets_a_client_key(http, fake):
+    """Header first, then `user`, then the caller's address; a long name becomes a digest."""
+    chat = {"model": "fake-model", "max_tokens": 1, "messages": [{"role": "user",
+                                                                   "content": "u"}]}
+    keys = []
+    for headers, user in (({"X-Client-Id": "team-a"}, "bob"), ({}, "bob"), ({}, None),
+                          ({}, "x" * 500), ({}, "x" * 500), ({}, "y" * 500)):
+        body = chat if user is None else {**chat, "user": user}
+        assert http.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
+        keys.append(fake.calls[-1].client_key)
+    assert keys[:3] == ["team-a", "bob", "peer:127.0.0.1"]
+    assert keys[3] == keys[4] != keys[5] and len(keys[3]) <= 64
+    resp = http.post("/v1/completions", json={"prompt": "p", "max_tokens": 1, "user": 7})
+    assert_error(resp, 400, "user")
 
 
 def test_top_logprobs_in_both_apis(http):

@@ -231,10 +231,13 @@ def make_request(
     eos: list[int] | None = None,
     ignore_eos: bool = False,
     stop_token_ids: list[int] | None = None,
+    client: str = "",
 ) -> AddRequest:
-    """A request; an int prompt means that many tokens derived from the request id."""
+    """A request (of client key `client`); an int prompt means that many tokens derived from
+    the request id."""
     if isinstance(prompt, int):
         prompt = [(request_id * 7 + i) % VOCAB for i in range(prompt)]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos,
                             stop_token_ids=stop_token_ids or [])
-    return AddRequest(request_id, list(prompt), params, eos if eos is not None else [])
+    return AddRequest(request_id, list(prompt), params, eos if eos is not None else [],
+                      client_key=client)

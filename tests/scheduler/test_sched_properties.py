@@ -23,6 +23,7 @@ add_op = st.tuples(
     st.lists(st.integers(0, 63), min_size=0, max_size=14),
     st.integers(1, 20),  # max_tokens
     st.booleans(),  # with EOS ids
+    st.sampled_from(["", "a", "b"]),  # client key: fair sharing admits and preempts by it
 )
 ops = st.lists(
     st.one_of(
@@ -65,10 +66,10 @@ def test_random_operations_keep_invariants(ops, ahead, caching, num_blocks, batc
     for op in ops:
         kind = op[0]
         if kind == "add":
-            _, head, tail, max_tokens, with_eos = op
+            _, head, tail, max_tokens, with_eos, client = op
             rid = len(reqs)
             req = make_request(rid, SHARED[:head] + tail, max_tokens=max_tokens,
-                               eos=[1, 2] if with_eos else [])
+                               eos=[1, 2] if with_eos else [], client=client)
             reqs[rid] = req
             sched.add_request(req)
         elif kind == "step":

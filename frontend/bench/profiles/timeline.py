@@ -1,5 +1,5 @@
 """Where a step's host time goes between the actors: the stamps that NANOPIPE_HOST_TIMELINE=DIR
-makes the scheduler and the workers write as they stop (protocol.host_timeline), lined up
+makes the scheduler and the workers write as they stop (protocol.profiling.host_timeline), lined up
 step by step. The stamps cost a list append each, so unlike torch.profiler they leave the
 chain they measure as it is.
 

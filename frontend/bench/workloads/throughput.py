@@ -112,7 +112,7 @@ def run_runtime(model_dir: str, args: argparse.Namespace, work) -> dict:
 
 def run(args: argparse.Namespace) -> list[Figure]:
     from gpu_workers import ModelConfig
-    from protocol.host_timeline import ENV as TIMELINE_ENV
+    from protocol.profile_settings import HOST_TIMELINE_ENV as TIMELINE_ENV
 
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - PLANS_AHEAD.keys()

@@ -7,23 +7,20 @@ plan out) keeps the device waiting. Here each actor keeps a few clock stamps per
 append each, and writes them when it stops; `time.perf_counter_ns` reads CLOCK_MONOTONIC,
 one clock for every process of a host, so `nanopipe profile timeline` can line the files up.
 
-Off unless NANOPIPE_HOST_TIMELINE names a directory: then the scheduler writes
-`scheduler0.json` and each worker `worker{rank}.json` there as it stops (one pipeline per
-directory: a later one's files replace an earlier one's). Otherwise the actors get NO_TIMELINE,
-whose mark does nothing.
+Off unless NANOPIPE_HOST_TIMELINE names a directory (protocol.profile_settings.host_timeline
+reads it and only then imports this module): then the scheduler writes `scheduler0.json` and
+each worker `worker{rank}.json` there as it stops (one pipeline per directory: a later one's
+files replace an earlier one's). Otherwise the actors get NO_TIMELINE, whose mark does nothing.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 log = logging.getLogger("nanopipe")
-ENV = "NANOPIPE_HOST_TIMELINE"
 MAX_EVENTS = 2_000_000
 """Stamps kept per process (the first ones): ~100 MB at most, hours of steps."""
 
@@ -31,19 +28,17 @@ MAX_EVENTS = 2_000_000
 class HostTimeline:
     """(step id, event, ns) stamps of one actor process, in the order they happened."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
         self.events: list[tuple[int, str, int]] = []
 
     def mark(self, step_id: int, event: str) -> None:
-        if self.path is not None and len(self.events) < MAX_EVENTS:
+        if len(self.events) < MAX_EVENTS:
             self.events.append((step_id, event, time.perf_counter_ns()))
 
     def write(self) -> None:
         """Write the stamps (a failure to write is logged, never raised: the actor is
         stopping, and what it was serving matters more)."""
-        if self.path is None:
-            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps(
@@ -51,15 +46,3 @@ class HostTimeline:
         except OSError as exc:
             log.warning("host timeline: could not write %s: %s", self.path, exc)
 
-
-NO_TIMELINE = HostTimeline(None)
-
-
-def host_timeline(actor: str, rank: int = 0,
-                  environ: Mapping[str, str] = os.environ) -> HostTimeline:
-    """This actor's timeline: recording into `{actor}{rank}.json` when ENV names a directory,
-    else NO_TIMELINE."""
-    out = environ.get(ENV)
-    if not out:
-        return NO_TIMELINE
-    return HostTimeline(Path(out) / f"{actor}{rank}.json")
