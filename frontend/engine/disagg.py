@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from frontend.engine.options import ConfigError
 from frontend.engine.startup import replica_env
@@ -20,8 +20,8 @@ from protocol.actor_start import to_plain
 from protocol.endpoints import _free_ports
 from protocol.kv_handoff import KVLinks
 
-if TYPE_CHECKING:
-    from frontend.engine.config import EngineConfig
+EngineConfig = Any
+"""frontend.engine.config.EngineConfig, which imports this module (its checks live here)."""
 
 
 def check_disaggregation(cfg: EngineConfig) -> None:
