@@ -22,6 +22,8 @@ class SequenceStatus(enum.Enum):
     WAITING = 0
     RUNNING = 1
     FINISHED = 2
+    HANDOFF = 3
+    """Prefill/decode disaggregation: holding blocks between replicas (scheduler_proc.handoff)."""
 
 
 class Sequence:
@@ -70,6 +72,8 @@ class Sequence:
         "num_cached_prompt",
         "num_host_prompt",
         "num_preemptions",
+        "decode_replica",
+        "kv_transfer_s",
         "client",
     )
 
@@ -131,6 +135,9 @@ class Sequence:
         self.num_host_prompt = 0
         """Of num_cached_prompt, tokens loaded from the host KV tier."""
         self.num_preemptions = 0
+        self.decode_replica = -1
+        """A prefill replica's: where the sequence goes after its first token (-1: nowhere)."""
+        self.kv_transfer_s: float | None = None
         self.client: Client | None = None
         """Whose share it counts against (scheduler_proc.fair_share); set on arrival."""
 

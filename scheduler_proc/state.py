@@ -26,6 +26,7 @@ from scheduler_proc.token_deltas_columns import TokenDeltasColumns
 RUNNING = SequenceStatus.RUNNING
 WAITING = SequenceStatus.WAITING
 FINISHED = SequenceStatus.FINISHED
+HANDOFF = SequenceStatus.HANDOFF
 
 
 @dataclass(slots=True)
@@ -45,7 +46,7 @@ class SchedulerState:
     """Queues, plans in flight and buffered deltas; see Sequence for per-sequence accounting."""
 
     __slots__ = ("config", "block_manager", "kv_tier", "waiting", "running", "seqs", "next_step_id",
-                 "inflight", "drops", "trims", "to_hash", "deltas", "stats")
+                 "inflight", "drops", "trims", "to_hash", "deltas", "stats", "handoffs")
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
@@ -74,11 +75,15 @@ class SchedulerState:
         # Deltas not produced by a step (admission errors, aborts, refusals) wait here.
         self.deltas = TokenDeltasColumns()
         self.stats = SchedulerStats()
+        self.handoffs = None
+        """Prefill/decode hand-offs (scheduler_proc.handoff.Handoffs) on a replica with a role."""
 
     def unlink(self, seq: Sequence) -> None:
         """Take an unfinished sequence out of whichever queue holds it."""
         if seq.status is RUNNING:
             self.running.remove(seq)
+        elif seq.status is HANDOFF:
+            self.handoffs.forget(seq)
         else:
             self.waiting.remove(seq)
 
@@ -169,6 +174,7 @@ def snapshot(state: SchedulerState) -> EngineStats:
         gpu_busy_s=s.gpu_busy_s,
         steps_two_ahead=s.steps_two_ahead,
         **_tier_stats(state),
+        **({} if state.handoffs is None else state.handoffs.stats_fields()),
         finished_by_reason=list(s.finished_by_reason),
         finished=s.take_records(),
     )

@@ -81,5 +81,6 @@ def request_metrics(seq: Sequence, reason: FinishReason, now: float) -> RequestM
         spec_proposed_tokens=seq.spec_proposed,
         spec_accepted_tokens=seq.spec_accepted,
         host_prompt_tokens=seq.num_host_prompt,
+        kv_transfer_s=seq.kv_transfer_s,
     )
 
