@@ -140,7 +140,7 @@ def test_fairness_records_the_victims_ttft_alone_and_under_the_hog(tiny_qwen3_di
     rec = tmp_path / "r.jsonl"
     out = nanopipe("bench", "fairness", "--model", tiny_qwen3_dir, "--device", "cpu",
                    "--hog-streams", "6", "--hog-tokens", "40", "--max-num-seqs", "2",
-                   "--victim-requests", "2", "--victim-prompt-words", "20", "--record", str(rec))
+                   "--victim-requests", "2", "--victim-prompt-len", "20", "--record", str(rec))
     figures = recorded(rec, "fairness")
     assert figures["victim_ttft_ms[alone]"] > 0 and figures["victim_ttft_ms[hog]"] > 0
     # The hog, aborted after the victim's answers, had not finished its backlog by then.
