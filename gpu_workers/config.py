@@ -44,6 +44,9 @@ class WorkerConfig:
     kv_cache_bytes: int | None = None
     """KV budget on CPU (None = DEFAULT_CPU_KV_BYTES); on CUDA a cap on the pool that
     gpu_memory_utilization leaves room for (None: no cap)."""
+    gpu_share: bool = False
+    """Other replicas share this GPU (disaggregation on too few GPUs): the KV budget counts
+    this process's own memory against its gpu_memory_utilization share, not the device's."""
     kv_offloading_size: float = 0.0
     """GiB of host memory per rank for the host KV tier (0: off)."""
     enforce_eager: bool = False

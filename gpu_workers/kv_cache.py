@@ -38,6 +38,9 @@ def cuda_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int,
     stats = torch.cuda.memory_stats()
     transient = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
     budget = total * config.gpu_memory_utilization - (total - free) - transient
+    if config.gpu_share:  # the others' memory is theirs: count our own, within what is free
+        own = torch.cuda.memory_reserved()
+        budget = min(total * config.gpu_memory_utilization - own - transient, free * 0.95)
     per_block = bytes_per_block(model, config.block_size, world_size) + extra_per_block
     if config.kv_cache_bytes is not None:  # a cap: a small pool on a large GPU (tests, sharing)
         budget = min(budget, config.kv_cache_bytes)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpu_workers.token_layout import upload
+from gpu_workers.transfer import upload
 
 ALIGN = 4
 """Segments start on 16-byte boundaries (4 int32): Triton specialises kernels on pointer
@@ -100,7 +100,7 @@ def send_named(arrays: dict[str, np.ndarray], device: torch.device,
                into: StaticInputs | Staged | None = None) -> dict[str, torch.Tensor]:
     """Arrays to the device as int32 (Staged.put), in one copy: into a graph's static inputs
     when given (staged already, with segments written in place, or not yet), else into fresh
-    memory (gpu_workers.token_layout.upload)."""
+    memory (gpu_workers.transfer.upload)."""
     if into is None:
         views = upload([np.asarray(a).reshape(-1) for a in arrays.values()], device)
         return dict(zip(arrays, views, strict=True))

@@ -19,9 +19,8 @@ import torch
 
 from gpu_workers.layers.attention import AttentionBatch
 from gpu_workers.sequence_table import SequenceTable
-from gpu_workers.transfer import to_device
 
-if TYPE_CHECKING:  # static_inputs imports this module
+if TYPE_CHECKING:
     from gpu_workers.static_inputs import Staged
 
 PART_NAMES = ("ids", "positions", "slots", "cu_q", "seq_lens", "cu_k", "tables")
@@ -190,18 +189,3 @@ def pad_ragged(layout: TokenLayout, entries: int, tokens: int) -> TokenLayout:
         offsets=layout.offsets, last=layout.last, max_q=max(layout.max_q, pad),
         max_k=max(layout.max_k, pad), decode=False, q_per_seq=1)
 
-
-def upload(parts: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """Int32 arrays to the device in one copy (gpu_workers.transfer), as views of one buffer.
-
-    Every segment starts 16-byte aligned: Triton specialises kernels on pointer alignment,
-    and a varying alignment would compile new kernel variants in the middle of serving."""
-    sizes = [len(p) for p in parts]
-    padded = [-(-n // 4) * 4 for n in sizes]
-    flat = np.zeros(sum(padded), np.int32)
-    offset = 0
-    for p, n, pn in zip(parts, sizes, padded, strict=True):
-        flat[offset:offset + n] = p
-        offset += pn
-    dev = to_device(flat, device)
-    return [v[:n] for v, n in zip(dev.split(padded), sizes, strict=True)]

@@ -1,22 +1,41 @@
 """Scratch steps a CUDA runner takes at start-up, on tables of their own: one that measures
 the peak activation memory (the KV cache gets what is left), one per shape the Triton kernels
-specialise on (so the first requests do not pay seconds of JIT compilation)."""
+specialise on (so the first requests do not pay seconds of JIT compilation).
+
+They take the runner as a ScratchRunner, what they use of it, so this module needs nothing of
+gpu_workers.model_runner, which calls them while it starts.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from gpu_workers.config import ModelConfig, WorkerConfig
 from gpu_workers.kv_cache import KVCache
-from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan
+from gpu_workers.models import CausalLM
+from gpu_workers.sequence_table import SequenceTable
+from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
 
-if TYPE_CHECKING:
-    from gpu_workers.model_runner import ModelRunner
+
+class ScratchRunner(Protocol):
+    """What the scratch steps use of a ModelRunner."""
+
+    config: WorkerConfig
+    model_config: ModelConfig
+    model: CausalLM
+    device: torch.device
+    world_size: int
+    num_kv_blocks: int
+
+    def new_table(self, num_blocks: int | None = None) -> SequenceTable: ...
+
+    def run_on(self, plan: StepPlan, table: SequenceTable) -> StepResult | None: ...
 
 
 @torch.inference_mode()
-def measure_peak_memory(runner: ModelRunner) -> None:
+def measure_peak_memory(runner: ScratchRunner) -> None:
     """Run the largest batch the scheduler may send, so the peak activation memory is known."""
     c = runner.config
     total = c.max_num_batched_tokens
@@ -46,7 +65,7 @@ def measure_peak_memory(runner: ModelRunner) -> None:
 
 
 @torch.inference_mode()
-def warm_up_kernels(runner: ModelRunner) -> None:
+def warm_up_kernels(runner: ScratchRunner) -> None:
     """Compile the Triton kernels for the shapes they specialise on (counts of 1, multiples
     of 16, others). The scratch steps write KV into blocks that no sequence holds yet."""
     c = runner.config

@@ -21,10 +21,12 @@ import torch.distributed as dist
 import zmq
 
 from gpu_workers.config import WorkerConfig
+from gpu_workers.kv_transfer import KVLink
 from gpu_workers.rendezvous import tcp_rendezvous
 from protocol import Endpoints, ProtocolError, Shutdown, StepPlan
 from protocol.actor_start import from_plain, read_start
 from protocol.checkpoint_match import check_checkpoint_matches
+from protocol.kv_handoff import KVCancel, KVExport, KVLinks
 from protocol.model_shape import ModelShape
 from protocol.process_runtime import (
     POLL_MS,
@@ -83,7 +85,8 @@ def served_by(runner: Any, environ: Mapping[str, str] = os.environ) -> Any:
 
 
 def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endpoints,
-               rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S) -> None:
+               rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S,
+               links: KVLinks | None = None) -> None:
     """Process entry point for one rank."""
     with actor_process("worker", endpoints, rank) as rt:
         def start() -> Started:
@@ -91,7 +94,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
 
             steps = rt.socket(zmq.PULL, endpoints.worker_steps[rank],
                               bind=not endpoints.scheduler_binds_steps,
-                              accepts=(StepPlan, Shutdown), security=endpoints.keys)
+                              accepts=(StepPlan, Shutdown, KVExport, KVCancel),
+                              security=endpoints.keys)
             results = None
             if rank == 0:
                 results = rt.socket(zmq.PUSH, endpoints.step_results, bind=False,
@@ -107,10 +111,11 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
                     f"dtype={runner.model_config.dtype} kv_blocks={runner.num_kv_blocks}")
             served = served_by(runner)  # itself unless NANOPIPE_PROFILE_DIR is set
             timeline = host_timeline("worker", rank)  # NANOPIPE_HOST_TIMELINE
+            kv = KVLink.make(rt, links, rank, runner.kv_cache.storage, endpoints)
 
             def serve() -> None:
                 try:
-                    _serve(served, steps, results, rt, config.lookahead, timeline)
+                    _serve(served, steps, results, rt, config.lookahead, timeline, kv)
                 finally:
                     timeline.write()
 
@@ -128,7 +133,7 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
 
 def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
            rt: ProcessRuntime, lookahead: bool = False,
-           timeline: Timeline = NO_TIMELINE) -> None:
+           timeline: Timeline = NO_TIMELINE, kv: KVLink | None = None) -> None:
     """Execute plans in order. With lookahead a step stays in flight while the next plan is
     awaited: if that plan arrives before the step's tokens reach the host, it is launched
     first, so the device goes from one step to the next without waiting for the host. (A
@@ -145,7 +150,10 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
 
     `timeline` stamps each plan's arrival, the moment its step is queued on the device, the
     start of the wait for its tokens and the result's departure
-    (protocol.profiling.host_timeline)."""
+    (protocol.profiling.host_timeline)..
+
+    `kv` (prefill/decode disaggregation): exports and cancels come in plan order; transfers
+    are pumped between steps and while idle (gpu_workers.kv_transfer)."""
     in_flight = None
 
     def send(result) -> None:
@@ -157,8 +165,10 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
         runner.finish(pending, None if results is None else send)
 
     while rt.stop_reason is None:
+        if kv is not None:
+            kv.pump()
         if in_flight is None:
-            if not steps.poll(POLL_MS):
+            if not (steps.poll(POLL_MS) if kv is None else kv.wait(steps, POLL_MS)):
                 continue
         elif not _plan_before_tokens(steps, in_flight):
             finish(in_flight)
@@ -171,6 +181,8 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
             continue
         if isinstance(msg, Shutdown):
             return
+        if kv is not None and kv.handle(msg):
+            continue
         timeline.mark(msg.step_id, "plan_in")
         previous, in_flight = in_flight, None
 
@@ -207,9 +219,11 @@ def _plan_before_tokens(steps: MessageSocket, in_flight) -> bool:
 def main() -> None:
     """`python -m gpu_workers.worker_proc`, started by the launcher (spec on stdin)."""
     start = read_start()
+    links = start.config.get("kv_links")
     run_worker(from_plain(WorkerConfig, start.config["worker"]), start.rank,
                start.config["world_size"], from_plain(Endpoints, start.config["endpoints"]),
-               float(start.config.get("rendezvous_timeout_s", DEFAULT_RENDEZVOUS_TIMEOUT_S)))
+               float(start.config.get("rendezvous_timeout_s", DEFAULT_RENDEZVOUS_TIMEOUT_S)),
+               None if links is None else from_plain(KVLinks, links))
 
 
 if __name__ == "__main__":

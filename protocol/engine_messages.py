@@ -37,6 +37,9 @@ class AddRequest:
     """Whose share of the engine this request counts against (scheduler_proc.fair_share):
     the tokenizer's number for the client connection, plus the name the client gave, if
     any ("3" or "3/alice"). Requests made inside the engine share the key ""."""
+    decode_replica: int = -1
+    """Prefill/decode disaggregation: the decode replica the router chose for this request
+    (protocol.kv_handoff); -1 when the receiving replica serves it whole."""
 
     def __post_init__(self) -> None:
         if (values := int32_array(self.prompt_token_ids)) is not self.prompt_token_ids:
@@ -178,6 +181,22 @@ class EngineStats:
     """Swapped sequences resumed with their KV loaded back (blocks in host_blocks_loaded)."""
     host_block_bytes: int = 0
     """Bytes one host-tier block takes over all the ranks: blocks x this = bytes moved."""
+    kv_handoffs_out: int = 0
+    """Disaggregation, a prefill replica: requests whose KV a decode replica took."""
+    kv_handoffs_in: int = 0
+    """A decode replica: requests whose KV landed here."""
+    kv_handoff_failures: int = 0
+    """Hand-offs given up (timeout, refused frames); their requests failed."""
+    kv_transfer_blocks_out: int = 0
+    kv_transfer_bytes_out: int = 0
+    kv_transfer_blocks_in: int = 0
+    kv_transfer_bytes_in: int = 0
+    kv_transfer_s: float = 0.0
+    """A decode replica: transfer time summed over the hand-offs in (accept -> landed)."""
+    kv_handoffs_out_waiting: int = 0
+    """Gauge, prefill: hand-offs offered or exporting, not released yet."""
+    kv_handoffs_in_waiting: int = 0
+    """Gauge, decode: offers waiting for blocks, or blocks waiting for their KV."""
 
 
 def _topic(cls: type) -> bytes:

@@ -43,6 +43,9 @@ class RequestMetrics:
     host_prompt_tokens: int = 0
     """Of cached_prompt_tokens, those loaded from the host KV tier (the rest were on the
     device)."""
+    kv_transfer_s: float | None = None
+    """Disaggregation: the time its KV took to move from the prefill to the decode replica
+    (blocks accepted -> landed on every rank); None when it was not handed off."""
 
     @property
     def first_scheduled_time(self) -> float | None:

@@ -48,6 +48,17 @@ class SchedulerConfig:
     """Speculation: proposals a decoding entry may verify per step (0: off). Works with
     overlap: a plan sent before the previous result sizes blocks and length caps as if every
     proposal in flight is accepted (step_planner)."""
+    role: str = ""
+    """Prefill/decode disaggregation (scheduler_proc.handoff): "prefill", "decode", or ""
+    for a replica that serves whole requests."""
+    replica: int = 0
+    """This replica's index, as the router and the other replicas name it."""
+    handoff_ranks: int = 1
+    """Ranks whose KV must land before a handed-off request runs (the tensor-parallel size)."""
+    transfer_timeout_s: float = 30.0
+    """A hand-off not landed this long after its blocks were offered fails its request."""
+    max_transfer_blocks: int = 0
+    """Most blocks a prefill replica exports at once (0: a quarter of the pool)."""
 
     def __post_init__(self) -> None:
         for name in (

@@ -19,22 +19,10 @@ tail of the running list to the largest client's newest sequence.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from scheduler_proc.sequence import Sequence
-
-
-@dataclass(slots=True, eq=False)
-class Client:
-    """One client's share: its waiting sequences (FIFO) and how many of its sequences run."""
-
-    key: str
-    waiting: deque[Sequence] = field(default_factory=deque)
-    running: int = 0
+from scheduler_proc.sequence import Client, Sequence
 
 
 class WaitingQueues:

@@ -14,14 +14,10 @@ Swaps (scheduler_proc.swap) use the same moves, keyed by sequence rather than by
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from protocol.step_messages import NO_MOVES, BlockMoves
 from scheduler_proc.block_manager import BlockManager, CachedPrefix
 from scheduler_proc.host_pool import BlockKey, HostPool
-
-if TYPE_CHECKING:
-    from scheduler_proc.swap import SwappedKV
 
 
 @dataclass(slots=True)
@@ -35,6 +31,16 @@ class TierCounters:
     """Preempted sequences whose KV went to the host tier (the others are recomputed)."""
     swaps_in: int = 0
     """Swapped sequences resumed with their KV loaded back."""
+
+
+@dataclass(frozen=True, slots=True)
+class SwappedKV:
+    """Where a swapped-out sequence's KV waits (scheduler_proc.swap): host_slots[i] holds its
+    block i."""
+
+    host_slots: list[int]
+    num_tokens: int
+    """Tokens whose KV the slots hold (the sequence's computed count when it was swapped)."""
 
 
 @dataclass(slots=True)

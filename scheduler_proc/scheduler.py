@@ -26,15 +26,16 @@ from protocol import (
     TokenDeltas,
 )
 from protocol.engine_messages import EngineStats
+from protocol.kv_handoff import HandoffAccept, HandoffCancel, HandoffOffer, HandoffRelease, KVLanded
 from scheduler_proc.admission import admission_error, with_resolved_max_tokens
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.fair_share import WaitingQueues
+from scheduler_proc.handoff import HANDOFF, Handoffs
 from scheduler_proc.invariants import check_integrity
 from scheduler_proc.plans_in_flight import PacingMeter
 from scheduler_proc.sequence import Sequence
-from scheduler_proc.state import SchedulerState
-from scheduler_proc.stats import snapshot
+from scheduler_proc.state import SchedulerState, snapshot
 from scheduler_proc.step_planner import deep_plan_pays, plan_step
 from scheduler_proc.step_results import apply_result
 
@@ -44,6 +45,9 @@ ABORT, ERROR = FinishReason.ABORT, FinishReason.ERROR
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.state = SchedulerState(config)
+        self.handoffs: Handoffs | None = None
+        if config.role:
+            self.handoffs = self.state.handoffs = Handoffs(self.state)
         self.pacing: PacingMeter | None = None
         """With plans_ahead 2 and a limit: whether the host's chain paces decoding."""
         if config.plans_ahead > 1 and config.deep_plan_max_seqs is not None:
@@ -85,6 +89,8 @@ class Scheduler:
         req = with_resolved_max_tokens(req, state.config.max_model_len)
         seq = Sequence(req.request_id, req.prompt_token_ids, req.params, req.eos_token_ids,
                        req.arrival_time, state.config.max_model_len)
+        if state.config.role == "prefill":
+            seq.decode_replica = req.decode_replica
         seq.client = state.waiting.client(req.client_key)
         state.seqs[seq.seq_id] = seq
         state.waiting.append(seq)
@@ -100,6 +106,11 @@ class Scheduler:
         for rid in request_ids:
             seq = state.seqs.get(rid)
             if seq is None:  # already finished, or never admitted: nothing to do
+                if self.handoffs is not None and self.handoffs.role == "decode":
+                    self.handoffs.refuse(rid)  # its offer may be on its way
+                continue
+            if seq.status is HANDOFF and not self.handoffs.owns(seq):
+                self.handoffs.drop(seq)  # the prefill replica reports its end
                 continue
             state.unlink(seq)
             state.finish(seq, reason)
@@ -116,6 +127,22 @@ class Scheduler:
         state.inflight.clear()
         state.to_hash.clear()
         return self.pop_deltas()
+
+    def on_handoff(self, msg: object) -> None:
+        """A hand-off message from another replica's scheduler or from a rank."""
+        handoffs = self.handoffs
+        if handoffs is None:
+            return
+        if isinstance(msg, HandoffOffer):
+            handoffs.on_offer(msg)
+        elif isinstance(msg, HandoffAccept):
+            handoffs.on_accept(msg)
+        elif isinstance(msg, HandoffRelease):
+            handoffs.on_release(msg)
+        elif isinstance(msg, HandoffCancel):
+            handoffs.on_cancel(msg)
+        elif isinstance(msg, KVLanded):
+            handoffs.on_landed(msg)
 
     def has_unfinished(self) -> bool:
         return bool(self.state.seqs)
@@ -167,7 +194,7 @@ class Scheduler:
         return deltas
 
     def stats(self) -> EngineStats:
-        """The counters and gauges now; safe to call from another thread (scheduler_proc.stats)."""
+        """The counters and gauges now; safe to call from another thread (state.snapshot)."""
         return snapshot(self.state)
 
     def check_integrity(self) -> None:

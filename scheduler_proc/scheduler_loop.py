@@ -37,6 +37,14 @@ from protocol import (
 )
 from protocol.actor_start import from_plain, read_start
 from protocol.engine_messages import WatchGoodbye, WatchRequest
+from protocol.kv_handoff import (
+    HandoffAccept,
+    HandoffCancel,
+    HandoffOffer,
+    HandoffRelease,
+    KVLanded,
+    KVLinks,
+)
 from protocol.process_runtime import ProcessRuntime, Started, actor_process, start_and_serve
 from protocol.profile_settings import host_timeline
 from protocol.sockets import MessageSocket
@@ -47,6 +55,7 @@ from scheduler_proc.scheduler import Scheduler
 
 log = logging.getLogger("nanopipe.scheduler")
 
+HANDOFF_MESSAGES = (HandoffOffer, HandoffAccept, HandoffRelease, HandoffCancel, KVLanded)
 POLL_MS = 100
 CLOSE_DRAIN_S = 1.0
 """How long closing waits for frames that no peer could take yet (the workers' Shutdown)."""
@@ -58,7 +67,7 @@ def _dead(reason: str) -> RequestError:
 
 class SchedulerLoop:
     def __init__(self, config: SchedulerConfig, endpoints: Endpoints, world_size: int,
-                 rt: ProcessRuntime) -> None:
+                 rt: ProcessRuntime, links: KVLinks | None = None) -> None:
         self.config = config
         self.sched = Scheduler(config)
         self.rt = rt
@@ -66,7 +75,8 @@ class SchedulerLoop:
         self._keys = endpoints.keys  # every link of the scheduler is internal
         self._socks: list[MessageSocket] = []
         self.requests_in = self._sock(ctx, zmq.PULL, endpoints.scheduler_in, True,
-                                      (AddRequest, AbortRequests, EngineDead, Shutdown))
+                                      (AddRequest, AbortRequests, EngineDead, Shutdown,
+                                       *HANDOFF_MESSAGES))
         self.results_in = self._sock(ctx, zmq.PULL, endpoints.step_results, True, (StepResult,))
         self.publisher = DeltasPublisher(ctx, endpoints.deltas_pub, security=self._keys,
                                          stats=self.sched.stats)
@@ -75,6 +85,9 @@ class SchedulerLoop:
         self.to_workers = [self._sock(ctx, zmq.PUSH, a, endpoints.scheduler_binds_steps)
                            for a in endpoints.worker_steps[:world_size]]
         self.outbox = Outbox()
+        # Prefill/decode disaggregation: the other role's schedulers, by replica index.
+        self.to_peers = {r: self._sock(ctx, zmq.PUSH, a, False)
+                         for r, a in enumerate(links.peer_schedulers if links else ()) if a}
         self._poller = zmq.Poller()
         for sock in (self.results_in, self.requests_in):
             self._poller.register(sock.socket, zmq.POLLIN)
@@ -83,6 +96,7 @@ class SchedulerLoop:
         self.shutdown = False
         self.timeline = host_timeline("scheduler")
         self._deltas: list[TokenDeltas] = []
+        self._to_peers: list[tuple[int, object]] = []
 
     def _sock(self, ctx, kind, address, bind, accepts=()) -> MessageSocket:
         sock = MessageSocket(ctx, kind, address, bind=bind, accepts=accepts, security=self._keys)
@@ -102,6 +116,11 @@ class SchedulerLoop:
             self.outbox.send((self.to_detok, self.deltas_pub), deltas)
             self.publisher.forget_finished(deltas)
         self._deltas.clear()
+        for replica, msg in self._to_peers:
+            peer = self.to_peers.get(replica)
+            if peer is not None:
+                self.outbox.send((peer,), msg)
+        self._to_peers.clear()
 
     def _handle(self, msg: object) -> None:
         sched = self.sched
@@ -127,7 +146,24 @@ class SchedulerLoop:
             self._die(msg.reason)
         elif isinstance(msg, Shutdown):
             self.shutdown = True
+        elif isinstance(msg, HANDOFF_MESSAGES) and self.dead_reason is None:
+            sched.on_handoff(msg)
+        self._pump_handoffs()
         self._emit(sched.pop_deltas())
+
+    def _pump_handoffs(self) -> None:
+        """Send what the hand-offs produced: to the ranks before any later plan (a KVCancel
+        must precede the plans that reuse its blocks), to the peers after the deltas of
+        this step are queued (a first token reaches the detokenizer before the second)."""
+        handoffs = self.sched.handoffs
+        if handoffs is None or self.dead_reason is not None:
+            return
+        handoffs.tick()
+        for msg in handoffs.worker_out:
+            self.outbox.send(self.to_workers, msg)
+        handoffs.worker_out.clear()
+        self._to_peers.extend(handoffs.peer_out)
+        handoffs.peer_out.clear()
 
     def _die(self, reason: str) -> None:
         """A worker or the detokenizer died: fail every request instead of hanging."""
@@ -147,6 +183,7 @@ class SchedulerLoop:
         while not self.shutdown and self.rt.stop_reason is None:
             # Take everything already here: results first free blocks for the next plan.
             self._take_arrived()
+            self._pump_handoffs()
             if self.dead_reason is None and sched.may_plan(self.plans_in_flight):
                 plan = sched.schedule()
                 if plan is not None:
@@ -224,14 +261,15 @@ class SchedulerLoop:
         self.timeline.write()
 
 
-def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int) -> None:
+def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int,
+                  links: KVLinks | None = None) -> None:
     """Process entry point of the scheduler."""
     loop: SchedulerLoop | None = None
     with actor_process("scheduler", endpoints) as rt:
         def start() -> Started:
             nonlocal loop
             config.check_pool_fits_model_len()
-            loop = SchedulerLoop(config, endpoints, world_size, rt)
+            loop = SchedulerLoop(config, endpoints, world_size, rt, links)
             return Started(loop.serve, f"kv_blocks={config.num_kv_blocks} "
                            f"block_size={config.block_size} overlap={config.overlap} "
                            f"plans_in_flight={config.max_plans_in_flight}",
@@ -247,8 +285,10 @@ def run_scheduler(config: SchedulerConfig, endpoints: Endpoints, world_size: int
 def main() -> None:
     """`python -m scheduler_proc.scheduler_loop`, started by the launcher (spec on stdin)."""
     start = read_start()
+    links = start.config.get("kv_links")
     run_scheduler(from_plain(SchedulerConfig, start.config["scheduler"]),
-                  from_plain(Endpoints, start.config["endpoints"]), start.config["world_size"])
+                  from_plain(Endpoints, start.config["endpoints"]), start.config["world_size"],
+                  None if links is None else from_plain(KVLinks, links))
 
 
 if __name__ == "__main__":

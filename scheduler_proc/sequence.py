@@ -1,4 +1,5 @@
-"""A request as the scheduler tracks it (request id == sequence id)."""
+"""A request as the scheduler tracks it (request id == sequence id), and the client whose share
+it counts against."""
 
 from __future__ import annotations
 
@@ -6,20 +7,23 @@ import enum
 import sys
 import time
 from array import array
+from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from protocol.packed_ints import int32_array
 
 if TYPE_CHECKING:
     from protocol import FinishReason, SamplingParams
-    from scheduler_proc.fair_share import Client
 
 
 class SequenceStatus(enum.Enum):
     WAITING = 0
     RUNNING = 1
     FINISHED = 2
+    HANDOFF = 3
+    """Prefill/decode disaggregation: holding blocks between replicas (scheduler_proc.handoff)."""
 
 
 class Sequence:
@@ -68,6 +72,8 @@ class Sequence:
         "num_cached_prompt",
         "num_host_prompt",
         "num_preemptions",
+        "decode_replica",
+        "kv_transfer_s",
         "client",
     )
 
@@ -129,6 +135,9 @@ class Sequence:
         self.num_host_prompt = 0
         """Of num_cached_prompt, tokens loaded from the host KV tier."""
         self.num_preemptions = 0
+        self.decode_replica = -1
+        """A prefill replica's: where the sequence goes after its first token (-1: nowhere)."""
+        self.kv_transfer_s: float | None = None
         self.client: Client | None = None
         """Whose share it counts against (scheduler_proc.fair_share); set on arrival."""
 
@@ -154,3 +163,13 @@ class Sequence:
             f"computed={self.num_computed}, pending={self.num_pending}, "
             f"blocks={self.block_table})"
         )
+
+
+@dataclass(slots=True, eq=False)
+class Client:
+    """One client's share: its waiting sequences (FIFO) and how many of its sequences run.
+    Sequences point to it; scheduler_proc.fair_share keeps the clients and applies the rule."""
+
+    key: str
+    waiting: deque[Sequence] = field(default_factory=deque)
+    running: int = 0

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from protocol import FinishReason
+from protocol.engine_messages import EngineStats
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.fair_share import WaitingQueues
@@ -25,6 +26,7 @@ from scheduler_proc.token_deltas_columns import TokenDeltasColumns
 RUNNING = SequenceStatus.RUNNING
 WAITING = SequenceStatus.WAITING
 FINISHED = SequenceStatus.FINISHED
+HANDOFF = SequenceStatus.HANDOFF
 
 
 @dataclass(slots=True)
@@ -44,7 +46,7 @@ class SchedulerState:
     """Queues, plans in flight and buffered deltas; see Sequence for per-sequence accounting."""
 
     __slots__ = ("config", "block_manager", "kv_tier", "waiting", "running", "seqs", "next_step_id",
-                 "inflight", "drops", "trims", "to_hash", "deltas", "stats")
+                 "inflight", "drops", "trims", "to_hash", "deltas", "stats", "handoffs")
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
@@ -73,11 +75,15 @@ class SchedulerState:
         # Deltas not produced by a step (admission errors, aborts, refusals) wait here.
         self.deltas = TokenDeltasColumns()
         self.stats = SchedulerStats()
+        self.handoffs = None
+        """Prefill/decode hand-offs (scheduler_proc.handoff.Handoffs) on a replica with a role."""
 
     def unlink(self, seq: Sequence) -> None:
         """Take an unfinished sequence out of whichever queue holds it."""
         if seq.status is RUNNING:
             self.running.remove(seq)
+        elif seq.status is HANDOFF:
+            self.handoffs.forget(seq)
         else:
             self.waiting.remove(seq)
 
@@ -143,3 +149,43 @@ class SchedulerState:
             self.drops.append(seq.seq_id)
             seq.on_worker = False
         del self.seqs[seq.seq_id]
+
+
+def snapshot(state: SchedulerState) -> EngineStats:
+    """The counters and the gauges now (safe to call from another thread of the process)."""
+    s = state.stats
+    bm = state.block_manager
+    return EngineStats(
+        time_s=time.monotonic(),
+        steps=state.next_step_id,
+        prompt_tokens=s.prompt_tokens,
+        cached_prompt_tokens=s.cached_prompt_tokens,
+        generated_tokens=s.generated_tokens,
+        preemptions=s.preemptions,
+        finished_requests=s.finished_requests,
+        schedule_time_s=s.schedule_time_s,
+        result_time_s=s.result_time_s,
+        running=len(state.running),
+        waiting=len(state.waiting),
+        kv_blocks_used=bm.num_blocks - bm.num_free,
+        kv_blocks_total=bm.num_blocks,
+        spec_proposed_tokens=s.spec_proposed_tokens,
+        spec_accepted_tokens=s.spec_accepted_tokens,
+        gpu_busy_s=s.gpu_busy_s,
+        steps_two_ahead=s.steps_two_ahead,
+        **_tier_stats(state),
+        **({} if state.handoffs is None else state.handoffs.stats_fields()),
+        finished_by_reason=list(s.finished_by_reason),
+        finished=s.take_records(),
+    )
+
+
+def _tier_stats(state: SchedulerState) -> dict[str, int]:
+    tier = state.kv_tier
+    if tier is None:
+        return {}
+    c = tier.counters
+    return dict(host_hit_tokens=c.hit_tokens, host_blocks_stored=c.blocks_stored,
+                host_blocks_loaded=c.blocks_loaded, host_blocks_used=tier.host.num_used,
+                host_blocks_total=tier.host.num_slots, host_swaps_out=c.swaps_out,
+                host_swaps_in=c.swaps_in, host_block_bytes=state.config.host_block_bytes)

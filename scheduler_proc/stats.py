@@ -1,9 +1,9 @@
 """The scheduler's counters: plain integer adds where the events already happen.
 
 The step loop only increments; the deltas publisher's thread reads them every
-STATS_INTERVAL_S into an EngineStats (snapshot), so the loop never builds, sends or locks
-anything for stats. The reads are not atomic as a whole (one counter may be a step ahead of
-another); every single read is, which is all a rate needs.
+STATS_INTERVAL_S into an EngineStats (scheduler_proc.state.snapshot), so the loop never builds,
+sends or locks anything for stats. The reads are not atomic as a whole (one counter may be a
+step ahead of another); every single read is, which is all a rate needs.
 
 A finished request's RequestMetrics also waits here, in a deque (appends and pops are atomic
 across threads), until the next snapshot takes it.
@@ -11,16 +11,13 @@ across threads), until the next snapshot takes it.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import TYPE_CHECKING
 
 from protocol import FinishReason, RequestMetrics
-from protocol.engine_messages import EngineStats
 
 if TYPE_CHECKING:
     from scheduler_proc.sequence import Sequence
-    from scheduler_proc.state import SchedulerState
 
 MAX_UNPUBLISHED_RECORDS = 100_000
 """Records kept for the next snapshot; past it the oldest go (nobody is taking them)."""
@@ -84,43 +81,6 @@ def request_metrics(seq: Sequence, reason: FinishReason, now: float) -> RequestM
         spec_proposed_tokens=seq.spec_proposed,
         spec_accepted_tokens=seq.spec_accepted,
         host_prompt_tokens=seq.num_host_prompt,
+        kv_transfer_s=seq.kv_transfer_s,
     )
 
-
-def snapshot(state: SchedulerState) -> EngineStats:
-    """The counters and the gauges now (safe to call from another thread of the process)."""
-    s = state.stats
-    bm = state.block_manager
-    return EngineStats(
-        time_s=time.monotonic(),
-        steps=state.next_step_id,
-        prompt_tokens=s.prompt_tokens,
-        cached_prompt_tokens=s.cached_prompt_tokens,
-        generated_tokens=s.generated_tokens,
-        preemptions=s.preemptions,
-        finished_requests=s.finished_requests,
-        schedule_time_s=s.schedule_time_s,
-        result_time_s=s.result_time_s,
-        running=len(state.running),
-        waiting=len(state.waiting),
-        kv_blocks_used=bm.num_blocks - bm.num_free,
-        kv_blocks_total=bm.num_blocks,
-        spec_proposed_tokens=s.spec_proposed_tokens,
-        spec_accepted_tokens=s.spec_accepted_tokens,
-        gpu_busy_s=s.gpu_busy_s,
-        steps_two_ahead=s.steps_two_ahead,
-        **_tier_stats(state),
-        finished_by_reason=list(s.finished_by_reason),
-        finished=s.take_records(),
-    )
-
-
-def _tier_stats(state: SchedulerState) -> dict[str, int]:
-    tier = state.kv_tier
-    if tier is None:
-        return {}
-    c = tier.counters
-    return dict(host_hit_tokens=c.hit_tokens, host_blocks_stored=c.blocks_stored,
-                host_blocks_loaded=c.blocks_loaded, host_blocks_used=tier.host.num_used,
-                host_blocks_total=tier.host.num_slots, host_swaps_out=c.swaps_out,
-                host_swaps_in=c.swaps_in, host_block_bytes=state.config.host_block_bytes)

@@ -136,7 +136,9 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
         # could only compute a token to discard, past the length the sequence was admitted
         # for. Without speculation (ahead == 0) such a token is certain to end it; with it,
         # the sequence waits one step for the result that tells.
-        if pending and target + ahead >= seq.max_len:
+        # A prefill replica's sequence whose first token is in flight goes no further here: it
+        # is handed off to its decode replica when that token arrives (scheduler_proc.handoff).
+        if pending and (target + ahead >= seq.max_len or seq.decode_replica >= 0):
             continue
         computed = seq.num_computed
         n = target - computed
@@ -221,6 +223,8 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
     stats = state.stats
     tier = state.kv_tier
     now = time.monotonic()
+    if state.handoffs is not None and state.handoffs.landed:
+        budget = _admit_landed(state, batch, budget)
     while waiting and budget > 0 and len(running) < max_seqs:
         client = waiting.next_client()
         seq = client.waiting[0]
@@ -280,3 +284,32 @@ def _admit_waiting(state: SchedulerState, batch: _StepBatch) -> None:
             batch.new_sampled.append(seq)
         state.to_hash.append(seq)
     batch.budget = budget
+
+
+def _admit_landed(state: SchedulerState, batch: _StepBatch, budget: int) -> int:
+    """A decode replica runs sequences whose KV landed from a prefill replica before any
+    waiting one: the blocks already hold their prompt's KV (counted as computed, neither
+    computed nor cached here), and the first step computes the first token's and samples."""
+    landed, running, bm = state.handoffs.landed, state.running, state.block_manager
+    while landed and budget > 0 and len(running) < state.config.max_num_seqs:
+        seq = landed[0]
+        computed = seq.num_computed
+        n = min(len(seq.token_ids) - computed, budget)
+        if bm.allocate(seq, computed + n) is None:
+            break
+        landed.popleft()
+        seq.status = RUNNING
+        seq.client.running += 1
+        running.append(seq)
+        batch.new_seqs.append(NewSequence(
+            seq.seq_id, _known_tokens(seq), seq.num_prompt_tokens, computed, n,
+            int32_array(seq.block_table), seq.params))
+        seq.on_worker = True
+        seq.num_computed = computed + n
+        seq.num_prefill = len(seq.token_ids)
+        budget -= n
+        if seq.num_computed == len(seq.token_ids):
+            seq.num_pending += 1
+            batch.new_sampled.append(seq)
+        state.to_hash.append(seq)
+    return budget

@@ -71,6 +71,11 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
             full = (seq.num_hashed_blocks + 1) * bs
             if length >= full and seq.num_computed >= full and seq.status is RUNNING:
                 bm.hash_full_blocks(seq)
+    if state.handoffs is not None and state.handoffs.role == "prefill":
+        for seq in seqs:  # a first token that did not end its request: on to decode
+            if seq.status is RUNNING and seq.decode_replica >= 0:
+                state.handoffs.hand_off(seq)
+                finished_running = True
     if finished_running:
         state.running = [s for s in state.running if s.status is RUNNING]
     state.stats.generated_tokens += state.deltas.add_sampled(result, skipped, finishes)

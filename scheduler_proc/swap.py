@@ -21,17 +21,8 @@ from dataclasses import dataclass
 
 from scheduler_proc.block_manager import CachedPrefix
 from scheduler_proc.config import SchedulerConfig
-from scheduler_proc.kv_tier import KVTier
+from scheduler_proc.kv_tier import KVTier, SwappedKV
 from scheduler_proc.sequence import Sequence
-
-
-@dataclass(frozen=True, slots=True)
-class SwappedKV:
-    """Where a swapped-out sequence's KV waits: host_slots[i] holds its block i."""
-
-    host_slots: list[int]
-    num_tokens: int
-    """Tokens whose KV the slots hold (the sequence's computed count when it was swapped)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from frontend.client.async_client import AsyncClient
 from frontend.client.outputs import (
     ClientClosedError,
+    ConnectionLostError,
     EngineDeadError,
     RequestDelta,
     RequestOutput,
@@ -15,6 +16,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ClientClosedError",
+    "ConnectionLostError",
     "EngineDeadError",
     "RequestDelta",
     "RequestOutput",

@@ -21,13 +21,15 @@ from frontend.client.core import (
     CONNECT_TIMEOUT_S,
     Action,
     ClientCore,
-    ConnectionInfo,
     Open,
     Phase,
-    make_request,
+    Reset,
 )
+from frontend.client.frames import make_request
+from frontend.client.info import ConnectionInfo
 from frontend.client.outputs import (
     ClientClosedError,
+    ConnectionLostError,
     EngineDeadError,
     OutputCollector,
     RequestDelta,
@@ -68,6 +70,8 @@ class AsyncClient(ConnectionInfo):
                 raise ClientClosedError("the client is closed")
             if core.dead is not None:
                 raise EngineDeadError(core.dead)
+            if core.lost is not None:  # reconnecting: the reader is at it
+                raise ConnectionLostError(core.lost)
             check_address(self.address)
             await self._conn.connect(asyncio.get_running_loop(), self.connect_timeout)
 
@@ -184,6 +188,8 @@ class _AsyncConnection:
             if isinstance(action, Open):
                 assert self.ctx is not None
                 self.links.open(self.ctx, self.core, action)
+            elif isinstance(action, Reset):
+                self.links.close(connected=False)
             else:
                 self.send(action.frame)
 
@@ -195,12 +201,14 @@ class _AsyncConnection:
         assert self._ready is not None
         try:
             while True:
-                core.on_timer(time.monotonic())
+                self._apply(core.on_timer(time.monotonic()))
                 wait = core.wait_s(time.monotonic())
                 timeout_ms = None if wait is None else int(wait * 1000) + 1
                 if not core.handshaking:
                     self._ready.set()
                 for sock, _ in await self.poller.poll(timeout_ms):
+                    if sock.closed:
+                        continue  # closed by a reconnection earlier in this batch
                     frames = await sock.recv_multipart()
                     if (monitored := self.links.monitored(sock)) is not None:
                         core.on_monitor(monitored, monitor_event(frames), time.monotonic())

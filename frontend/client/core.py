@@ -5,6 +5,11 @@ open the sockets it asks for, feed it every frame and socket-monitor event that 
 carry out what it returns. The core alone decides the two-step handshake, which request a
 delta belongs to, and which requests fail, and why, when the pipeline refuses, dies or
 drops the connection. It is not thread-safe: the blocking client calls it under one lock.
+
+A dropped connection without an EngineDead (a peer stalled past the heartbeat timeout, then
+resumed) is not death: the requests in flight fail with ConnectionLostError, since their
+results may be lost, and the core reconnects with a fresh handshake (under a new client id,
+so nothing of the old routes is reused); new requests are served again once it is done.
 """
 
 from __future__ import annotations
@@ -13,41 +18,37 @@ import enum
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import zmq
 
-from frontend.client.chat_input import as_chat_messages
+from frontend.client.frames import outcome
 from frontend.client.outputs import (
     ClientClosedError,
+    ConnectionLostError,
     EngineDeadError,
     RequestDelta,
     RequestRejected,
 )
 from protocol import (
-    MAX_FRAME_BYTES,
     AbortRequest,
     ClientHello,
     ClientWelcome,
     Decoder,
     EngineDead,
-    ErrorKind,
-    GenerateRequest,
     ProtocolError,
     ResultDelta,
     ResultDeltaBatch,
-    SamplingParams,
     encode,
 )
-from protocol.client_messages import as_token_ids
-from protocol.outcomes import finish_reason_string
-from protocol.sampling_params import SamplingParamsLike, as_sampling_params
 
 CONNECT_TIMEOUT_S = 60.0
 """How long the handshake may take before the pipeline is declared unreachable."""
 DISCONNECT_GRACE_S = 3.0
 """After a lost connection, how long to wait for the pipeline's EngineDead (which names the
 process that died and why) before failing requests with a bare "lost the connection"."""
+RECONNECT_RETRY_S = 10.0
+"""A reconnecting handshake not done in this long starts over on new sockets (a peer that is
+still stalled holds it; one that came back answers within milliseconds)."""
 REFUSALS_BEFORE_FAILING = 3
 """Refused connection attempts (zmq retries every ~100 ms) before the handshake gives up:
 nothing listens there. More than one, so a listener's momentarily full backlog is no error."""
@@ -57,54 +58,6 @@ ORPHAN_ERROR = ("the pipeline refused a request it could not read, without sayin
 every request that has had no answer yet: the culprit is one of them, and a request that got
 an answer was read. Deterministic, and no request waits forever on a refusal; requests failed
 this way are also aborted, so the engine does not run them unseen."""
-
-
-def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, messages: Any,
-                 params: SamplingParamsLike | None, stream: bool,
-                 client_key: str | None = None) -> bytes:
-    """The encoded request; RequestRejected at once if no pipeline would read a frame so big.
-    `params` may be a dict of SamplingParams' fields, as LLM.generate takes them;
-    `client_key` names whose share within this connection the request counts against."""
-    params = SamplingParams() if params is None else as_sampling_params(params, "params")
-    if prompt is not None and not isinstance(prompt, str):
-        hint = " (token ids go in prompt_token_ids=)" if isinstance(prompt, list | tuple) else ""
-        raise TypeError(f"prompt must be a string, got {type(prompt).__name__}{hint}")
-    if prompt_token_ids is not None:
-        prompt_token_ids = as_token_ids(prompt_token_ids)
-    if messages is not None:
-        messages = as_chat_messages(messages)
-    if client_key is not None and not isinstance(client_key, str):
-        raise TypeError(f"client_key must be a string, got {type(client_key).__name__}")
-    frame = encode(GenerateRequest(
-        client_request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
-        messages=messages, params=params, stream=stream, client_key=client_key or ""))
-    if len(frame) > MAX_FRAME_BYTES:
-        sizes = {"prompt": len(prompt or ""), "prompt_token_ids": len(prompt_token_ids or ()),
-                 "messages": sum(len(m.content) for m in messages or ())}
-        field = max(sizes, key=sizes.__getitem__)
-        raise RequestRejected(f"{field}: the request encodes to {len(frame)} bytes, over the "
-                              f"{MAX_FRAME_BYTES}-byte limit of one message; shorten the {field}",
-                              field)
-    return frame
-
-
-def outcome(msg: ResultDelta) -> RequestDelta | Exception:
-    """What one result means to its caller: the only place the client reads wire outcomes."""
-    if msg.error is not None:
-        if msg.error.kind is ErrorKind.ENGINE_DEAD:
-            return EngineDeadError(msg.error.message)
-        return RequestRejected(msg.error.message, msg.error.field, msg.error.kind)
-    top = None
-    if msg.top_token_ids is not None and msg.top_logprobs is not None:
-        top = [list(zip(ids, lps, strict=True))
-               for ids, lps in zip(msg.top_token_ids, msg.top_logprobs, strict=True)]
-    return RequestDelta(request_id=msg.client_request_id, text=msg.text,
-                        token_ids=msg.token_ids,
-                        finish_reason=finish_reason_string(msg.finish_reason),
-                        prompt_tokens=msg.prompt_tokens,
-                        completion_tokens=msg.completion_tokens, logprobs=msg.logprobs,
-                        top_logprobs=top, metrics=msg.metrics, token_bytes=msg.token_bytes,
-                        top_token_bytes=msg.top_token_bytes)
 
 
 def refused(address: str) -> str:
@@ -144,7 +97,12 @@ class Send:
     frame: bytes
 
 
-Action = Open | Send
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Close both links and their monitors (an Open follows: the reconnection)."""
+
+
+Action = Open | Send | Reset
 Sink = Callable[[RequestDelta | Exception], None]
 """Where a request's deltas go (a queue's put); an exception is its last item."""
 
@@ -186,6 +144,12 @@ class ClientCore:
         self._addresses = {Link.REQUESTS: address}
         self._watches = {Link.REQUESTS: HandshakeWatch(), Link.RESULTS: HandshakeWatch()}
         self._first_welcome: ClientWelcome | None = None
+        self.lost: str | None = None
+        """Why requests fail while the core reconnects after a dropped connection."""
+        self._retry_at: float | None = None
+        """When a reconnecting handshake starts over."""
+        self._stranded = False
+        """The requests in flight when the connection dropped are still to be failed."""
 
     @property
     def handshaking(self) -> bool:
@@ -220,18 +184,55 @@ class ClientCore:
             if self.lost_at is None and self.dead is None:
                 self.lost_at = now
         elif self._watches[link].gave_up(event) and self.handshaking:
-            self.fail_all(refused(self._addresses[link]))
+            lost = "" if self.lost is None else f"lost the connection to {self.address}; "
+            self.fail_all(lost + refused(self._addresses[link]))
+        elif event == zmq.EVENT_CONNECTED and self.lost is not None:
+            self._fail_stranded()  # something listens: a stalled peer, not a stopped one
+
+    def _fail_stranded(self) -> None:
+        if self._stranded:
+            self._stranded = False
+            sinks = list(self._sinks.values())
+            self._sinks.clear()
+            self._unanswered.clear()
+            for sink in sinks:
+                sink(ConnectionLostError(self.lost or "lost the connection"))
 
     def wait_s(self, now: float) -> float | None:
         """How long the driver may wait for I/O before calling on_timer (None: forever)."""
-        if self.lost_at is None:
-            return None
-        return max(0.0, self.lost_at + DISCONNECT_GRACE_S - now)
+        due = [t for t in (self._retry_at,
+                           None if self.lost_at is None else self.lost_at + DISCONNECT_GRACE_S)
+               if t is not None]
+        return max(0.0, min(due) - now) if due else None
 
-    def on_timer(self, now: float) -> None:
+    def on_timer(self, now: float) -> list[Action]:
         if self.lost_at is not None and now >= self.lost_at + DISCONNECT_GRACE_S:
             self.lost_at = None
-            self.fail_all(f"lost the connection to the pipeline at {self.address}")
+            reason = f"lost the connection to the pipeline at {self.address}"
+            if self.welcome is None:  # never connected: nothing to come back to
+                self.fail_all(reason)
+                return []
+            return self._reconnect(reason, now)
+        if self._retry_at is not None and now >= self._retry_at:
+            self._fail_stranded()  # the pipeline neither answers nor refuses
+            return self._reconnect(self.lost or "", now)
+        return []
+
+    def _reconnect(self, reason: str, now: float) -> list[Action]:
+        """Start a fresh handshake. What was in flight is stranded (its results may be lost):
+        it fails with EngineDeadError if nothing listens there any more, else once something
+        accepts the new connection (a stalled peer's socket does) with ConnectionLostError."""
+        if self.closed or self.dead is not None:
+            return []
+        if self.lost is None:
+            self.lost = (f"{reason} (no answer within the heartbeat timeout); requests in "
+                         "flight failed, new ones are refused until it is reconnected")
+            self._stranded = True
+        self.client_id = uuid.uuid4().hex
+        self.phase = Phase.CONNECTING
+        self._watches = {Link.REQUESTS: HandshakeWatch(), Link.RESULTS: HandshakeWatch()}
+        self._retry_at = now + RECONNECT_RETRY_S
+        return [Reset(), self.start()]
 
     def _on_welcome(self, link: Link, msg: ClientWelcome) -> list[Action]:
         if link is Link.REQUESTS and self.phase is Phase.CONNECTING:
@@ -242,6 +243,8 @@ class ClientCore:
         if link is Link.RESULTS and self.phase is Phase.JOINING:
             self.welcome = self._first_welcome
             self.phase = Phase.READY
+            self._fail_stranded()
+            self.lost = self._retry_at = None
         return []
 
     def _route(self, msg: ResultDelta) -> list[Action]:
@@ -275,6 +278,8 @@ class ClientCore:
             raise ClientClosedError("the client is closed")
         if self.dead is not None:
             raise EngineDeadError(self.dead)
+        if self.lost is not None:
+            raise ConnectionLostError(self.lost)
         self._sinks[request_id] = sink
         self._unanswered.add(request_id)
 
@@ -285,7 +290,7 @@ class ClientCore:
 
     def abort(self, request_id: str) -> Send | None:
         """The frame that stops a request at the engine; None when nothing would read it."""
-        if self.closed or self.dead is not None:
+        if self.closed or self.dead is not None or self.lost is not None:
             return None
         return Send(encode(AbortRequest(request_id)))
 
@@ -293,6 +298,8 @@ class ClientCore:
         """The pipeline is gone: every request in flight fails, and so will later ones."""
         if self.dead is None:
             self.dead = reason
+        self.lost = self._retry_at = None
+        self._stranded = False
         if self.handshaking:
             self.phase = Phase.FAILED
         sinks = list(self._sinks.values())
@@ -318,27 +325,3 @@ class ClientCore:
     @property
     def in_flight(self) -> int:
         return len(self._sinks)
-
-
-class ConnectionInfo:
-    """What Client and AsyncClient report about their connection (their `_core`)."""
-
-    _core: ClientCore
-
-    @property
-    def client_id(self) -> str:
-        return self._core.client_id
-
-    @property
-    def welcome(self) -> ClientWelcome | None:
-        return self._core.welcome
-
-    @property
-    def dead(self) -> bool:
-        """True once the pipeline is known to be gone (requests then raise EngineDeadError)."""
-        return self._core.dead is not None
-
-    @property
-    def dead_reason(self) -> str | None:
-        """Why the pipeline is gone, as the engine (or the lost connection) said."""
-        return self._core.dead

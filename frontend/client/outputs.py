@@ -26,6 +26,12 @@ class EngineDeadError(RuntimeError):
     """The pipeline is gone or broken: in-flight and later requests fail with this."""
 
 
+class ConnectionLostError(EngineDeadError):
+    """The connection to the pipeline dropped (no answer within the heartbeat timeout) with no
+    word of its death: the requests in flight fail with this, and new ones until the client
+    has reconnected, which it does by itself."""
+
+
 class ClientClosedError(RuntimeError):
     """The client was closed while the request was still running."""
 

@@ -25,11 +25,12 @@ from frontend.client.core import (
     CONNECT_TIMEOUT_S,
     Action,
     ClientCore,
-    ConnectionInfo,
     Open,
     Phase,
-    make_request,
+    Reset,
 )
+from frontend.client.frames import make_request
+from frontend.client.info import ConnectionInfo
 from frontend.client.outputs import (
     EngineDeadError,
     OutputCollector,
@@ -245,11 +246,14 @@ class _IOLoop:
 
     def _step(self) -> bool:
         with self.conn.lock:
-            self.core.on_timer(time.monotonic())
+            actions = self.core.on_timer(time.monotonic())
             wait = self.core.wait_s(time.monotonic())
+        self._apply(actions)
         if not self.core.handshaking:
             self.conn.ready.set()
         for sock, _ in self.poller.poll(None if wait is None else int(wait * 1000) + 1):
+            if isinstance(sock, zmq.Socket) and sock.closed:
+                continue  # closed by a reconnection earlier in this batch
             if sock == self.conn.wake_r:
                 if not self._drain_commands():
                     return False
@@ -268,6 +272,8 @@ class _IOLoop:
         for action in actions:
             if isinstance(action, Open):
                 self.links.open(self.conn.ctx, self.core, action)
+            elif isinstance(action, Reset):
+                self.links.close(connected=False)
             else:
                 self.links.send_request(action.frame)
 

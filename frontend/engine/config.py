@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
+from frontend.engine.disagg import check_disaggregation
 from frontend.engine.options import ConfigError, check_options, option, resolve_auto_words
 from frontend.router.config import ROUTING_POLICIES, RouterConfig
 from protocol import model_config as hf
@@ -56,6 +57,14 @@ class EngineConfig:
     data_parallel_size: int = option(
         1, "data-parallel replicas (a scheduler and its workers each, on cuda each on its own "
         "GPUs) behind the one address", flags=("--dp", "--data-parallel-size"), minimum=1)
+    prefill_replicas: int = option(
+        0, "prefill/decode disaggregation: replicas that compute prompts and first tokens, "
+        "then hand each request's KV to a decode replica (with --decode-replicas; each a "
+        "scheduler and --tp workers; on cuda sharing one GPU when there are too few)",
+        minimum=0, metavar="P")
+    decode_replicas: int = option(
+        0, "replicas that take handed-off requests and decode them (with --prefill-replicas)",
+        minimum=0, metavar="D")
     nnodes: int = option(
         1, "hosts one tensor-parallel group spans, torchrun-style: run the same command on "
         "each with its own --node-rank; node 0 runs the front and its share of the ranks "
@@ -160,6 +169,7 @@ class EngineConfig:
         check_options(self)
         self._check_nodes()
         self._check_attention()
+        check_disaggregation(self)
         if self.plans_ahead == 2 and not (self.overlap and self.worker_lookahead):
             raise ConfigError("EngineConfig", "plans_ahead",
                               "> 1 needs overlap and worker lookahead (a worker that "
@@ -216,6 +226,18 @@ class EngineConfig:
         if backend != "torch" and size & (size - 1) and self.resolved_device == "cuda":
             raise ConfigError(owner, "block_size", f"must be a power of two on cuda "
                               f"(the Triton attention kernels tile blocks by it), got {size}")
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas of a scheduler and its workers: --dp, or prefill + decode ones."""
+        return self.prefill_replicas + self.decode_replicas or self.data_parallel_size
+
+    @property
+    def replica_roles(self) -> tuple[str, ...]:
+        """Each replica's role ("" throughout without disaggregation)."""
+        if not self.prefill_replicas:
+            return ("",) * self.data_parallel_size
+        return ("prefill",) * self.prefill_replicas + ("decode",) * self.decode_replicas
 
     @property
     def local_ranks(self) -> range:
@@ -333,11 +355,17 @@ class EngineConfig:
         return cls(**{name: self.resolved(name) for name in shared}, **own)
 
     def worker_config(self, dist_init_method: str):
+        from frontend.engine.disagg import gpus_shared
         from gpu_workers.config import WorkerConfig
 
-        return self._derive(WorkerConfig, dist_init_method=dist_init_method,
-                            lookahead=self.worker_lookahead and self.overlap,
-                            max_plans_in_flight=self.max_plans_in_flight)
+        shared = gpus_shared(self)
+        cfg = self._derive(WorkerConfig, dist_init_method=dist_init_method,
+                           lookahead=self.worker_lookahead and self.overlap,
+                           max_plans_in_flight=self.max_plans_in_flight, gpu_share=shared)
+        if shared:  # one GPU for prefill and decode: each replica its share of the memory
+            cfg = dataclasses.replace(
+                cfg, gpu_memory_utilization=self.gpu_memory_utilization / self.num_replicas)
+        return cfg
 
     def tokenizer_config(self, router: RouterConfig | None = None):
         from frontend.actors.tokenizer import TokenizerConfig
@@ -350,7 +378,8 @@ class EngineConfig:
             scheduler_addresses=tuple(ep.scheduler_in for ep in replicas),
             stats_addresses=tuple(ep.deltas_pub for ep in replicas),
             block_size=self.resolved_block_size, kv_blocks=tuple(kv_blocks),
-            routing=self.routing, enable_prefix_caching=self.enable_prefix_caching)
+            routing=self.routing, enable_prefix_caching=self.enable_prefix_caching,
+            roles=self.replica_roles if self.prefill_replicas else ())
 
     def detokenizer_config(self):
         from frontend.actors.detokenizer import DetokenizerConfig

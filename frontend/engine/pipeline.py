@@ -2,12 +2,12 @@
 
 How a child is started lives in startup.py, how it is watched in children.py.
 
-With data_parallel_size N there are N replicas (a scheduler and its workers each, with
-their own sockets, see Endpoints.replica) behind the one tokenizer, whose router places each
-request; the death of one replica's process fails only the requests placed there and leaves
-the pipeline `degraded`, serving on the others. A tensor-parallel group may span hosts
-(nodes.py: node 0 runs this Pipeline, the others NodeRanks), and Ray may place the
-replicas (ray_launch.py).
+With data_parallel_size N (or prefill + decode replicas: disagg.py) there are N replicas (a
+scheduler and its workers each, see Endpoints.replica) behind the one tokenizer, whose router
+places each request; the death of one replica's process fails only the requests placed
+there and leaves the pipeline `degraded`, serving on the others. A tensor-parallel group
+may span hosts (nodes.py: node 0 runs this Pipeline, the others NodeRanks), and Ray may place
+the replicas (ray_launch.py).
 
 Start-up order: workers first (they measure how many KV blocks fit and say so in their
 READY), then the scheduler (sized from that), then the detokenizer and the tokenizer, then
@@ -33,10 +33,11 @@ import zmq
 
 from frontend.engine.children import Child, stop_children, tell_once, wait_for_any_exit
 from frontend.engine.config import EngineConfig
+from frontend.engine.disagg import replica_links, scheduler_role, worker_env
 from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
 from frontend.engine.options import ConfigError
 from frontend.engine.ray_launch import RayPlacement
-from frontend.engine.startup import StartupError, await_ready, replica_env, run_dir_removed, spawn
+from frontend.engine.startup import StartupError, await_ready, run_dir_removed, spawn
 from frontend.engine.stats_log import StatsLogger
 from protocol import Endpoints, EngineDead, Ready, StartupFailed
 from protocol.actor_start import to_plain
@@ -118,7 +119,7 @@ class Pipeline:
 
     def _start(self) -> None:
         cfg = self.config
-        tp, dp = cfg.tensor_parallel_size, cfg.data_parallel_size
+        tp, dp = cfg.tensor_parallel_size, cfg.num_replicas
         worker_template = cfg.worker_config("")  # before the run directory: nothing to orphan
         if cfg.ray_address is not None:
             self._progress(f"placing {dp} replica{'s' if dp > 1 else ''} on Ray")
@@ -147,13 +148,14 @@ class Pipeline:
         self._progress(f"starting {dp * tp} worker{'s' if dp * tp > 1 else ''} "
                        f"({cfg.model_name} on {cfg.resolved_device}"
                        f"{f', {dp} replicas of tp={tp}' if dp > 1 else ''})")
+        links = replica_links(cfg, self.replicas)
         for i, rep in enumerate(self.replicas):
             worker_cfg = to_plain(replace(worker_template, dist_init_method=rep.dist_init_method))
             for rank in cfg.local_ranks:
                 self._spawn("worker", rank, "gpu_workers.worker_proc",
-                            {"worker": worker_cfg, "world_size": tp,
+                            {"worker": worker_cfg, "world_size": tp, **links[i]["ranks"][rank],
                              "rendezvous_timeout_s": cfg.startup_timeout_s}, replica=i,
-                            env=replica_env(cfg.resolved_device, tp, dp, i))
+                            env=worker_env(cfg, i))
         kv_blocks, host_slots, host_bytes = [], [], []
         for i in range(dp):
             # Ranks on other hosts report on node 0's control link like the local ones.
@@ -166,8 +168,7 @@ class Pipeline:
             kv_blocks.append(min(r.num_kv_blocks for r in readies))
             host_slots.append(min(r.num_host_slots for r in readies))
             host_bytes.append(sum(r.host_block_bytes for r in readies))
-        self.num_kv_blocks = min(kv_blocks)
-        self.num_host_slots = min(host_slots)
+        self.num_kv_blocks, self.num_host_slots = min(kv_blocks), min(host_slots)
         sched_cfg = cfg.scheduler_config(self.num_kv_blocks, self.num_host_slots, max(host_bytes))
         try:
             sched_cfg.check_pool_fits_model_len()
@@ -177,13 +178,12 @@ class Pipeline:
         gib = cfg.resolved_kv_offloading_size
         tier = f", host tier {self.num_host_slots} blocks ({gib:g} GiB per rank)" * bool(gib)
         self._progress(f"KV cache: {self.num_kv_blocks} blocks of {sched_cfg.block_size} tokens"
-                       f"{tier}"
-                       f"{' per replica' if dp > 1 else ''}; starting the scheduler"
+                       f"{tier}{' per replica' if dp > 1 else ''}; starting the scheduler"
                        f"{'s' if dp > 1 else ''}, tokenizer and detokenizer")
         for i, rep in enumerate(self.replicas):
             self._spawn("scheduler", 0, "scheduler_proc.scheduler_loop",
-                        {"scheduler": to_plain(sched_cfg), "world_size": tp}, replica=i,
-                        endpoints=rep)
+                        {"scheduler": to_plain(scheduler_role(cfg, sched_cfg, i)),
+                         "world_size": tp, **links[i]["scheduler"]}, replica=i, endpoints=rep)
         # With several replicas the detokenizer's aborts go to the router (tokenizer_ctl),
         # which knows where each request runs.
         detok_ep = ep if dp == 1 else replace(ep, scheduler_in=ep.tokenizer_ctl)
@@ -192,7 +192,7 @@ class Pipeline:
         router = None if dp == 1 else cfg.router_config(self.replicas, kv_blocks)
         self._spawn("tokenizer", 0, "frontend.actors.tokenizer",
                     {"tokenizer": to_plain(cfg.tokenizer_config(router))})
-        for i in range(1, dp):
+        for i in range(1, dp):  # then replica 0's and the shared processes' below
             self._await_ready({("scheduler", 0)}, deadline, i)
         self._await_ready({("scheduler", 0), ("detokenizer", 0), ("tokenizer", 0)}, deadline)
         if cfg.stdout:

@@ -10,7 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from frontend.client.outputs import ClientClosedError, EngineDeadError, RequestRejected
+from frontend.client.outputs import (
+    ClientClosedError,
+    ConnectionLostError,
+    EngineDeadError,
+    RequestRejected,
+)
 from protocol import SamplingParamsError
 from protocol.client_messages import RequestFieldError
 from protocol.outcomes import ErrorKind
@@ -108,6 +113,9 @@ def api_error(exc: BaseException) -> ApiError:
     a request the engine could not run or a bug 500."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, ConnectionLostError):
+        return ApiError(503, f"engine unreachable: {exc}; retry the request",
+                        type="server_error", code="engine_unreachable")
     if isinstance(exc, EngineDeadError | ClientClosedError):
         text = str(exc)  # the engine's own words begin "engine dead: " already
         text = text if text.startswith("engine dead") else f"engine dead: {text}"

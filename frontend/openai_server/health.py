@@ -4,6 +4,8 @@
     ready    (200): requests are served
     degraded (200): requests are served, but some data-parallel replicas are down (reason:
                     which, and why); a load balancer keeps sending, an operator is told
+    reconnecting (503): the connection to the engine dropped (it stalled past the heartbeat
+                    timeout); the server reconnects by itself and is ready again once it answers
     dead     (503): the engine is gone (reason: what the engine said)
     shutting_down (503): the server was told to stop (SIGTERM, Ctrl-C) and is draining
 
@@ -24,6 +26,7 @@ class HealthStatus(enum.Enum):
     STARTING = "starting"
     READY = "ready"
     DEGRADED = "degraded"
+    RECONNECTING = "reconnecting"
     DEAD = "dead"
     SHUTTING_DOWN = "shutting_down"
 
@@ -50,6 +53,9 @@ class Connection(Protocol):
     @property
     def dead_reason(self) -> str | None: ...
 
+    @property
+    def lost_reason(self) -> str | None: ...
+
 
 def health_of(client: Connection, degraded: str | None = None,
               stopping: bool = False) -> Health:
@@ -60,6 +66,8 @@ def health_of(client: Connection, degraded: str | None = None,
         return Health(HealthStatus.DEAD, client.dead_reason)
     if stopping:
         return Health(HealthStatus.SHUTTING_DOWN, "the server is shutting down")
+    if client.lost_reason is not None:
+        return Health(HealthStatus.RECONNECTING, client.lost_reason)
     if client.welcome is None:
         return Health(HealthStatus.STARTING, "connecting to the engine")
     if degraded is not None:

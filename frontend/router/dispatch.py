@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from dataclasses import replace
 
 import zmq
 
 from frontend.router.config import RouterConfig
+from frontend.router.decode_choice import DecodeChooser
 from frontend.router.placement import Router
 from protocol import (
     OUT_OF_BAND_STEP,
@@ -53,6 +55,9 @@ class ReplicaDispatch:
                 self.stats_in.append(sub)
         self._by_socket = {s.socket: r for r, s in enumerate(self.stats_in)}
         self.placed: OrderedDict[int, int] = OrderedDict()  # request id -> replica
+        # Disaggregation: request id -> its decode replica (the prefill one is in `placed`).
+        self.decode = DecodeChooser(config.roles) if config.roles else None
+        self.paired: dict[int, int] = {}
 
     @property
     def poll_sockets(self) -> list[zmq.Socket]:
@@ -68,16 +73,23 @@ class ReplicaDispatch:
             except ProtocolError:
                 continue  # a frame that arrived before the topic filter took effect
             self.router.on_stats(replica, stats)
+            if self.decode is not None:
+                self.decode.on_stats(replica, stats)
 
     def add(self, msg: AddRequest) -> bool:
         """Send a request to the replica the router picks; False when none is alive."""
         try:
             replica = self.router.place(msg.prompt_token_ids).replica
+            # Structured outputs keep their grammar state on the prefill replica's ranks:
+            # such a request is served whole there.
+            if self.decode is not None and msg.params.structured_outputs is None:
+                msg = replace(msg, decode_replica=self.decode.choose(self.router.alive))
+                self.paired[msg.request_id] = msg.decode_replica
         except LookupError:
             return False
         self.placed[msg.request_id] = replica
         if len(self.placed) > MAX_TRACKED_PLACEMENTS:
-            self.placed.popitem(last=False)
+            self.paired.pop(self.placed.popitem(last=False)[0], None)
         self.to_schedulers[replica].send(msg)
         return True
 
@@ -89,8 +101,9 @@ class ReplicaDispatch:
             replica = self.placed.pop(rid, None)
             if replica is None:
                 everywhere.append(rid)
-            elif self.router.alive[replica]:
-                per_replica.setdefault(replica, []).append(rid)
+            for r in (replica, self.paired.pop(rid, None)):  # prefill and decode: both
+                if r is not None and self.router.alive[r]:
+                    per_replica.setdefault(r, []).append(rid)
         for replica in self.router.live_replicas:
             ids = per_replica.get(replica, []) + everywhere
             if ids:
@@ -103,9 +116,15 @@ class ReplicaDispatch:
             return None
         self.router.mark_dead(replica)
         log.error("tokenizer: replica %d is down: %s", replica, reason)
-        ids = [rid for rid, r in self.placed.items() if r == replica]
+        ids = [rid for rid, r in self.placed.items()
+               if r == replica or self.paired.get(rid) == replica]
+        partners: dict[int, list[int]] = {}
         for rid in ids:
-            del self.placed[rid]
+            for r in (self.placed.pop(rid), self.paired.pop(rid, None)):
+                if r is not None and r != replica and self.router.alive[r]:
+                    partners.setdefault(r, []).append(rid)
+        for r, rids in partners.items():  # the other half frees what it holds for them
+            self.to_schedulers[r].send(AbortRequests(rids, FinishReason.ABORT))
         if not ids:
             return None
         error = RequestError(ErrorKind.ENGINE_DEAD, f"engine dead: replica {replica}: {reason}")

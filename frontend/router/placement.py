@@ -74,10 +74,15 @@ class Router:
     def live_replicas(self) -> list[int]:
         return [r for r in range(len(self.alive)) if self.alive[r]]
 
+    def _placeable(self) -> list[int]:
+        """Live replicas that take new requests (with disaggregation, the prefill ones)."""
+        roles = self.config.roles
+        return [r for r in self.live_replicas if not roles or roles[r] == "prefill"]
+
     def place(self, token_ids: list[int]) -> Placement:
         """The replica for a prompt, recorded as placed there. Raises LookupError when no
         replica is alive."""
-        live = self.live_replicas
+        live = self._placeable()
         if not live:
             raise LookupError("no data-parallel replica is alive")
         self.decisions += 1

@@ -54,8 +54,8 @@ from gpu_workers.speculative.rejection import (
     row_sampling,
 )
 from gpu_workers.speculative.verify import SpecStep
-from gpu_workers.token_layout import lay_out, upload
-from gpu_workers.transfer import to_device
+from gpu_workers.token_layout import lay_out
+from gpu_workers.transfer import to_device, upload
 
 
 class DraftVocabMismatch(ValueError):

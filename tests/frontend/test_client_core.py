@@ -12,15 +12,19 @@ import zmq
 from frontend.client.core import (
     DISCONNECT_GRACE_S,
     ORPHAN_ERROR,
+    RECONNECT_RETRY_S,
     REFUSALS_BEFORE_FAILING,
     ClientCore,
     Link,
     Open,
     Phase,
+    Reset,
     Send,
+    refused,
 )
 from frontend.client.outputs import (
     ClientClosedError,
+    ConnectionLostError,
     EngineDeadError,
     RequestDelta,
     RequestRejected,
@@ -220,19 +224,63 @@ def test_retries_after_a_connection_are_no_refusal():
     assert core.phase is Phase.CONNECTING and core.dead is None
 
 
-def test_a_lost_connection_waits_for_the_reason_then_fails():
+def test_a_lost_connection_waits_for_the_reason_then_reconnects():
+    """A peer stalled past the heartbeat timeout: once its socket accepts again, what was in
+    flight fails (its results may be lost); new requests fail at once until a fresh handshake
+    under a new id brings the client back."""
     core = ready_core()
+    old_id = core.client_id
     got = submit(core, "a")
     assert core.wait_s(now=10.0) is None
     core.on_monitor(Link.RESULTS, zmq.EVENT_DISCONNECTED, now=10.0)
     assert core.wait_s(now=11.0) == pytest.approx(DISCONNECT_GRACE_S - 1.0)
-    core.on_timer(now=10.0 + DISCONNECT_GRACE_S - 0.01)
+    assert core.on_timer(now=10.0 + DISCONNECT_GRACE_S - 0.01) == []
     assert got == [] and core.dead is None
-    core.on_timer(now=10.0 + DISCONNECT_GRACE_S)
+    reset, reopen = core.on_timer(now=10.0 + DISCONNECT_GRACE_S)
+    assert isinstance(reset, Reset) and isinstance(reopen, Open)
+    assert reopen.link is Link.REQUESTS and reopen.address == ADDRESS
+    assert core.client_id != old_id and SENT.decode(reopen.hello).client_id == core.client_id
+    with pytest.raises(ConnectionLostError, match="lost the connection"):
+        submit(core, "b")
+    assert core.abort("a") is None and got == []
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_CONNECTED, now=14.0)
     (err,) = got
-    assert isinstance(err, EngineDeadError)
-    assert str(err) == f"lost the connection to the pipeline at {ADDRESS}"
-    assert core.wait_s(now=20.0) is None
+    assert isinstance(err, ConnectionLostError) and isinstance(err, EngineDeadError)
+    assert str(err).startswith(f"lost the connection to the pipeline at {ADDRESS} (no answer")
+    assert core.dead is None and core.lost == str(err) and core.handshaking
+    core.on_frame(Link.REQUESTS, encode(WELCOME))
+    core.on_frame(Link.RESULTS, encode(WELCOME))
+    assert core.phase is Phase.READY and core.lost is None and core.wait_s(now=20.0) is None
+    assert submit(core, "c") == []
+
+
+def test_a_lost_connection_to_a_stopped_pipeline_is_its_death():
+    """Nothing listens at the address any more (a stopped pipeline removed its sockets)."""
+    core = ready_core()
+    got = submit(core, "a")
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_DISCONNECTED, now=0.0)
+    core.on_timer(now=DISCONNECT_GRACE_S)
+    for _ in range(REFUSALS_BEFORE_FAILING):
+        core.on_monitor(Link.REQUESTS, zmq.EVENT_CONNECT_RETRIED, now=4.0)
+    (err,) = got
+    assert type(err) is EngineDeadError and core.dead == str(err) and core.lost is None
+    assert str(err) == f"lost the connection to {ADDRESS}; {refused(ADDRESS)}"
+    assert core.phase is Phase.FAILED and core.wait_s(now=5.0) is None
+
+
+def test_a_reconnection_not_answered_starts_over_until_engine_dead():
+    core = ready_core()
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_DISCONNECTED, now=0.0)
+    core.on_timer(now=DISCONNECT_GRACE_S)
+    first_try = core.client_id
+    retry_at = DISCONNECT_GRACE_S + RECONNECT_RETRY_S
+    assert core.wait_s(now=DISCONNECT_GRACE_S) == pytest.approx(RECONNECT_RETRY_S)
+    reset, reopen = core.on_timer(now=retry_at)
+    assert isinstance(reset, Reset) and isinstance(reopen, Open)
+    assert core.client_id != first_try and core.lost is not None
+    core.on_frame(Link.REQUESTS, encode(EngineDead("worker 0 was killed")))
+    assert core.dead == "worker 0 was killed" and core.lost is None
+    assert core.phase is Phase.FAILED and core.on_timer(now=retry_at * 2) == []
 
 
 def test_the_engine_dead_reason_wins_within_the_grace():

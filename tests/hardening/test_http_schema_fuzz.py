@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from frontend.actors.request_validation import InvalidRequest, RequestValidator
-from frontend.client.core import make_request
+from frontend.client.frames import make_request
 from frontend.openai_server.errors import ApiError, params_error, validation_error
 from frontend.openai_server.schema import ChatCompletionRequest, CompletionRequest
 from protocol import Decoder, GenerateRequest, SamplingParamsError

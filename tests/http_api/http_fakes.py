@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frontend.client.outputs import (
+    ConnectionLostError,
     EngineDeadError,
     OutputCollector,
     RequestDelta,
@@ -42,6 +43,8 @@ class FakeClient:
     model: str = "fake-model"
     max_model_len: int = 512
     dead: bool = False
+    lost: str | None = None
+    """Set: the connection dropped and the client is reconnecting (requests fail at once)."""
     started: bool = True
     """False: the handshake with the pipeline has not finished (no welcome yet)."""
     token_delay_s: float = 0.0
@@ -60,10 +63,16 @@ class FakeClient:
     def dead_reason(self) -> str | None:
         return DEAD_REASON if self.dead else None
 
+    @property
+    def lost_reason(self) -> str | None:
+        return self.lost
+
     def _deltas(self, call: Call) -> AsyncIterator[RequestDelta]:
         async def gen() -> AsyncIterator[RequestDelta]:
             if self.dead:
                 raise EngineDeadError(DEAD_REASON)
+            if self.lost is not None:
+                raise ConnectionLostError(self.lost)
             if call.kwargs.get("prompt") == CRASH:
                 raise RuntimeError("boom")
             if call.kwargs.get("prompt") == REJECT:

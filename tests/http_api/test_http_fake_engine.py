@@ -39,6 +39,7 @@ def http(base_url):
 @pytest.fixture(autouse=True)
 def _reset(fake):
     fake.dead = False
+    fake.lost = None
     fake.token_delay_s = 0.0
     fake.fail_seed = None
     yield
@@ -337,6 +338,22 @@ def test_dead_engine_is_503(http, fake):
         err = assert_error(resp, 503)
         assert err["type"] == "engine_dead"
         assert err["message"] == f"engine dead: {DEAD_REASON}"  # said once
+
+
+def test_a_lost_connection_is_503_until_reconnected(http, fake):
+    """A stalled engine dropped the connection: the server says so and is ready again once its
+    client has reconnected (no restart)."""
+    fake.lost = "lost the connection to the pipeline at ipc://x (no answer)"
+    health = http.get("/health")
+    assert (health.status_code, health.json()) == (503, {"status": "reconnecting",
+                                                         "reason": fake.lost})
+    for stream in (False, True):
+        err = assert_error(http.post("/v1/completions", json={"prompt": "p", "stream": stream}),
+                           503)
+        assert err["code"] == "engine_unreachable" and fake.lost in err["message"]
+    fake.lost = None
+    assert http.get("/health").json() == {"status": "ready", "reason": None}
+    assert http.post("/v1/completions", json={"prompt": "p"}).status_code == 200
 
 
 def test_engine_death_mid_stream_is_an_error_event(http):

@@ -4,32 +4,15 @@
 
 from __future__ import annotations
 
-import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from serve_cli import start_serve, stop_serve
 
 
 def test_health_goes_from_starting_to_ready(tiny_qwen3_dir):
-    port = _free_port()
-    cmd = [sys.executable, "-c",
-           "import sys; from frontend.engine.cli import main; sys.exit(main())",
-           "serve", tiny_qwen3_dir, "--device", "cpu", "--dtype", "float32",
-           "--max-model-len", "128", "--max-num-batched-tokens", "256", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_serve(tiny_qwen3_dir)
     answers: list[tuple[int, dict]] = []
     try:
         deadline = time.monotonic() + 180
@@ -58,12 +41,7 @@ def test_health_goes_from_starting_to_ready(tiny_qwen3_dir):
             "prompt": "hi", "max_tokens": 3, "ignore_eos": True})
         assert done.json()["usage"]["completion_tokens"] == 3
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        assert stop_serve(proc) == 0
 
 
 def test_other_routes_are_503_while_starting():

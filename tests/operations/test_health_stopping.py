@@ -5,42 +5,17 @@ check) answers like GET."""
 from __future__ import annotations
 
 import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from serve_cli import start_serve, wait_ready
 
 
 def test_health_says_shutting_down_from_the_sigterm_on(tiny_qwen3_dir):
-    port = _free_port()
-    cmd = [sys.executable, "-c",
-           "import sys; from frontend.engine.cli import main; sys.exit(main())",
-           "serve", tiny_qwen3_dir, "--device", "cpu", "--dtype", "float32",
-           "--max-model-len", "128", "--max-num-batched-tokens", "256", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_serve(tiny_qwen3_dir)
     try:
+        wait_ready(base, proc)
         with httpx.Client(base_url=base, timeout=30) as http:  # one keep-alive connection
-            deadline = time.monotonic() + 180
-            while True:
-                assert proc.poll() is None and time.monotonic() < deadline
-                try:
-                    if http.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
+            assert http.get("/health").status_code == 200
             head = http.head("/metrics")
             assert head.status_code == 200 and head.content == b""
             assert head.headers["content-type"].startswith("text/plain")

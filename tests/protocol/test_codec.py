@@ -17,6 +17,16 @@ from protocol.engine_messages import (
     WatchHeartbeat,
     WatchRequest,
 )
+from protocol.kv_handoff import (
+    HandoffAccept,
+    HandoffCancel,
+    HandoffOffer,
+    HandoffRelease,
+    KVCancel,
+    KVExport,
+    KVFrameHeader,
+    KVLanded,
+)
 from protocol.outcomes import FINISH_REASON_STRINGS, ErrorKind, FinishReason, RequestError
 
 STOP, LENGTH, ERROR = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ERROR
@@ -71,6 +81,15 @@ EXAMPLES = [
     p.StartupFailed("worker", 1, "KV cache too small"),
     StartupProgress("worker", 0, "loading weights"),
     ReplicaDown(1, "scheduler of replica 1 exited with code -9"),
+    HandoffOffer(7, 0, [1, 2, 3, 9], 3, 3, p.SamplingParams(temperature=0, max_tokens=4), [2],
+                 1.7e9, 0.01, 0.2, 0, 0, 0, 1),
+    HandoffAccept(7, 1, [5]),
+    HandoffRelease(7, True, 4096, 0.002),
+    HandoffCancel(7),
+    KVExport(7, [3], 1, [5]),
+    KVCancel([7, 8]),
+    KVLanded(7, 0, 4096),
+    KVFrameHeader(7, [5], "torch.float32", [2, 1, 1, 16, 2, 8], True),
 ]
 
 

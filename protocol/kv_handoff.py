@@ -1,0 +1,159 @@
+"""Prefill/decode disaggregation: the hand-off of a request and its KV blocks between replicas.
+
+A prefill replica's scheduler computes a prompt and its first token, then offers the request
+to the decode replica the router chose (HandoffOffer). The decode scheduler allocates blocks
+for it and answers with their ids (HandoffAccept). The prefill scheduler tells its ranks to
+export the source blocks (KVExport, on the plan stream, so it runs after the plans that wrote
+them); rank i sends them to the decode replica's rank i as raw frames (KVFrameHeader, then the
+tensor bytes); each decode rank scatters them and reports KVLanded to its scheduler. When all
+ranks have landed the decode scheduler runs the request and releases the prefill replica's
+blocks (HandoffRelease). Either side may give the hand-off up (HandoffCancel); KVCancel tells
+a decode replica's ranks to drop frames still to come for a request whose blocks are freed.
+
+Ownership, which decides who reports a request's end: the prefill replica until the decode
+replica says the KV landed (HandoffRelease with landed=True), the decode replica after.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+from protocol.codec import message
+from protocol.packed_ints import int32_array
+from protocol.sampling_params import SamplingParams
+
+ROLES = ("", "prefill", "decode")
+"""A replica's role: "" serves whole requests (colocated, or --dp)."""
+
+
+@message(0x50)
+@dataclass(frozen=True, slots=True)
+class HandoffOffer:
+    """Prefill scheduler -> decode scheduler: a request whose prompt KV is ready to move."""
+
+    request_id: int
+    prefill_replica: int
+    """Where to answer (the index of the offering replica)."""
+    token_ids: array
+    """Prompt and generated tokens so far (the first token, sampled by the prefill replica)."""
+    num_prompt_tokens: int
+    num_computed: int
+    """Tokens whose KV the blocks hold (the prompt): the decode replica computes from here."""
+    params: SamplingParams
+    """Resolved (max_tokens concrete). Penalties count the tokens above, so no other state
+    travels; a seeded sampler is keyed by the request's seed and position, not a stream."""
+    eos_token_ids: list[int]
+    arrival_time: float
+    """Wall clock of the request's arrival, for its metrics."""
+    queue_time_s: float
+    ttft_s: float
+    """Arrival -> first scheduled and -> first token, as the prefill replica measured them."""
+    cached_prompt_tokens: int
+    host_prompt_tokens: int
+    preemptions: int
+    num_blocks: int
+    client_key: str = ""
+    """Whose share the request counts against on the decode replica too (fair sharing)."""
+
+    def __post_init__(self) -> None:
+        if (values := int32_array(self.token_ids)) is not self.token_ids:
+            object.__setattr__(self, "token_ids", values)
+
+
+@message(0x51)
+@dataclass(frozen=True, slots=True)
+class HandoffAccept:
+    """Decode scheduler -> prefill scheduler: the blocks the KV goes to, allocated and safe to
+    write (no plan that the decode replica sent earlier still touches them)."""
+
+    request_id: int
+    decode_replica: int
+    block_ids: list[int]
+
+
+@message(0x52)
+@dataclass(frozen=True, slots=True)
+class HandoffRelease:
+    """Decode scheduler -> prefill scheduler: the hand-off is over; free the source blocks.
+    landed: the decode replica now owns the request. Otherwise it failed there (`error` says
+    why) and the prefill replica fails the request."""
+
+    request_id: int
+    landed: bool
+    num_bytes: int = 0
+    """KV bytes received over all ranks."""
+    transfer_s: float = 0.0
+    """Accept sent -> every rank landed, on the decode replica's clock."""
+    error: str = ""
+
+
+@message(0x53)
+@dataclass(frozen=True, slots=True)
+class HandoffCancel:
+    """Either scheduler -> the other: forget this hand-off and free its blocks, reporting
+    nothing (the request ended, or the sender gave the hand-off up and reports it)."""
+
+    request_id: int
+
+
+@message(0x54)
+@dataclass(frozen=True, slots=True)
+class KVExport:
+    """Scheduler -> its ranks, ordered with the plans: send these blocks to decode replica
+    `decode_replica`'s rank of the same index, into `dest_block_ids` (same order)."""
+
+    request_id: int
+    block_ids: list[int]
+    decode_replica: int
+    dest_block_ids: list[int]
+
+
+@message(0x55)
+@dataclass(frozen=True, slots=True)
+class KVCancel:
+    """Decode scheduler -> its ranks, ordered with the plans: drop frames still to come for
+    these requests (their blocks are freed and may be reused by the plans after this)."""
+
+    request_ids: list[int]
+
+
+@message(0x56)
+@dataclass(frozen=True, slots=True)
+class KVLanded:
+    """Decode rank -> its scheduler: a request's blocks are in its pool (ok), or its frames
+    were refused (error says why)."""
+
+    request_id: int
+    rank: int
+    num_bytes: int
+    ok: bool = True
+    error: str = ""
+
+
+@message(0x57)
+@dataclass(frozen=True, slots=True)
+class KVFrameHeader:
+    """The first frame of a transfer chunk; the second is the gathered blocks' raw bytes,
+    [2, layers, len(dest_block_ids), block_size, kv_heads, head_dim] of `dtype`, C order."""
+
+    request_id: int
+    dest_block_ids: list[int]
+    dtype: str
+    shape: list[int]
+    last: bool
+    """The request's last chunk: the receiver reports KVLanded after it."""
+
+
+@dataclass(frozen=True)
+class KVLinks:
+    """What a replica's processes need to take part in hand-offs (sent in their start spec).
+
+    Indexed by replica: `peer_schedulers[r]` is replica r's scheduler input ("" for one of the
+    same role), `transfer[r]` replica r's transfer address for this rank ("" unless decode)."""
+
+    role: str = ""
+    replica: int = 0
+    peer_schedulers: tuple[str, ...] = ()
+    transfer: tuple[str, ...] = field(default=())
+    transfer_timeout_s: float = 30.0

@@ -1,0 +1,336 @@
+"""Prefill/decode hand-offs of one replica, without sockets (protocol.kv_handoff has the flow).
+
+Prefill side: a sequence whose first token arrived (and did not end it) leaves the running set
+holding its blocks (status HANDOFF) and is offered to its decode replica. When that replica
+accepts, the export goes to the ranks once the blocks exporting stay under
+`max_transfer_blocks` (the bound on KV bytes in flight); the blocks are freed when the decode
+replica releases them (full ones stay in the prefix cache).
+
+Decode side: an offer gets its blocks when the pool has room (offers queue in arrival order
+meanwhile); the accept goes out only once no plan sent before the allocation is in flight,
+since such a plan may still write a block freed just before it (overlap) and the transfer
+lands outside the plan stream. When every rank has landed, the sequence waits in `landed` for
+admission (step_planner: its KV counts as computed, the first token is computed there), and
+the prefill replica is released.
+
+Faults: a transfer not landed `transfer_timeout_s` after the accept fails the request (the
+decode side gives up and says why; the prefill side, as a backstop for a silent peer, after
+twice that). Requests fail; nothing is recomputed. The loop sends `peer_out` (to other
+schedulers) and `worker_out` (to its ranks, ordered with the plans) after each call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from protocol import ErrorKind, FinishReason, RequestError
+from protocol.kv_handoff import (
+    HandoffAccept,
+    HandoffCancel,
+    HandoffOffer,
+    HandoffRelease,
+    KVCancel,
+    KVExport,
+    KVLanded,
+)
+from scheduler_proc.sequence import Sequence, SequenceStatus
+from scheduler_proc.state import SchedulerState
+
+HANDOFF, FINISHED = SequenceStatus.HANDOFF, SequenceStatus.FINISHED
+MAX_REFUSED_IDS = 4096
+"""Ids aborted on a decode replica before their offer arrived, remembered to refuse it."""
+
+
+@dataclass(slots=True)
+class _Out:
+    seq: Sequence
+    decode_replica: int
+    num_blocks: int
+    dest: list[int] | None = None
+    accepted_s: float = 0.0
+    exported: bool = False
+
+
+@dataclass(slots=True)
+class _In:
+    seq: Sequence
+    prefill_replica: int
+    after_step: int
+    """The last plan sent before the blocks were allocated: the accept waits for its result."""
+    accept_sent_s: float | None = None
+    ranks: set[int] = field(default_factory=set)
+    num_bytes: int = 0
+
+
+@dataclass(slots=True)
+class HandoffCounters:
+    handoffs_out: int = 0
+    handoffs_in: int = 0
+    failures: int = 0
+    blocks_out: int = 0
+    bytes_out: int = 0
+    blocks_in: int = 0
+    bytes_in: int = 0
+    transfer_s: float = 0.0
+
+
+class Handoffs:
+    def __init__(self, state: SchedulerState) -> None:
+        config = state.config
+        self.state = state
+        self.role = config.role
+        self.replica = config.replica
+        self.ranks = config.handoff_ranks
+        self.timeout_s = config.transfer_timeout_s
+        self.max_blocks = config.max_transfer_blocks or max(1, config.num_kv_blocks // 4)
+        self.peer_out: list[tuple[int, object]] = []
+        self.worker_out: list[object] = []
+        self.counters = HandoffCounters()
+        self.out: dict[int, _Out] = {}
+        self.export_queue: deque[int] = deque()
+        self.blocks_exporting = 0
+        self.offers: deque[HandoffOffer] = deque()
+        self.incoming: dict[int, _In] = {}
+        self.landed: deque[Sequence] = deque()
+        self.refused: OrderedDict[int, None] = OrderedDict()
+
+    @property
+    def waiting(self) -> int:
+        """Hand-offs not finished on this side (the stats' gauge)."""
+        return len(self.out) + len(self.offers) + len(self.incoming)
+
+    def stats_fields(self) -> dict[str, int | float]:
+        """This replica's EngineStats.kv_* fields."""
+        c = self.counters
+        gauge = "kv_handoffs_out_waiting" if self.role == "prefill" else "kv_handoffs_in_waiting"
+        return {"kv_handoffs_out": c.handoffs_out, "kv_handoffs_in": c.handoffs_in,
+                "kv_handoff_failures": c.failures, "kv_transfer_blocks_out": c.blocks_out,
+                "kv_transfer_bytes_out": c.bytes_out, "kv_transfer_blocks_in": c.blocks_in,
+                "kv_transfer_bytes_in": c.bytes_in, "kv_transfer_s": c.transfer_s,
+                gauge: self.waiting}
+
+    # ------------------------------------------------------------ prefill side
+
+    def hand_off(self, seq: Sequence) -> None:
+        """seq just got its first token and goes on: offer it; the caller drops it from
+        running. Its blocks stay held; the workers forget their mirror (the export names
+        blocks, not the sequence)."""
+        state, now = self.state, time.monotonic()
+        seq.status = HANDOFF
+        seq.client.running -= 1
+        if seq.on_worker:
+            state.drops.append(seq.seq_id)
+            seq.on_worker = False
+        num_blocks = state.block_manager.blocks_for(seq.num_computed)
+        self.out[seq.seq_id] = _Out(seq, seq.decode_replica, num_blocks)
+        first = seq.first_scheduled_s
+        self.peer_out.append((seq.decode_replica, HandoffOffer(
+            seq.seq_id, self.replica, seq.token_ids, seq.num_prompt_tokens, seq.num_computed,
+            seq.params, sorted(seq.stop_tokens), seq.arrival_time,
+            (now if first is None else first) - seq.arrival_s,
+            (seq.first_token_s or now) - seq.arrival_s, seq.num_cached_prompt,
+            seq.num_host_prompt, seq.num_preemptions, num_blocks, seq.client.key)))
+
+    def on_accept(self, msg: HandoffAccept) -> None:
+        entry = self.out.get(msg.request_id)
+        if entry is None or entry.dest is not None or len(msg.block_ids) != entry.num_blocks:
+            # Ended (or given up) meanwhile, or a malformed answer: the decode side frees.
+            self.peer_out.append((msg.decode_replica, HandoffCancel(msg.request_id)))
+            if entry is not None and entry.dest is None:
+                self._fail(entry.seq, f"decode replica {msg.decode_replica} answered with "
+                           f"{len(msg.block_ids)} blocks, {entry.num_blocks} expected")
+            return
+        entry.dest = list(msg.block_ids)
+        entry.accepted_s = time.monotonic()
+        self.export_queue.append(msg.request_id)
+        self._export()
+
+    def _export(self) -> None:
+        """Exports in accept order while the blocks in flight stay under the bound (one
+        export always goes, however large, so none waits forever)."""
+        while self.export_queue:
+            entry = self.out[self.export_queue[0]]
+            n = entry.num_blocks
+            if self.blocks_exporting and self.blocks_exporting + n > self.max_blocks:
+                return
+            self.export_queue.popleft()
+            seq = entry.seq
+            self.worker_out.append(KVExport(seq.seq_id, seq.block_table[:n],
+                                            entry.decode_replica, entry.dest))
+            entry.exported = True
+            self.blocks_exporting += n
+
+    def _end_out(self, rid: int) -> _Out | None:
+        entry = self.out.pop(rid, None)
+        if entry is None:
+            return None
+        if entry.exported:
+            self.blocks_exporting -= entry.num_blocks
+        elif entry.dest is not None:
+            self.export_queue.remove(rid)
+        self._export()
+        return entry
+
+    def on_release(self, msg: HandoffRelease) -> None:
+        entry = self._end_out(msg.request_id)
+        if entry is None:
+            return
+        seq = entry.seq
+        if not msg.landed:
+            self._fail(seq, msg.error)
+            return
+        c = self.counters
+        c.handoffs_out += 1
+        c.blocks_out += entry.num_blocks
+        c.bytes_out += msg.num_bytes
+        state = self.state
+        # The decode replica owns the request now: free silently, no finish of ours.
+        state.block_manager.hash_full_blocks(seq)
+        state.block_manager.free(seq)
+        seq.status = FINISHED
+        del state.seqs[seq.seq_id]
+        state.waiting.forget_if_idle(seq.client)
+
+    def _fail(self, seq: Sequence, why: str) -> None:
+        self.counters.failures += 1
+        self.out.pop(seq.seq_id, None)
+        self.state.finish(seq, FinishReason.ERROR)
+        self.state.deltas.add(seq.seq_id, [], FinishReason.ERROR,
+                              RequestError(ErrorKind.REQUEST_FAILED, why))
+
+    # ------------------------------------------------------------ decode side
+
+    def on_offer(self, msg: HandoffOffer) -> None:
+        rid = msg.request_id
+        if rid in self.refused or rid in self.state.seqs:
+            self.refused.pop(rid, None)
+            self.peer_out.append((msg.prefill_replica, HandoffCancel(rid)))
+            return
+        self.offers.append(msg)
+        self.admit_offers()
+
+    def admit_offers(self) -> None:
+        """Allocate blocks for queued offers, oldest first, while the pool has room."""
+        state = self.state
+        while self.offers:
+            msg = self.offers[0]
+            seq = Sequence(msg.request_id, msg.token_ids[:msg.num_prompt_tokens], msg.params,
+                           msg.eos_token_ids, msg.arrival_time, state.config.max_model_len)
+            if state.block_manager.allocate(seq, msg.num_computed) is None:
+                return
+            self.offers.popleft()
+            seq.client = state.waiting.client(msg.client_key)
+            seq.token_ids.extend(msg.token_ids[msg.num_prompt_tokens:])
+            seq.num_computed = msg.num_computed
+            seq.status = HANDOFF
+            seq.first_scheduled_s = seq.arrival_s + msg.queue_time_s
+            seq.first_token_s = seq.last_token_s = seq.arrival_s + msg.ttft_s
+            seq.num_cached_prompt = msg.cached_prompt_tokens
+            seq.num_host_prompt = msg.host_prompt_tokens
+            seq.num_preemptions = msg.preemptions
+            state.seqs[seq.seq_id] = seq
+            self.incoming[seq.seq_id] = _In(seq, msg.prefill_replica, state.next_step_id - 1)
+
+    def on_landed(self, msg: KVLanded) -> None:
+        entry = self.incoming.get(msg.request_id)
+        if entry is None or entry.accept_sent_s is None:
+            return  # cancelled meanwhile: its late report means nothing
+        if not msg.ok:
+            self._give_up(entry, f"KV transfer from prefill replica {entry.prefill_replica} to "
+                          f"decode replica {self.replica} failed on rank {msg.rank}: {msg.error}")
+            return
+        entry.ranks.add(msg.rank)
+        entry.num_bytes += msg.num_bytes
+        if len(entry.ranks) < self.ranks:
+            return
+        del self.incoming[msg.request_id]
+        seq = entry.seq
+        seq.kv_transfer_s = time.monotonic() - entry.accept_sent_s
+        self.landed.append(seq)
+        c = self.counters
+        c.handoffs_in += 1
+        c.blocks_in += len(seq.block_table)
+        c.bytes_in += entry.num_bytes
+        c.transfer_s += seq.kv_transfer_s
+        self.peer_out.append((entry.prefill_replica, HandoffRelease(
+            seq.seq_id, True, entry.num_bytes, seq.kv_transfer_s)))
+
+    def _give_up(self, entry: _In, why: str) -> None:
+        self.counters.failures += 1
+        self.drop(entry.seq)
+        self.peer_out.append((entry.prefill_replica,
+                              HandoffRelease(entry.seq.seq_id, False, error=why)))
+
+    def refuse(self, rid: int) -> None:
+        """An abort for a request not here yet: forget its queued offer, or refuse it later."""
+        for msg in self.offers:
+            if msg.request_id == rid:
+                self.offers.remove(msg)
+                return
+        self.refused[rid] = None
+        if len(self.refused) > MAX_REFUSED_IDS:
+            self.refused.popitem(last=False)
+
+    # ------------------------------------------------------------ both
+
+    def owns(self, seq: Sequence) -> bool:
+        """Whether this replica reports seq's end: prefill until released, decode after."""
+        return self.role == "prefill" or seq.seq_id not in self.incoming
+
+    def forget(self, seq: Sequence) -> None:
+        """Take a HANDOFF sequence out of the hand-off (it is ending on this side)."""
+        rid = seq.seq_id
+        entry = self._end_out(rid)
+        if entry is not None:
+            self.peer_out.append((entry.decode_replica, HandoffCancel(rid)))
+        elif seq in self.landed:
+            self.landed.remove(seq)
+
+    def drop(self, seq: Sequence) -> None:
+        """Decode side: forget an unlanded hand-off silently (the prefill replica reports
+        the request's end); frames still to come are dropped by the ranks."""
+        entry = self.incoming.pop(seq.seq_id)
+        if entry.accept_sent_s is not None:
+            self.worker_out.append(KVCancel([seq.seq_id]))
+        self.state.block_manager.free(seq)
+        seq.status = FINISHED
+        del self.state.seqs[seq.seq_id]
+        self.state.waiting.forget_if_idle(seq.client)
+        self.admit_offers()
+
+    def on_cancel(self, msg: HandoffCancel) -> None:
+        seq = self.state.seqs.get(msg.request_id)
+        if seq is None:
+            if self.role == "decode":
+                self.refuse(msg.request_id)
+        elif seq.status is HANDOFF and msg.request_id in self.incoming:
+            self.drop(seq)
+        elif self.role == "prefill" and seq.status is HANDOFF:
+            self._end_out(msg.request_id)
+            self._fail(seq, "the decode replica gave the hand-off up")
+
+    def tick(self) -> None:
+        """Admit queued offers, send the accepts that became safe, give up on transfers
+        past their time."""
+        self.admit_offers()
+        state, now = self.state, time.monotonic()
+        oldest = state.inflight[0].step_id if state.inflight else None
+        for entry in list(self.incoming.values()):
+            if entry.accept_sent_s is None:
+                if oldest is None or oldest > entry.after_step:
+                    entry.accept_sent_s = now
+                    seq = entry.seq
+                    self.peer_out.append((entry.prefill_replica, HandoffAccept(
+                        seq.seq_id, self.replica, list(seq.block_table))))
+            elif now - entry.accept_sent_s > self.timeout_s:
+                self._give_up(entry, f"KV transfer from prefill replica {entry.prefill_replica}"
+                              f" did not land on decode replica {self.replica} within "
+                              f"{self.timeout_s:g} s")
+        for entry in list(self.out.values()):
+            if entry.dest is not None and now - entry.accepted_s > 2 * self.timeout_s:
+                self._end_out(entry.seq.seq_id)
+                self.peer_out.append((entry.decode_replica, HandoffCancel(entry.seq.seq_id)))
+                self._fail(entry.seq, f"decode replica {entry.decode_replica} did not take "
+                           f"the KV within {2 * self.timeout_s:g} s")

@@ -1,0 +1,31 @@
+"""Prefill/decode disaggregation's settings: the flags parse into EngineConfig, and what does
+not go together is refused in one line naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from frontend.engine.cli import parse_serve_args
+from frontend.engine.config import EngineConfig
+from frontend.engine.options import ConfigError
+
+
+def test_flags_give_the_replica_roles():
+    engine = parse_serve_args(["--prefill-replicas", "1", "--decode-replicas", "2"]).engine
+    assert (engine.prefill_replicas, engine.decode_replicas, engine.num_replicas) == (1, 2, 3)
+    assert engine.replica_roles == ("prefill", "decode", "decode")
+    assert EngineConfig(data_parallel_size=2).replica_roles == ("", "")
+
+
+@pytest.mark.parametrize("settings, field, words", [
+    (dict(prefill_replicas=1), "decode_replicas", "must be >= 1"),
+    (dict(decode_replicas=2), "prefill_replicas", "must be >= 1"),
+    (dict(prefill_replicas=1, decode_replicas=1, data_parallel_size=2), "data_parallel_size",
+     "--dp"),
+    (dict(prefill_replicas=1, decode_replicas=1, speculative="ngram"), "speculative",
+     "speculative decoding"),
+])
+def test_what_does_not_go_together_is_refused(settings, field, words):
+    with pytest.raises(ConfigError, match=words) as info:
+        EngineConfig(**settings)
+    assert field in str(info.value) and "\n" not in str(info.value)

@@ -1,0 +1,141 @@
+"""Prefill/decode disaggregation driven as a user does (LLM, the ZMQ client): greedy tokens
+equal one colocated pipeline's, with prefix hits, chunked prefill and stop strings; a request
+ended by its first token is never handed off; aborts right after the first token leave no
+block held on either side; a killed decode replica fails only its requests, naming it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import zmq
+from pipeline_config import tiny_engine
+
+from frontend import LLM, Client, EngineDeadError
+from protocol import Decoder, SamplingParams
+from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
+
+pytestmark = pytest.mark.slow
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+LONG = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+CHUNKED = dict(max_num_batched_tokens=64, max_model_len=320)
+
+
+def prompts() -> list[list[int]]:
+    shared = [(11 * j) % 500 + 3 for j in range(80)]  # 5 blocks: prefix hits after the first
+    out = [[(5 * i + 3 * j) % 300 + 2 for j in range(12 + 40 * i)] for i in range(5)]  # to 172
+    out += [shared + [7 * i + 1, 9 * i + 2, 4] for i in range(3)]
+    return out
+
+
+def generate(model_dir: str, **kw) -> list[dict]:
+    with LLM(**tiny_engine(model_dir, **CHUNKED, **kw)) as llm:
+        return llm.generate(prompts(), GREEDY, use_tqdm=False)
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen3_dir", "tiny_llama_dir"])
+def test_greedy_tokens_equal_one_colocated_pipeline(model, request):
+    model_dir = request.getfixturevalue(model)
+    split = generate(model_dir, prefill_replicas=1, decode_replicas=1)
+    one = generate(model_dir)
+    assert [r["token_ids"] for r in split] == [r["token_ids"] for r in one]
+    for r in split:
+        m = r["metrics"]
+        assert len(r["token_ids"]) == m.generated_tokens
+        if m.generated_tokens > 1:  # every one went through a hand-off and says how long
+            assert m.kv_transfer_s is not None and m.kv_transfer_s > 0, m
+    assert max(r["metrics"].cached_prompt_tokens for r in split) >= 64  # prefix hits
+
+
+class StatsWatch:
+    """The latest EngineStats of each replica, as /metrics reads them."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self._ctx = zmq.Context()
+        self._subs = []
+        for address in addresses:
+            sub = self._ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, ENGINE_STATS_TOPIC)
+            sub.connect(address)
+            self._subs.append(sub)
+        self._decoder = Decoder(EngineStats)
+
+    def wait_for(self, test, timeout: float = 20.0) -> list[EngineStats]:
+        latest: list[EngineStats | None] = [None] * len(self._subs)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for i, sub in enumerate(self._subs):
+                while sub.poll(0):
+                    latest[i] = self._decoder.decode(sub.recv())
+            if all(latest) and test(latest):
+                return latest
+            time.sleep(0.05)
+        raise AssertionError(f"stats never matched: {latest}")
+
+    def close(self) -> None:
+        for sub in self._subs:
+            sub.close(linger=0)
+        self._ctx.term()
+
+
+def test_stop_strings_first_token_ends_and_aborts_mid_transfer(tiny_qwen3_dir):
+    settings = tiny_engine(tiny_qwen3_dir, **CHUNKED)
+    long_prompt = [(13 * j) % 400 + 5 for j in range(250)]
+    with LLM(**settings) as llm, Client(llm.pipeline.address) as client:
+        free_run = client.generate(prompt_token_ids=long_prompt, params=GREEDY)
+        stopped = SamplingParams(temperature=0, max_tokens=12, stop=[free_run.text[3:6]])
+        reference = client.generate(prompt_token_ids=long_prompt, params=stopped)
+    with LLM(**settings, prefill_replicas=1, decode_replicas=1) as llm, \
+            Client(llm.pipeline.address) as client:
+        out = client.generate(prompt_token_ids=long_prompt, params=stopped)
+        assert (out.text, out.finish_reason) == (reference.text, "stop")
+        one = client.generate(prompt_token_ids=long_prompt,
+                              params=SamplingParams(temperature=0, max_tokens=1))
+        assert one.token_ids == free_run.token_ids[:1] and one.metrics.kv_transfer_s is None
+        # Aborted as soon as the first token is out: in the hand-off, most of them.
+        streams = [client.stream(prompt_token_ids=[i + 2] + long_prompt, params=SamplingParams(
+                       temperature=0, max_tokens=60, ignore_eos=True))
+                   for i in range(6)]
+        for s in streams:
+            next(iter(s))
+            s.close()
+        watch = StatsWatch([r.deltas_pub for r in llm.pipeline.replicas])
+        try:
+            idle = watch.wait_for(lambda st: all(
+                s.kv_blocks_used == s.running == s.waiting == 0 and s.kv_handoffs_in_waiting
+                == s.kv_handoffs_out_waiting == 0 for s in st))
+        finally:
+            watch.close()
+        assert idle[0].kv_handoffs_out >= 1 and idle[1].kv_handoffs_in >= 1
+        assert idle[1].kv_transfer_bytes_in == idle[0].kv_transfer_bytes_out > 0
+        after = client.generate(prompt_token_ids=long_prompt, params=GREEDY)
+        assert after.token_ids == free_run.token_ids
+
+
+def test_killed_decode_replica_fails_only_its_requests(tiny_qwen3_dir):
+    with LLM(**tiny_engine(tiny_qwen3_dir, prefill_replicas=1, decode_replicas=2)) as llm, \
+            Client(llm.pipeline.address) as client:
+        pipeline = llm.pipeline
+        streams = [client.stream(prompt_token_ids=[3 + i, 9, 27, 81], params=LONG)
+                   for i in range(2)]
+        for s in streams:  # two tokens each: the second comes from a decode replica
+            it = iter(s)
+            got = 0
+            while got < 2:
+                got += len(next(it).token_ids)
+        victim = next(c for c in pipeline.children if c.role == "scheduler" and c.replica == 2)
+        os.kill(victim.pid, signal.SIGKILL)
+        outcomes = []
+        for s in streams:
+            try:
+                outcomes.append([d for d in s][-1].finish_reason)
+            except EngineDeadError as exc:
+                assert "replica 2 scheduler 0 was killed" in str(exc)
+                outcomes.append("failed")
+        assert sorted(outcomes) == ["failed", "length"]
+        assert "replica 2 is down" in pipeline.degraded and pipeline.dead_reason is None
+        after = client.generate(prompt_token_ids=[5, 6, 7], params=GREEDY)
+        assert len(after.token_ids) == 12 and after.metrics.kv_transfer_s is not None
