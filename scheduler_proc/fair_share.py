@@ -119,6 +119,8 @@ class WaitingQueues:
         needy, donor = self.next_client(), self.largest()
         if donor is None or donor.running < needy.running + 2:
             return None
+        if needy.waiting[0].num_pending:  # cannot be re-sent before its token arrives
+            return None
         return newest_of(running, donor, 0)
 
     def __len__(self) -> int:

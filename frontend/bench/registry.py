@@ -44,6 +44,9 @@ BENCHMARKS: dict[str, Entry] = {
     "dp": Entry(
         "frontend.bench.workloads.dp",
         "W7 shared-prefix traffic over replicas: affinity vs round robin", "prefill_saved_pct"),
+    "fairness": Entry(
+        "frontend.bench.workloads.fairness",
+        "a victim's TTFT alone and while another client floods the engine", "victim_ttft_ms[hog]"),
     "tp": Entry(
         "frontend.bench.workloads.tp",
         "tensor parallelism: greedy parity across sizes and W1 per size", "output_tok_s@tp1"),
@@ -67,6 +70,9 @@ PROFILES: dict[str, Entry] = {
                   "W1 decode steps in this process: device time by kernel category"),
     "host": Entry("frontend.bench.profiles.host",
                   "the host's share of a decode step, by phase and function"),
+    "fairness": Entry(
+        "frontend.bench.workloads.fairness",
+        "a victim's TTFT alone and while another client floods the engine", "victim_ttft_ms[hog]"),
     "tp": Entry("frontend.bench.profiles.tp",
                 "every TP rank's profiling window in a pipeline, and the scaling"),
     "cpu": Entry("frontend.bench.profiles.cpu",

@@ -136,6 +136,20 @@ def test_latency_records_tpot_against_its_floor(tiny_qwen3_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_fairness_records_the_victims_ttft_alone_and_under_the_hog(tiny_qwen3_dir, tmp_path):
+    rec = tmp_path / "r.jsonl"
+    out = nanopipe("bench", "fairness", "--model", tiny_qwen3_dir, "--device", "cpu",
+                   "--hog-streams", "6", "--hog-tokens", "40", "--max-num-seqs", "2",
+                   "--victim-requests", "2", "--victim-prompt-len", "20", "--record", str(rec))
+    figures = recorded(rec, "fairness")
+    assert figures["victim_ttft_ms[alone]"] > 0 and figures["victim_ttft_ms[hog]"] > 0
+    # The hog, aborted after the victim's answers, had not finished its backlog by then.
+    [result] = [json.loads(line) for line in out.stdout.splitlines()
+                if line.startswith('{"ttft_ms_alone"')]
+    assert result["hog_streams_finished_first"] < 6
+
+
+@pytest.mark.slow
 def test_cpu_records_the_ratio_to_transformers(tiny_qwen3_dir, tmp_path):
     rec = tmp_path / "r.jsonl"
     out = nanopipe("bench", "cpu", "--model", tiny_qwen3_dir, "--new-tokens", "4",

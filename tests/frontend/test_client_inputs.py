@@ -70,6 +70,23 @@ def test_the_async_client_takes_a_dict_too(pipe):
     assert text == streamed and pipe.scheduler.added[-1].params == SamplingParams(**AS_DICT)
 
 
+def test_stop_none_means_no_stop_strings(pipe):
+    """vLLM's `stop=None` (and OpenAI's `"stop": null`) through both clients."""
+    none = {"max_tokens": 3, "temperature": 0, "stop": None, "stop_token_ids": None}
+    with Client(pipe.address) as client:
+        assert len(client.generate(PROMPT, params=none).token_ids) == 3
+        assert pipe.scheduler.added[-1].params.stop == []
+        assert len(client.generate(PROMPT, SamplingParams(**none)).token_ids) == 3
+
+    async def main() -> int:
+        async with AsyncClient(pipe.address) as client:
+            return len((await client.generate(PROMPT, params=none)).token_ids)
+
+    assert asyncio.run(asyncio.wait_for(main(), 60)) == 3
+    sent = pipe.scheduler.added[-1].params
+    assert (sent.stop, sent.stop_token_ids) == ([], [])
+
+
 @pytest.mark.parametrize("params, error, match", [
     ({"max_token": 3}, TypeError, r"params: .*'max_token'"),
     ("greedy", TypeError, "params must be a SamplingParams .* got str"),

@@ -340,6 +340,14 @@ def test_dead_engine_is_503(http, fake):
         assert err["message"] == f"engine dead: {DEAD_REASON}"  # said once
 
 
+def test_stop_null_is_no_stop_strings(http, fake):
+    for path, body in (("/v1/completions", {"prompt": "p"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+        resp = http.post(path, json={**body, "max_tokens": 2, "stop": None})
+        assert resp.status_code == 200, resp.text
+        assert fake.calls[-1].params.stop == []
+
+
 def test_a_lost_connection_is_503_until_reconnected(http, fake):
     """A stalled engine dropped the connection: the server says so and is ready again once its
     client has reconnected (no restart)."""

@@ -80,6 +80,15 @@ def test_n_completions_per_prompt(llm):
     assert greedy[0]["token_ids"] == greedy[1]["token_ids"]
 
 
+def test_stop_none_is_no_stop_strings(llm):
+    """As in vLLM: SamplingParams(stop=None), or a dict saying so, stops on nothing."""
+    plain = tokens(llm.generate("The capital", GREEDY, use_tqdm=False))
+    none = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, stop=None)
+    as_dict = {"temperature": 0, "max_tokens": 6, "ignore_eos": True, "stop": None}
+    assert tokens(llm.generate("The capital", none, use_tqdm=False)) == plain
+    assert tokens(llm.generate("The capital", as_dict, use_tqdm=False)) == plain
+
+
 def test_a_closed_llm_says_so(tiny_qwen3_dir):
     llm = LLM(**tiny_engine(tiny_qwen3_dir))
     assert len(llm.generate("hi", GREEDY, use_tqdm=False)) == 1
