@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 
 from protocol import ErrorKind, FinishReason, RequestError
 from protocol.kv_handoff import (
@@ -35,6 +34,7 @@ from protocol.kv_handoff import (
     KVExport,
     KVLanded,
 )
+from scheduler_proc.handoff_entries import HandoffCounters, InEntry, OutEntry
 from scheduler_proc.sequence import Sequence, SequenceStatus
 from scheduler_proc.state import SchedulerState
 from scheduler_proc.stats import request_metrics
@@ -42,39 +42,6 @@ from scheduler_proc.stats import request_metrics
 HANDOFF, FINISHED = SequenceStatus.HANDOFF, SequenceStatus.FINISHED
 MAX_REFUSED_IDS = 4096
 """Ids aborted on a decode replica before their offer arrived, remembered to refuse it."""
-
-
-@dataclass(slots=True)
-class _Out:
-    seq: Sequence
-    decode_replica: int
-    num_blocks: int
-    dest: list[int] | None = None
-    accepted_s: float = 0.0
-    exported: bool = False
-
-
-@dataclass(slots=True)
-class _In:
-    seq: Sequence
-    prefill_replica: int
-    after_step: int
-    """The last plan sent before the blocks were allocated: the accept waits for its result."""
-    accept_sent_s: float | None = None
-    ranks: set[int] = field(default_factory=set)
-    num_bytes: int = 0
-
-
-@dataclass(slots=True)
-class HandoffCounters:
-    handoffs_out: int = 0
-    handoffs_in: int = 0
-    failures: int = 0
-    blocks_out: int = 0
-    bytes_out: int = 0
-    blocks_in: int = 0
-    bytes_in: int = 0
-    transfer_s: float = 0.0
 
 
 class Handoffs:
@@ -93,11 +60,11 @@ class Handoffs:
         """Sequences in a hand-off (status HANDOFF): not among the scheduler's own (running,
         waiting, fair shares) while they hold blocks between replicas."""
         self.client_keys: dict[int, str] = {}
-        self.out: dict[int, _Out] = {}
+        self.out: dict[int, OutEntry] = {}
         self.export_queue: deque[int] = deque()
         self.blocks_exporting = 0
         self.offers: deque[HandoffOffer] = deque()
-        self.incoming: dict[int, _In] = {}
+        self.incoming: dict[int, InEntry] = {}
         self.landed: deque[Sequence] = deque()
         self.refused: OrderedDict[int, None] = OrderedDict()
 
@@ -132,7 +99,7 @@ class Handoffs:
             state.drops.append(seq.seq_id)
             seq.on_worker = False
         num_blocks = state.block_manager.blocks_for(seq.num_computed)
-        self.out[seq.seq_id] = _Out(seq, seq.decode_replica, num_blocks)
+        self.out[seq.seq_id] = OutEntry(seq, seq.decode_replica, num_blocks)
         first = seq.first_scheduled_s
         self.peer_out.append((seq.decode_replica, HandoffOffer(
             seq.seq_id, self.replica, seq.token_ids, seq.num_prompt_tokens, seq.num_computed,
@@ -170,7 +137,7 @@ class Handoffs:
             entry.exported = True
             self.blocks_exporting += n
 
-    def _end_out(self, rid: int) -> _Out | None:
+    def _end_out(self, rid: int) -> OutEntry | None:
         entry = self.out.pop(rid, None)
         if entry is None:
             return None
@@ -259,7 +226,7 @@ class Handoffs:
             seq.num_host_prompt = msg.host_prompt_tokens
             seq.num_preemptions = msg.preemptions
             self.seqs[seq.seq_id] = seq
-            self.incoming[seq.seq_id] = _In(seq, msg.prefill_replica, state.next_step_id - 1)
+            self.incoming[seq.seq_id] = InEntry(seq, msg.prefill_replica, state.next_step_id - 1)
 
     def on_landed(self, msg: KVLanded) -> None:
         entry = self.incoming.get(msg.request_id)
@@ -285,7 +252,7 @@ class Handoffs:
         self.peer_out.append((entry.prefill_replica, HandoffRelease(
             seq.seq_id, True, entry.num_bytes, seq.kv_transfer_s)))
 
-    def _give_up(self, entry: _In, why: str) -> None:
+    def _give_up(self, entry: InEntry, why: str) -> None:
         self.counters.failures += 1
         self.drop(entry.seq)
         self.peer_out.append((entry.prefill_replica,
