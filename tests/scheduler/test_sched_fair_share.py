@@ -110,3 +110,25 @@ def test_one_client_keeps_first_come_first_served():
     c = FinishOrder()
     drive(sched, worker, c)
     assert c.finished == [0, 1, 2, 3, 4, 5] and sched.stats().preemptions == 0
+
+
+def test_two_flooding_clients_settle_at_equal_shares_without_thrashing():
+    # The hog holds all four slots when the second client floods too: two preemptions even
+    # the shares, and from then on each client holds two slots until its backlog runs out.
+    sched, worker = flooded(max_seqs=4, hog_requests=40)
+    c = FinishOrder()
+    for _ in range(3):
+        step(sched, worker, c)
+    for rid in range(1000, 1040):
+        sched.add_request(make_request(rid, 8, max_tokens=100, ignore_eos=True, client=VICTIM))
+    shares = []
+
+    def note_shares(s, _step):
+        clients = s.waiting.clients
+        if HOG in clients and VICTIM in clients and clients[HOG].waiting \
+                and clients[VICTIM].waiting:
+            shares.append((clients[HOG].running, clients[VICTIM].running))
+
+    drive(sched, worker, c, hook=note_shares)
+    assert sched.stats().preemptions == 2
+    assert shares[0] == (3, 1) and set(shares[1:]) == {(2, 2)}, shares[:5]
