@@ -143,12 +143,22 @@ def newest_of(running: list[Sequence], c: Client, start: int) -> int | None:
 
 
 def pressure_victim(queues: WaitingQueues, running: list[Sequence], growing: Sequence) -> int:
-    """The Pool pressure rule: the index of the sequence to preempt so that `growing` fits,
-    at or after `growing` in `running` (those before it are planned already): the tail when
-    one client runs, or when the largest client holds none there."""
+    """The Pool pressure rule: the index of the sequence to preempt so that `growing` fits:
+    the newest of the client holding the most among `growing` and the sequences after it
+    (those before it are planned already), else the tail; the tail when one client runs."""
     last = len(running) - 1
     if len(queues.clients) < 2:
         return last
     donor = queues.largest()
     i = None if donor is None else newest_of(running, donor, running.index(growing))
     return last if i is None else i
+
+
+class _Hole:
+    """Stands in the running list for a sequence preempted while the planner walks it."""
+
+    __slots__ = ()
+    client = None
+
+
+HOLE = _Hole()
