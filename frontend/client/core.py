@@ -46,9 +46,10 @@ CONNECT_TIMEOUT_S = 60.0
 DISCONNECT_GRACE_S = 3.0
 """After a lost connection, how long to wait for the pipeline's EngineDead (which names the
 process that died and why) before failing requests with a bare "lost the connection"."""
-RECONNECT_RETRY_S = 10.0
-"""A reconnecting handshake not done in this long starts over on new sockets (a peer that is
-still stalled holds it; one that came back answers within milliseconds)."""
+RECONNECT_RETRY_S = 30.0
+"""A reconnecting handshake not done in this long starts over on new sockets. A peer that is
+still stalled holds it (its socket accepts, it does not answer), one that came back answers
+within milliseconds; zmq itself gives up a silent handshake after 30 s."""
 REFUSALS_BEFORE_FAILING = 3
 """Refused connection attempts (zmq retries every ~100 ms) before the handshake gives up:
 nothing listens there. More than one, so a listener's momentarily full backlog is no error."""
