@@ -308,8 +308,8 @@ def _admit_landed(state: SchedulerState, batch: _StepBatch, budget: int) -> int:
         if bm.allocate(seq, computed + n) is None:
             break
         landed.popleft()
+        state.handoffs.admitted(seq)
         seq.status = RUNNING
-        seq.client.running += 1
         running.append(seq)
         batch.new_seqs.append(NewSequence(
             seq.seq_id, _known_tokens(seq), seq.num_prompt_tokens, computed, n,
