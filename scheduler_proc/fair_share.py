@@ -10,7 +10,8 @@ name an HTTP caller gives). The rule, by sequences (slots), not by tokens:
   than the largest client takes one slot from it: the largest client's most recently
   admitted sequence is preempted (one per step).
 - Pool pressure: when a running sequence cannot grow, the sequence preempted is the most
-  recently admitted one of the client holding the most, not simply the newest overall.
+  recently admitted one of the client holding the most, among the growing one and those
+  the step has not planned yet (else the newest overall).
 
 One client alone sees exactly the old behaviour: one FIFO, the newest preempted first.
 Each admission costs O(waiting clients); a preemption O(clients) plus a scan back from the
