@@ -10,7 +10,8 @@ name an HTTP caller gives). The rule, by sequences (slots), not by tokens:
   than the largest client takes one slot from it: the largest client's most recently
   admitted sequence is preempted (one per step).
 - Pool pressure: when a running sequence cannot grow, the sequence preempted is the most
-  recently admitted one of the client holding the most, not simply the newest overall.
+  recently admitted one of the client holding the most, among the growing one and those
+  the step has not planned yet (else the newest overall).
 
 One client alone sees exactly the old behaviour: one FIFO, the newest preempted first.
 Each admission costs O(waiting clients); a preemption O(clients) plus a scan back from the
@@ -143,12 +144,22 @@ def newest_of(running: list[Sequence], c: Client, start: int) -> int | None:
 
 
 def pressure_victim(queues: WaitingQueues, running: list[Sequence], growing: Sequence) -> int:
-    """The Pool pressure rule: the index of the sequence to preempt so that `growing` fits,
-    at or after `growing` in `running` (those before it are planned already): the tail when
-    one client runs, or when the largest client holds none there."""
+    """The Pool pressure rule: the index of the sequence to preempt so that `growing` fits:
+    the newest of the client holding the most among `growing` and the sequences after it
+    (those before it are planned already), else the tail; the tail when one client runs."""
     last = len(running) - 1
     if len(queues.clients) < 2:
         return last
     donor = queues.largest()
     i = None if donor is None else newest_of(running, donor, running.index(growing))
     return last if i is None else i
+
+
+class _Hole:
+    """Stands in the running list for a sequence preempted while the planner walks it."""
+
+    __slots__ = ()
+    client = None
+
+
+HOLE = _Hole()

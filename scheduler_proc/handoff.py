@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 
 from protocol import ErrorKind, FinishReason, RequestError
 from protocol.kv_handoff import (
@@ -35,45 +34,14 @@ from protocol.kv_handoff import (
     KVExport,
     KVLanded,
 )
+from scheduler_proc.handoff_entries import HandoffCounters, InEntry, OutEntry
 from scheduler_proc.sequence import Sequence, SequenceStatus
 from scheduler_proc.state import SchedulerState
+from scheduler_proc.stats import request_metrics
 
 HANDOFF, FINISHED = SequenceStatus.HANDOFF, SequenceStatus.FINISHED
 MAX_REFUSED_IDS = 4096
 """Ids aborted on a decode replica before their offer arrived, remembered to refuse it."""
-
-
-@dataclass(slots=True)
-class _Out:
-    seq: Sequence
-    decode_replica: int
-    num_blocks: int
-    dest: list[int] | None = None
-    accepted_s: float = 0.0
-    exported: bool = False
-
-
-@dataclass(slots=True)
-class _In:
-    seq: Sequence
-    prefill_replica: int
-    after_step: int
-    """The last plan sent before the blocks were allocated: the accept waits for its result."""
-    accept_sent_s: float | None = None
-    ranks: set[int] = field(default_factory=set)
-    num_bytes: int = 0
-
-
-@dataclass(slots=True)
-class HandoffCounters:
-    handoffs_out: int = 0
-    handoffs_in: int = 0
-    failures: int = 0
-    blocks_out: int = 0
-    bytes_out: int = 0
-    blocks_in: int = 0
-    bytes_in: int = 0
-    transfer_s: float = 0.0
 
 
 class Handoffs:
@@ -88,11 +56,15 @@ class Handoffs:
         self.peer_out: list[tuple[int, object]] = []
         self.worker_out: list[object] = []
         self.counters = HandoffCounters()
-        self.out: dict[int, _Out] = {}
+        self.seqs: dict[int, Sequence] = {}
+        """Sequences in a hand-off (status HANDOFF): not among the scheduler's own (running,
+        waiting, fair shares) while they hold blocks between replicas."""
+        self.client_keys: dict[int, str] = {}
+        self.out: dict[int, OutEntry] = {}
         self.export_queue: deque[int] = deque()
         self.blocks_exporting = 0
         self.offers: deque[HandoffOffer] = deque()
-        self.incoming: dict[int, _In] = {}
+        self.incoming: dict[int, InEntry] = {}
         self.landed: deque[Sequence] = deque()
         self.refused: OrderedDict[int, None] = OrderedDict()
 
@@ -120,11 +92,14 @@ class Handoffs:
         state, now = self.state, time.monotonic()
         seq.status = HANDOFF
         seq.client.running -= 1
+        del state.seqs[seq.seq_id]
+        state.waiting.forget_if_idle(seq.client)
+        self.seqs[seq.seq_id] = seq
         if seq.on_worker:
             state.drops.append(seq.seq_id)
             seq.on_worker = False
         num_blocks = state.block_manager.blocks_for(seq.num_computed)
-        self.out[seq.seq_id] = _Out(seq, seq.decode_replica, num_blocks)
+        self.out[seq.seq_id] = OutEntry(seq, seq.decode_replica, num_blocks)
         first = seq.first_scheduled_s
         self.peer_out.append((seq.decode_replica, HandoffOffer(
             seq.seq_id, self.replica, seq.token_ids, seq.num_prompt_tokens, seq.num_computed,
@@ -162,7 +137,7 @@ class Handoffs:
             entry.exported = True
             self.blocks_exporting += n
 
-    def _end_out(self, rid: int) -> _Out | None:
+    def _end_out(self, rid: int) -> OutEntry | None:
         entry = self.out.pop(rid, None)
         if entry is None:
             return None
@@ -185,26 +160,46 @@ class Handoffs:
         c.handoffs_out += 1
         c.blocks_out += entry.num_blocks
         c.bytes_out += msg.num_bytes
-        state = self.state
-        # The decode replica owns the request now: free silently, no finish of ours.
-        state.block_manager.hash_full_blocks(seq)
-        state.block_manager.free(seq)
+        # The decode replica owns the request now: free silently, no end of ours.
+        self._free(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        bm = self.state.block_manager
+        bm.hash_full_blocks(seq)
+        bm.free(seq)
         seq.status = FINISHED
-        del state.seqs[seq.seq_id]
-        state.waiting.forget_if_idle(seq.client)
+        del self.seqs[seq.seq_id]
+        self.client_keys.pop(seq.seq_id, None)
+
+    def end(self, seq: Sequence, reason: FinishReason, error: RequestError | None) -> None:
+        """End a request this side owns while it is in a hand-off: its final delta and
+        metrics, as SchedulerState.finish does for the others."""
+        self.forget(seq)
+        self._free(seq)
+        seq.finish_reason = reason
+        state = self.state
+        metrics = request_metrics(seq, reason, time.monotonic())
+        state.deltas.add(seq.seq_id, [], reason, error)
+        state.deltas.add_metrics(seq.seq_id, metrics)
+        state.stats.record(metrics)
 
     def _fail(self, seq: Sequence, why: str) -> None:
         self.counters.failures += 1
-        self.out.pop(seq.seq_id, None)
-        self.state.finish(seq, FinishReason.ERROR)
-        self.state.deltas.add(seq.seq_id, [], FinishReason.ERROR,
-                              RequestError(ErrorKind.REQUEST_FAILED, why))
+        self.end(seq, FinishReason.ERROR, RequestError(ErrorKind.REQUEST_FAILED, why))
+
+    def fail_all(self, error: RequestError) -> None:
+        self.offers.clear()
+        for seq in list(self.seqs.values()):
+            if self.owns(seq):
+                self.end(seq, FinishReason.ERROR, error)
+            else:
+                self.drop(seq)
 
     # ------------------------------------------------------------ decode side
 
     def on_offer(self, msg: HandoffOffer) -> None:
         rid = msg.request_id
-        if rid in self.refused or rid in self.state.seqs:
+        if rid in self.refused or rid in self.state.seqs or rid in self.seqs:
             self.refused.pop(rid, None)
             self.peer_out.append((msg.prefill_replica, HandoffCancel(rid)))
             return
@@ -221,7 +216,7 @@ class Handoffs:
             if state.block_manager.allocate(seq, msg.num_computed) is None:
                 return
             self.offers.popleft()
-            seq.client = state.waiting.client(msg.client_key)
+            self.client_keys[seq.seq_id] = msg.client_key
             seq.token_ids.extend(msg.token_ids[msg.num_prompt_tokens:])
             seq.num_computed = msg.num_computed
             seq.status = HANDOFF
@@ -230,8 +225,8 @@ class Handoffs:
             seq.num_cached_prompt = msg.cached_prompt_tokens
             seq.num_host_prompt = msg.host_prompt_tokens
             seq.num_preemptions = msg.preemptions
-            state.seqs[seq.seq_id] = seq
-            self.incoming[seq.seq_id] = _In(seq, msg.prefill_replica, state.next_step_id - 1)
+            self.seqs[seq.seq_id] = seq
+            self.incoming[seq.seq_id] = InEntry(seq, msg.prefill_replica, state.next_step_id - 1)
 
     def on_landed(self, msg: KVLanded) -> None:
         entry = self.incoming.get(msg.request_id)
@@ -257,7 +252,7 @@ class Handoffs:
         self.peer_out.append((entry.prefill_replica, HandoffRelease(
             seq.seq_id, True, entry.num_bytes, seq.kv_transfer_s)))
 
-    def _give_up(self, entry: _In, why: str) -> None:
+    def _give_up(self, entry: InEntry, why: str) -> None:
         self.counters.failures += 1
         self.drop(entry.seq)
         self.peer_out.append((entry.prefill_replica,
@@ -296,19 +291,26 @@ class Handoffs:
             self.worker_out.append(KVCancel([seq.seq_id]))
         self.state.block_manager.free(seq)
         seq.status = FINISHED
-        del self.state.seqs[seq.seq_id]
-        self.state.waiting.forget_if_idle(seq.client)
+        del self.seqs[seq.seq_id]
+        self.client_keys.pop(seq.seq_id, None)
         self.admit_offers()
 
+    def admitted(self, seq: Sequence) -> None:
+        """A landed sequence becomes one of the scheduler's own (step_planner)."""
+        state = self.state
+        del self.seqs[seq.seq_id]
+        seq.client = state.waiting.client(self.client_keys.pop(seq.seq_id, ""))
+        seq.client.running += 1
+        state.seqs[seq.seq_id] = seq
+
     def on_cancel(self, msg: HandoffCancel) -> None:
-        seq = self.state.seqs.get(msg.request_id)
+        seq = self.seqs.get(msg.request_id)
         if seq is None:
-            if self.role == "decode":
+            if self.role == "decode" and msg.request_id not in self.state.seqs:
                 self.refuse(msg.request_id)
-        elif seq.status is HANDOFF and msg.request_id in self.incoming:
+        elif msg.request_id in self.incoming:
             self.drop(seq)
-        elif self.role == "prefill" and seq.status is HANDOFF:
-            self._end_out(msg.request_id)
+        elif self.role == "prefill":
             self._fail(seq, "the decode replica gave the hand-off up")
 
     def tick(self) -> None:
@@ -330,7 +332,5 @@ class Handoffs:
                               f"{self.timeout_s:g} s")
         for entry in list(self.out.values()):
             if entry.dest is not None and now - entry.accepted_s > 2 * self.timeout_s:
-                self._end_out(entry.seq.seq_id)
-                self.peer_out.append((entry.decode_replica, HandoffCancel(entry.seq.seq_id)))
                 self._fail(entry.seq, f"decode replica {entry.decode_replica} did not take "
                            f"the KV within {2 * self.timeout_s:g} s")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from scheduler_proc.state import HANDOFF, RUNNING, WAITING, SchedulerState
+from scheduler_proc.state import RUNNING, WAITING, SchedulerState
 
 
 def check_integrity(state: SchedulerState) -> None:
     """Raise AssertionError if any scheduler or block-pool invariant is broken."""
-    state.block_manager.check_integrity(
-        s.block_table for s in state.seqs.values() if s.status is not WAITING)
+    handing = [] if state.handoffs is None else list(state.handoffs.seqs.values())
+    state.block_manager.check_integrity(s.block_table for s in state.running + handing)
     pending: dict[int, int] = {}
     proposals: dict[int, int] = {}
     for plan in state.inflight:
@@ -26,10 +26,7 @@ def check_integrity(state: SchedulerState) -> None:
         if s.num_computed + s.spec_inflight > len(s.block_table) * state.config.block_size:
             problems.append(f"{s!r} computes past its block table")
     live = {s.seq_id for s in state.waiting} | {s.seq_id for s in state.running}
-    handing = [s for s in state.seqs.values() if s.status is HANDOFF]
-    live |= {s.seq_id for s in handing}
-    if live != set(state.seqs) or len(state.waiting) + len(state.running) + len(handing) != \
-            len(state.seqs):
+    if live != set(state.seqs) or len(state.waiting) + len(state.running) != len(state.seqs):
         problems.append("waiting + running != unfinished sequences")
     for s in state.seqs.values():
         if s.num_pending != pending.get(id(s), 0):

@@ -31,7 +31,7 @@ from scheduler_proc.admission import admission_error, with_resolved_max_tokens
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.fair_share import WaitingQueues
-from scheduler_proc.handoff import HANDOFF, Handoffs
+from scheduler_proc.handoff import Handoffs
 from scheduler_proc.invariants import check_integrity
 from scheduler_proc.plans_in_flight import PacingMeter
 from scheduler_proc.sequence import Sequence
@@ -105,12 +105,10 @@ class Scheduler:
         state = self.state
         for rid in request_ids:
             seq = state.seqs.get(rid)
-            if seq is None:  # already finished, or never admitted: nothing to do
-                if self.handoffs is not None and self.handoffs.role == "decode":
-                    self.handoffs.refuse(rid)  # its offer may be on its way
+            if seq is None and self.handoffs is not None:
+                self._abort_handoff(rid, reason)
                 continue
-            if seq.status is HANDOFF and not self.handoffs.owns(seq):
-                self.handoffs.drop(seq)  # the prefill replica reports its end
+            if seq is None:  # already finished, or never admitted: nothing to do
                 continue
             state.unlink(seq)
             state.finish(seq, reason)
@@ -122,11 +120,25 @@ class Scheduler:
         for seq in list(state.seqs.values()):
             state.finish(seq, ERROR)
             state.deltas.add(seq.seq_id, [], ERROR, error)
+        if self.handoffs is not None:
+            self.handoffs.fail_all(error)
         state.running.clear()
         state.waiting.clear()
         state.inflight.clear()
         state.to_hash.clear()
         return self.pop_deltas()
+
+    def _abort_handoff(self, rid: int, reason: FinishReason) -> None:
+        """An abort for a request in a hand-off here, or not here (yet)."""
+        handoffs = self.handoffs
+        seq = handoffs.seqs.get(rid)
+        if seq is None:
+            if handoffs.role == "decode":
+                handoffs.refuse(rid)  # its offer may be on its way
+        elif handoffs.owns(seq):
+            handoffs.end(seq, reason, None)
+        else:
+            handoffs.drop(seq)  # the prefill replica reports its end
 
     def on_handoff(self, msg: object) -> None:
         """A hand-off message from another replica's scheduler or from a rank."""
@@ -145,7 +157,7 @@ class Scheduler:
             handoffs.on_landed(msg)
 
     def has_unfinished(self) -> bool:
-        return bool(self.state.seqs)
+        return bool(self.state.seqs) or (self.handoffs is not None and bool(self.handoffs.seqs))
 
     def has_inflight(self) -> bool:
         return bool(self.state.inflight)

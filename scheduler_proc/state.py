@@ -26,7 +26,6 @@ from scheduler_proc.token_deltas_columns import TokenDeltasColumns
 RUNNING = SequenceStatus.RUNNING
 WAITING = SequenceStatus.WAITING
 FINISHED = SequenceStatus.FINISHED
-HANDOFF = SequenceStatus.HANDOFF
 
 
 @dataclass(slots=True)
@@ -82,8 +81,6 @@ class SchedulerState:
         """Take an unfinished sequence out of whichever queue holds it."""
         if seq.status is RUNNING:
             self.running.remove(seq)
-        elif seq.status is HANDOFF:
-            self.handoffs.forget(seq)
         else:
             self.waiting.remove(seq)
 

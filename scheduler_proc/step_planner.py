@@ -17,7 +17,7 @@ from protocol import CachedSequences, NewSequence, StepPlan
 from protocol.packed_ints import int32_array
 from protocol.step_messages import NO_MOVES
 from scheduler_proc.block_manager import BlockManager
-from scheduler_proc.fair_share import pressure_victim
+from scheduler_proc.fair_share import HOLE, pressure_victim
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import RUNNING, PlanInFlight, SchedulerState
 from scheduler_proc.swap import plan_swap_in, swap_in
@@ -123,8 +123,10 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
     spec_k = state.config.num_speculative_tokens
 
     # Hot loop (one pass per running sequence per step): locals and bound methods only.
-    # Preemption takes a sequence at or after this one (the tail with one client), so the
-    # entries already planned are never touched.
+    # Preemption takes this sequence or one after it (the tail with one client), so the
+    # entries already planned are never touched. This one, taken from the middle, leaves a
+    # hole (popping it would skip the next entry), and the holes are closed after the loop.
+    holes = False
     for seq in running:
         if budget <= 0:
             break
@@ -152,14 +154,20 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
             alloc = bm.allocate(seq, reach)
             while alloc is None:
                 # The most recently admitted (of the client holding the most).
-                victim = running.pop(pressure_victim(state.waiting, running, seq))
+                i = pressure_victim(state.waiting, running, seq)
+                victim = running[i]
+                if victim is seq and i < len(running) - 1:
+                    running[i] = HOLE
+                    holes = True
+                else:
+                    del running[i]
                 state.preempt(victim)
                 batch.preempted = True
                 if victim is seq:
                     break
                 alloc = bm.allocate(seq, reach)
-            if alloc is None:
-                break
+            if alloc is None:  # this one went: plan the rest
+                continue
             blocks = alloc.new_block_ids
         if n != 1 or blocks:
             others.append((len(ids), n, blocks))
@@ -178,6 +186,8 @@ def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
             add_sampled(seq)
             if spec_k:
                 batch.sampled_spec.append(k)
+    if holes:
+        running[:] = [s for s in running if s is not HOLE]
     batch.num_new = [1] * len(ids)
     batch.new_blocks = [_NO_NEW_BLOCKS] * len(ids)
     for row, n, blocks in others:
@@ -298,8 +308,8 @@ def _admit_landed(state: SchedulerState, batch: _StepBatch, budget: int) -> int:
         if bm.allocate(seq, computed + n) is None:
             break
         landed.popleft()
+        state.handoffs.admitted(seq)
         seq.status = RUNNING
-        seq.client.running += 1
         running.append(seq)
         batch.new_seqs.append(NewSequence(
             seq.seq_id, _known_tokens(seq), seq.num_prompt_tokens, computed, n,

@@ -54,6 +54,9 @@ class StatsRates:
     host_tier: str | None = None
     """The host KV tier in the interval: tokens loaded, blocks stored / loaded, share used;
     None without a tier."""
+    kv_transfer: str | None = None
+    """Prefill/decode hand-offs in the interval (out and in, bytes, waiting, mean transfer
+    time); None on a replica that never took part in one."""
 
     @property
     def idle(self) -> bool:
@@ -82,7 +85,24 @@ def rates(prev: EngineStats, cur: EngineStats) -> StatsRates:
         spec_accepted=(cur.spec_accepted_tokens - prev.spec_accepted_tokens) / proposed
         if (proposed := cur.spec_proposed_tokens - prev.spec_proposed_tokens) else None,
         host_tier=_host_tier(prev, cur),
+        kv_transfer=kv_transfer_text(prev, cur),
     )
+
+
+def kv_transfer_text(prev: EngineStats | None, cur: EngineStats) -> str | None:
+    """Hand-offs since `prev` (since start when None): what went out and came in, what waits,
+    and the mean transfer time of those that landed here."""
+    if not (cur.kv_handoffs_out or cur.kv_handoffs_in or cur.kv_handoffs_out_waiting
+            or cur.kv_handoffs_in_waiting or cur.kv_handoff_failures):
+        return None
+    d = lambda name: getattr(cur, name) - (getattr(prev, name) if prev else 0)  # noqa: E731
+    landed = d("kv_handoffs_in")
+    mean = f", {d('kv_transfer_s') / landed * 1e3:.1f} ms each" if landed else ""
+    return (f"KV hand-offs {d('kv_handoffs_out')} out "
+            f"({d('kv_transfer_bytes_out') / 2**20:,.1f} MiB) / {landed} in "
+            f"({d('kv_transfer_bytes_in') / 2**20:,.1f} MiB){mean}, waiting "
+            f"{cur.kv_handoffs_out_waiting} out / {cur.kv_handoffs_in_waiting} in, failed "
+            f"{d('kv_handoff_failures')}")
 
 
 def _host_tier(prev: EngineStats, cur: EngineStats) -> str | None:
@@ -108,7 +128,8 @@ def format_line(r: StatsRates, device: str = "device") -> str:
             f"running {r.running}, waiting {r.waiting}, KV {r.kv_used:.1%} used, "
             f"prefix hits {hits}, preemptions {r.preemptions}, {device} busy {r.gpu_busy:.1%}"
             + ("" if r.spec_accepted is None else f", spec accepted {r.spec_accepted:.1%}")
-            + ("" if r.host_tier is None else f", {r.host_tier}"))
+            + ("" if r.host_tier is None else f", {r.host_tier}")
+            + ("" if r.kv_transfer is None else f", {r.kv_transfer}"))
 
 
 def print_line(text: str) -> None:

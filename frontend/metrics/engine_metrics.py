@@ -29,7 +29,7 @@ TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
 
 
 GAUGES = ("running", "waiting", "kv_blocks_used", "kv_blocks_total", "host_blocks_used",
-          "host_blocks_total")
+          "host_blocks_total", "kv_handoffs_out_waiting", "kv_handoffs_in_waiting")
 SILENT_AFTER_S = 5.0
 """A replica that published no stats for this long (they come every half second) is down: its
 gauges no longer count, its counters keep their last values."""
@@ -106,12 +106,35 @@ class _LatestStats(Collector):
                 "back from the host tier.", s.host_swaps_in if s else 0)
         yield g("host_tier_usage_perc", "Share of the host KV tier's blocks in use (0..1).",
                 s.host_blocks_used / s.host_blocks_total if s and s.host_blocks_total else 0.0)
+        yield from _kv_transfer(s, g, c)
         finished = CounterMetricFamily(PREFIX + "requests_finished", "Requests finished, by "
                                        "finish reason.", labels=["finished_reason"])
         counts = s.finished_by_reason if s else []
         for reason, name in FINISH_REASON_STRINGS.items():
             finished.add_metric([name], counts[reason] if reason < len(counts) else 0)
         yield finished
+
+
+def _kv_transfer(s: EngineStats | None, g, c) -> Iterator[Metric]:
+    """Prefill/decode disaggregation: the KV that moved between replicas (docs/
+    disaggregation.md); out is counted by prefill replicas, in by decode ones."""
+    v = lambda name: getattr(s, name) if s else 0
+    yield c("kv_transfer_handoffs_out", "Requests whose KV a decode replica took.",
+            v("kv_handoffs_out"))
+    yield c("kv_transfer_handoffs_in", "Requests whose KV landed on a decode replica.",
+            v("kv_handoffs_in"))
+    yield c("kv_transfer_failures", "Hand-offs given up (timeout, refused frames); their "
+            "requests failed.", v("kv_handoff_failures"))
+    for way in ("out", "in"):
+        yield c(f"kv_transfer_blocks_{way}", f"KV blocks transferred {way}.",
+                v(f"kv_transfer_blocks_{way}"))
+        yield c(f"kv_transfer_bytes_{way}", f"KV bytes transferred {way} (all ranks).",
+                v(f"kv_transfer_bytes_{way}"))
+        yield g(f"kv_transfer_waiting_{way}", "Hand-offs not finished on this side "
+                f"({'offered or exporting' if way == 'out' else 'waiting for blocks or KV'}).",
+                v(f"kv_handoffs_{way}_waiting"))
+    yield c("kv_transfer_seconds", "Transfer time summed over the hand-offs in (blocks "
+            "accepted -> landed on every rank).", v("kv_transfer_s"))
 
 
 class EngineMetrics:
@@ -137,6 +160,9 @@ class EngineMetrics:
         self.queue = histogram("request_queue_time_seconds",
                                "Arrival to first scheduled (tokenizing included).",
                                LATENCY_BUCKETS)
+        self.kv_transfer = histogram("kv_transfer_time_seconds", "Per handed-off request: "
+                                     "its KV's transfer from the prefill to the decode "
+                                     "replica.", TOKEN_GAP_BUCKETS)
 
     @property
     def latest(self) -> EngineStats | None:
@@ -166,6 +192,8 @@ class EngineMetrics:
                     self.ttft.observe(m.ttft_s)
                 if m.tpot_s is not None:
                     self.tpot.observe(m.tpot_s)
+                if m.kv_transfer_s is not None:
+                    self.kv_transfer.observe(m.kv_transfer_s)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric now."""

@@ -7,6 +7,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from frontend.engine.stats_log import kv_transfer_text
 from frontend.top.state import RequestView, TopView
 from protocol.engine_messages import EngineStats
 
@@ -50,6 +51,8 @@ def _engine(view: TopView) -> Table:
     grid.add_row("prefix hits", f"{recent} recently   {hits} since start")
     if s.host_blocks_total:
         grid.add_row("host tier", host_tier(s))
+    if (transfer := kv_transfer_text(None, s)) is not None:
+        grid.add_row("KV hand-offs", transfer.removeprefix("KV hand-offs ") + " since start")
     st = view.steps
     grid.add_row("step time", "idle" if st is None else
                  f"{st.step_ms:,.2f} ms/step ({st.steps_per_s:,.1f} steps/s): "

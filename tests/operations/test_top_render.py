@@ -134,3 +134,14 @@ def test_host_tier_moves_are_counted_in_blocks_when_their_size_is_unknown():
     state.on_stats(dataclasses.replace(stats(1.0), host_blocks_stored=12, host_blocks_total=4))
     frame = text(state, 0.0)
     assert "stored 12 blocks   loaded 0 blocks" in frame and "swaps 0 out / 0 in" in frame
+
+
+def test_a_replica_in_hand_offs_shows_what_moved():
+    state = TopState("ipc:///run/tokenizer")
+    state.on_stats(stats(1.0))
+    assert "KV hand-offs" not in text(state, now=1.0)
+    state.on_stats(dataclasses.replace(
+        stats(2.0), kv_handoffs_in=4, kv_transfer_blocks_in=12, kv_transfer_bytes_in=3 << 20,
+        kv_transfer_s=0.02, kv_handoffs_in_waiting=2))
+    assert "KV hand-offs  0 out (0.0 MiB) / 4 in (3.0 MiB), 5.0 ms each, waiting 0 out / 2 " \
+        "in, failed 0 since start" in text(state, now=2.0)

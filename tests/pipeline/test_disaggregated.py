@@ -6,18 +6,27 @@ block held on either side; a killed decode replica fails only its requests, nami
 from __future__ import annotations
 
 import os
+import queue
+import re
 import signal
+import socket
+import subprocess
+import threading
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 import zmq
 from pipeline_config import tiny_engine
+from prometheus_client.parser import text_string_to_metric_families
 
 from frontend import LLM, Client, EngineDeadError
 from protocol import Decoder, SamplingParams
 from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 LONG = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
@@ -139,3 +148,67 @@ def test_killed_decode_replica_fails_only_its_requests(tiny_qwen3_dir):
         assert "replica 2 is down" in pipeline.degraded and pipeline.dead_reason is None
         after = client.generate(prompt_token_ids=[5, 6, 7], params=GREEDY)
         assert len(after.token_ids) == 12 and after.metrics.kv_transfer_s is not None
+
+
+def test_launch_script_serves_transfer_metrics_and_stats_line(tiny_qwen3_dir):
+    """scripts/launch.sh takes the flags; /metrics sums the replicas' kv_transfer series and
+    the per-request transfer histogram; the stats line (replica 0, a prefill one) says what
+    went out."""
+    port = _free_port()
+    launch = [str(ROOT / "scripts" / "launch.sh"), "--model", tiny_qwen3_dir, "--device", "cpu",
+              "--dtype", "float32", "--max-model-len", "256", "--no-http",
+              "--prefill-replicas", "1", "--decode-replicas", "1", "--metrics-port", str(port),
+              "--log-stats-interval", "0.5"]
+    proc = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout],
+                     daemon=True).start()
+
+    def read_until(pattern: str, timeout: float = 120) -> re.Match:
+        deadline, seen = time.monotonic() + timeout, []
+        while time.monotonic() < deadline:
+            try:
+                seen.append(lines.get(timeout=0.1))
+            except queue.Empty:
+                continue
+            if match := re.search(pattern, seen[-1]):
+                return match
+        raise AssertionError(f"{pattern!r} not printed; output:\n{''.join(seen)}")
+
+    try:
+        address = read_until(r"clients connect to: (\S+)").group(1)
+        url = read_until(r"Prometheus metrics: (\S+)").group(1)
+        with Client(address) as client:
+            outs = [client.generate(prompt_token_ids=[3 + i] * 40, params=GREEDY)
+                    for i in range(3)]
+        assert all(o.metrics.kv_transfer_s is not None for o in outs)
+        deadline = time.monotonic() + 20
+        while (got := _samples(url)).get("nanopipe:kv_transfer_time_seconds_count") != 3:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.2)
+        assert got["nanopipe:kv_transfer_handoffs_out_total"] == 3
+        assert got["nanopipe:kv_transfer_handoffs_in_total"] == 3
+        assert got["nanopipe:kv_transfer_blocks_in_total"] == 3 * 3  # 40 tokens: 3 blocks
+        assert got["nanopipe:kv_transfer_bytes_in_total"] == \
+            got["nanopipe:kv_transfer_bytes_out_total"] > 0
+        assert got["nanopipe:kv_transfer_waiting_in"] == got["nanopipe:kv_transfer_waiting_out"] \
+            == 0
+        read_until(r"KV hand-offs [1-3] out \(")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _samples(url: str) -> dict[str, float]:
+    text = httpx.get(url, timeout=30).text
+    return {s.name: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if not s.labels}

@@ -29,6 +29,9 @@ ops = st.lists(
     st.one_of(
         add_op,
         st.tuples(st.just("step"), st.integers(1, 4)),
+        # One client adds a burst: contention between clients (fair share's Room and Pool
+        # pressure rules preempt across clients).
+        st.tuples(st.just("flood"), st.sampled_from(["a", "b"]), st.integers(2, 8)),
         st.tuples(st.just("abort"), st.integers(0, 30)),
         st.tuples(st.just("stop"), st.integers(0, 30)),
     ),
@@ -72,6 +75,12 @@ def test_random_operations_keep_invariants(ops, ahead, caching, num_blocks, batc
                                eos=[1, 2] if with_eos else [], client=client)
             reqs[rid] = req
             sched.add_request(req)
+        elif kind == "flood":
+            for _ in range(op[2]):
+                rid = len(reqs)
+                req = reqs[rid] = make_request(rid, 6 + rid % 7, max_tokens=6 + rid % 11,
+                                               client=op[1])
+                sched.add_request(req)
         elif kind == "step":
             for _ in range(op[1]):
                 one_step()

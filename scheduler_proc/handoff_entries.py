@@ -1,0 +1,46 @@
+"""What one replica remembers of each hand-off in flight (scheduler_proc.handoff)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_proc.sequence import Sequence
+
+
+@dataclass(slots=True)
+class OutEntry:
+    """Prefill side: a sequence offered to a decode replica."""
+
+    seq: Sequence
+    decode_replica: int
+    num_blocks: int
+    dest: list[int] | None = None
+    accepted_s: float = 0.0
+    exported: bool = False
+
+
+@dataclass(slots=True)
+class InEntry:
+    """Decode side: blocks allocated for an offer, waiting for its KV on every rank."""
+
+    seq: Sequence
+    prefill_replica: int
+    after_step: int
+    """The last plan sent before the blocks were allocated: the accept waits for its result."""
+    accept_sent_s: float | None = None
+    ranks: set[int] = field(default_factory=set)
+    num_bytes: int = 0
+
+
+@dataclass(slots=True)
+class HandoffCounters:
+    """Cumulative, for EngineStats' kv_* fields."""
+
+    handoffs_out: int = 0
+    handoffs_in: int = 0
+    failures: int = 0
+    blocks_out: int = 0
+    bytes_out: int = 0
+    blocks_in: int = 0
+    bytes_in: int = 0
+    transfer_s: float = 0.0

@@ -1,0 +1,285 @@
+"""The prefill/decode hand-off state machine, without processes: a prefill and a decode
+Scheduler, each with a FakeWorker, the messages between them passed by hand and the KV
+transfer done by copying the fake KV of the exported blocks into the accepted ones.
+
+The fake decode worker checks every context it reads against the prefix it must hold, so a
+wrong block id, a transfer that lands in the wrong place or too late, or a block reused while
+in flight fails the run."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+
+import pytest
+from fake_worker import FakeWorker, make_request, reference_generate
+
+from protocol import FinishReason, SamplingParams
+from protocol.kv_handoff import HandoffAccept, KVCancel, KVExport, KVLanded
+from scheduler_proc import Scheduler
+from scheduler_proc.config import SchedulerConfig
+
+BS = 4
+MAX_LEN = 96
+
+
+def config(role: str, replica: int, **kw) -> SchedulerConfig:
+    settings = dict(num_kv_blocks=64, block_size=BS, max_model_len=MAX_LEN,
+                    max_num_batched_tokens=24, role=role, replica=replica)
+    settings.update(kw)
+    return SchedulerConfig(**settings)
+
+
+class Pair:
+    """Prefill replica 0 and decode replica 1, driven step by step."""
+
+    def __init__(self, overlap: bool = True, prefill: dict | None = None,
+                 decode: dict | None = None) -> None:
+        self.p = Scheduler(config("prefill", 0, overlap=overlap, **(prefill or {})))
+        self.d = Scheduler(config("decode", 1, overlap=overlap, **(decode or {})))
+        self.wp = FakeWorker(self.p.config.num_kv_blocks, BS)
+        self.wd = FakeWorker(self.d.config.num_kv_blocks, BS)
+        self.results = {id(self.p): deque(), id(self.d): deque()}
+        self.transfers: deque[tuple[int, list, list[int]]] = deque()
+        self.deliver = True
+        self.outputs: dict[int, dict] = {}
+        self.cancelled: list[int] = []
+        self.seen_offers_waiting = False
+
+    def add(self, req) -> None:
+        self.p.add_request(dataclasses.replace(req, decode_replica=1))
+
+    def _collect(self, deltas) -> None:
+        if deltas is None:
+            return
+        for rid, toks, reason, err in zip(deltas.request_ids, deltas.token_ids,
+                                          deltas.finish_reasons, deltas.errors, strict=True):
+            out = self.outputs.setdefault(rid, {"tokens": [], "reason": None, "error": None})
+            if out["reason"] is not None:  # a second end (both replicas saw an abort)
+                assert not toks, f"request {rid}: tokens after its end"
+                continue
+            out["tokens"] += toks
+            out["reason"], out["error"] = reason, err
+
+    def _step(self, sched: Scheduler, worker: FakeWorker) -> bool:
+        q = self.results[id(sched)]
+        depth = sched.config.max_plans_in_flight
+        plan = sched.schedule() if sched.may_plan(len(q)) else None
+        if plan is not None:
+            q.append(worker.execute(plan))
+        if q and (len(q) >= depth or plan is None):
+            self._collect(sched.process_result(q.popleft()))
+        self._collect(sched.pop_deltas())
+        return plan is not None or bool(q)
+
+    def _route(self) -> bool:
+        moved = False
+        for src, dst in ((self.p, self.d), (self.d, self.p)):
+            h = src.handoffs
+            h.tick()
+            out, h.peer_out = h.peer_out, []
+            for _, msg in out:
+                dst.on_handoff(msg)
+                moved = True
+            for msg in h.worker_out:
+                if isinstance(msg, KVExport):  # the gather: reads the prefill pool now
+                    data = [self.wp.kv[b * BS:(b + 1) * BS] for b in msg.block_ids]
+                    self.transfers.append((msg.request_id, data, msg.dest_block_ids))
+                elif isinstance(msg, KVCancel):
+                    self.cancelled += msg.request_ids
+                    self.transfers = deque(t for t in self.transfers
+                                           if t[0] not in msg.request_ids)
+            moved |= bool(h.worker_out)
+            h.worker_out.clear()
+            self._collect(src.pop_deltas())
+            self._collect(dst.pop_deltas())
+        self.seen_offers_waiting |= bool(self.d.handoffs.offers)
+        return moved
+
+    def _land(self) -> bool:
+        if not self.deliver or not self.transfers:
+            return False
+        rid, data, dest = self.transfers.popleft()
+        for block, values in zip(dest, data, strict=True):
+            self.wd.kv[block * BS:(block + 1) * BS] = values
+        self.d.on_handoff(KVLanded(rid, 0, len(dest) * 100))
+        return True
+
+    def run(self, until=None, max_rounds: int = 20_000) -> None:
+        for _ in range(max_rounds):
+            for action in (lambda: self._step(self.p, self.wp), self._route,
+                           lambda: self._step(self.d, self.wd), self._route, self._land):
+                busy = action()
+                if until is not None and until():
+                    return
+            self.p.check_integrity()
+            self.d.check_integrity()
+            if until is None and not busy and not self.p.has_unfinished() \
+                    and not self.d.has_unfinished() and not self.transfers:
+                if not any(self.results.values()):
+                    return
+        raise AssertionError("the pair did not finish")
+
+    def assert_all_free(self) -> None:
+        for sched in (self.p, self.d):
+            bm = sched.block_manager
+            assert bm.num_free == bm.num_blocks, sched.config.role
+            assert not sched.seqs and not sched.handoffs.waiting
+
+
+def requests() -> list:
+    shared = [(3 * i) % 60 + 1 for i in range(16)]
+    reqs = [make_request(i, 5 + 7 * i, max_tokens=6 + i % 3, eos=[63]) for i in range(6)]
+    reqs += [make_request(10 + i, shared + [i + 1, 2], max_tokens=5) for i in range(3)]
+    reqs.append(make_request(20, 9, max_tokens=1))  # ended by its first token: never handed off
+    return reqs
+
+
+def expected(req) -> tuple[list[int], FinishReason]:
+    return reference_generate(list(req.prompt_token_ids), req.params, req.eos_token_ids, MAX_LEN)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_tokens_are_those_of_one_engine(overlap):
+    pair = Pair(overlap)
+    reqs = requests()
+    for req in reqs:
+        pair.add(req)
+    pair.run()
+    for req in reqs:
+        out = pair.outputs[req.request_id]
+        assert (out["tokens"], out["reason"]) == expected(req), req.request_id
+    c_out, c_in = pair.p.handoffs.counters, pair.d.handoffs.counters
+    assert c_out.handoffs_out == c_in.handoffs_in == len(reqs) - 1
+    assert c_out.blocks_out == c_in.blocks_in and c_out.bytes_out == c_in.bytes_in > 0
+    assert pair.p.stats().cached_prompt_tokens > 0  # the shared prefix hit on the prefill side
+    pair.assert_all_free()
+
+
+def test_offers_wait_for_room_on_the_decode_replica():
+    pair = Pair(decode={"num_kv_blocks": 24})  # MAX_LEN fits, a few sequences at once
+    reqs = [make_request(i, 40, max_tokens=40, ignore_eos=True) for i in range(6)]
+    for req in reqs:
+        pair.add(req)
+    pair.run()
+    assert pair.seen_offers_waiting
+    for req in reqs:
+        assert pair.outputs[req.request_id]["tokens"] == expected(req)[0]
+    pair.assert_all_free()
+
+
+def test_prefill_exports_within_the_bound_on_blocks_in_flight():
+    pair = Pair(prefill={"max_transfer_blocks": 12})
+    pair.deliver = False
+    reqs = [make_request(i, 30, max_tokens=4) for i in range(4)]  # 8 blocks each
+    for req in reqs:
+        pair.add(req)
+    pair.run(until=lambda: len(pair.transfers) == 1 and not pair.p.waiting
+             and not pair.p.running and not pair.d.handoffs.offers and all(
+                 e.dest is not None for e in pair.p.handoffs.out.values()))
+    assert pair.p.handoffs.blocks_exporting == 8 and len(pair.p.handoffs.export_queue) == 3
+    pair.deliver = True
+    pair.run()
+    for req in reqs:
+        assert pair.outputs[req.request_id]["tokens"] == expected(req)[0]
+    pair.assert_all_free()
+
+
+def _phase(pair: Pair, rid: int, phase: str) -> bool:
+    p, d = pair.p.handoffs, pair.d.handoffs
+    seq = d.seqs.get(rid) or pair.d.seqs.get(rid)
+    return {
+        "offered": rid in p.out and p.out[rid].dest is None,
+        "in transfer": any(t[0] == rid for t in pair.transfers),
+        "landed": seq is not None and seq in d.landed,
+        "decoding": seq is not None and seq in pair.d.running,
+    }[phase]
+
+
+@pytest.mark.parametrize("phase", ["offered", "in transfer", "landed", "decoding"])
+@pytest.mark.parametrize("decode_first", [False, True])
+def test_an_abort_anywhere_ends_the_request_once_and_frees_every_block(phase, decode_first):
+    pair = Pair()
+    reqs = [make_request(i, 13, max_tokens=12, ignore_eos=True) for i in range(3)]
+    for req in reqs:
+        pair.add(req)
+    pair.run(until=lambda: _phase(pair, 1, phase))
+    order = (pair.d, pair.p) if decode_first else (pair.p, pair.d)
+    for sched in order:  # the router sends the abort to both replicas
+        sched.abort([1])
+    pair.run()
+    out = pair.outputs[1]
+    assert out["reason"] == FinishReason.ABORT and out["error"] is None
+    assert out["tokens"] == expected(reqs[1])[0][:len(out["tokens"])]
+    for req in (reqs[0], reqs[2]):
+        assert pair.outputs[req.request_id]["tokens"] == expected(req)[0]
+    pair.assert_all_free()
+
+
+def test_abort_reaching_the_decode_replica_before_the_offer_refuses_it():
+    pair = Pair()
+    req = make_request(0, 9, max_tokens=5)
+    pair.add(req)
+    pair.d.abort([0])  # unknown there yet: remembered
+    pair.run(until=lambda: 0 in pair.p.handoffs.out)
+    pair.p.abort([0])
+    pair.run()
+    assert pair.outputs[0]["reason"] == FinishReason.ABORT
+    pair.assert_all_free()
+
+
+def test_a_transfer_that_never_lands_fails_its_request_naming_both_replicas():
+    pair = Pair(decode={"transfer_timeout_s": 0.0})
+    pair.deliver = False
+    ok, lost = make_request(0, 9, max_tokens=4), make_request(1, 11, max_tokens=4)
+    pair.add(lost)
+    pair.run()
+    out = pair.outputs[1]
+    assert out["reason"] == FinishReason.ERROR
+    assert "prefill replica 0" in out["error"].message
+    assert "decode replica 1" in out["error"].message
+    assert pair.cancelled == [1]  # the decode ranks drop its frames if they come late
+    assert pair.d.handoffs.counters.failures == 1
+    pair.assert_all_free()
+    pair.deliver = True
+    pair.d.handoffs.timeout_s = 30.0
+    pair.add(ok)
+    pair.run()
+    assert pair.outputs[0]["tokens"] == expected(ok)[0]
+
+
+def test_the_accept_waits_for_the_plans_in_flight_at_allocation():
+    d = Scheduler(config("decode", 1))
+    worker = FakeWorker(64, BS)
+    d.add_request(make_request(5, 6, max_tokens=20, ignore_eos=True))
+    in_flight = worker.execute(d.schedule())
+    pair = Pair()
+    pair.add(make_request(0, 9, max_tokens=5))
+    pair.run(until=lambda: bool(pair.p.handoffs.peer_out))
+    offer = pair.p.handoffs.peer_out[0][1]
+    d.on_handoff(offer)
+    d.handoffs.tick()
+    assert not d.handoffs.peer_out  # a plan sent before the allocation may still write
+    d.process_result(in_flight)
+    d.handoffs.tick()
+    [(to, accept)] = d.handoffs.peer_out
+    assert to == 0 and isinstance(accept, HandoffAccept) and len(accept.block_ids) == 3
+
+
+def test_a_request_without_a_decode_replica_is_served_whole_on_the_prefill_replica():
+    pair = Pair()
+    req = make_request(0, 9, max_tokens=6, eos=[63])
+    pair.p.add_request(req)  # decode_replica -1: structured outputs, for one
+    pair.run()
+    assert (pair.outputs[0]["tokens"], pair.outputs[0]["reason"]) == expected(req)
+    assert pair.p.handoffs.counters.handoffs_out == 0
+
+
+def test_params_travel_resolved():
+    pair = Pair()
+    req = make_request(0, 9, max_tokens=None)
+    pair.add(req)
+    pair.run(until=lambda: bool(pair.p.handoffs.peer_out))
+    offer = pair.p.handoffs.peer_out[0][1]
+    assert isinstance(offer.params, SamplingParams) and offer.params.max_tokens == MAX_LEN - 9
+    assert offer.num_computed == 9 and len(offer.token_ids) == 10 and offer.num_blocks == 3
