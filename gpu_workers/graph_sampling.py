@@ -3,7 +3,7 @@
 A decode step of a small model costs the host more than the device (`nanopipe profile host`):
 outside a graph, its sampling is a dozen torch ops and two Triton launches after the forward.
 With one tensor-parallel rank and the one-pass sampler, each decode graph size also captures
-the LM head and the sampler (gpu_workers.cuda_graphs); a step takes that path when every
+the LM head and the sampler (gpu_workers.decode_graphs); a step takes that path when every
 entry samples and its rows need nothing but temperature and seeds. That is decided from the
 mirror's columns before the batch is built, so the sampler's inputs travel in the batch's
 one copy.
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from gpu_workers.batch import seeded_draws
-from gpu_workers.cuda_graphs import DecodeGraphs, SampleFn
+from gpu_workers.decode_graphs import DecodeGraphs, SampleFn
 from gpu_workers.sampler import Sampler
 from gpu_workers.sequence_table import SequenceTable
 from kernels.sampling import sample_from_logits

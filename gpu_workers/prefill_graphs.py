@@ -23,7 +23,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from gpu_workers.cuda_graphs import record
+from gpu_workers.decode_graphs import record
 from gpu_workers.layers.attention import AttentionBatch
 from gpu_workers.static_inputs import StaticInputs, into_static
 from gpu_workers.token_layout import layout_inputs

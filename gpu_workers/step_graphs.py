@@ -1,6 +1,6 @@
 """Every CUDA graph of the target model, and which one (if any) runs a step.
 
-- decode: every entry computes one token (gpu_workers.cuda_graphs, bucketed entry counts);
+- decode: every entry computes one token (gpu_workers.decode_graphs, bucketed entry counts);
 - verify: every entry decodes and verifies up to K speculative proposals, laid out as 1 + K
   tokens each (the same class with q_per_seq = 1 + K; only with speculation on);
 - prefill: a few entries and up to a couple of thousand tokens in all
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from gpu_workers.config import WorkerConfig
-from gpu_workers.cuda_graphs import DecodeGraphs, SampleFn
+from gpu_workers.decode_graphs import DecodeGraphs, SampleFn
 from gpu_workers.prefill_graphs import PrefillGraphs
 
 GraphKey = int | tuple[int, int]
@@ -26,7 +26,7 @@ class StepGraphs:
     def __init__(self, model: torch.nn.Module, config: WorkerConfig, device: torch.device,
                  progress: Callable[[str], None], sample: SampleFn | None = None) -> None:
         """sample: how decode steps' rows become tokens, captured after each decode graph
-        (gpu_workers.cuda_graphs); None keeps sampling out of the graphs."""
+        (gpu_workers.decode_graphs); None keeps sampling out of the graphs."""
         c = config
         progress("capturing CUDA graphs for decode")
         self.decode = DecodeGraphs(model, c.max_num_seqs, c.max_blocks_per_seq,

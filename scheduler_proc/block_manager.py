@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -197,24 +198,31 @@ class BlockManager:
 
     def check_integrity(self, block_tables: Iterable[list[int]]) -> None:
         """Raise AssertionError unless: every block is free xor held, refcount == number of
-        block tables holding it, free + held == total, and the hash index is consistent."""
-        holders = [0] * self.num_blocks
+        block tables holding it, free + held == total, and the hash index is consistent.
+
+        The scheduler runs this whenever it goes idle, and a small model's pool on a large GPU
+        has millions of blocks: Python loops go over the held blocks only, and each pass over
+        the whole pool or index runs in C (list.count, map)."""
+        n, refs, free = self.num_blocks, self.ref_counts, self.free_blocks
+        holders: dict[int, int] = {}
         for table in block_tables:
             for b in table:
-                holders[b] += 1
+                holders[b] = holders.get(b, 0) + 1
         problems = []
-        if holders != self.ref_counts:
-            bad = [b for b in range(self.num_blocks) if holders[b] != self.ref_counts[b]]
+        held = n - refs.count(0)
+        if held != len(holders) or any(refs[b] != k for b, k in holders.items()):
+            bad = [b for b in range(n) if holders.get(b, 0) != refs[b]]
             problems.append(f"refcount != holders for blocks {bad[:10]}")
-        held = sum(1 for r in self.ref_counts if r > 0)
-        free_ok = all(self.ref_counts[b] == 0 for b in self.free_blocks)
-        if not free_ok or held + len(self.free_blocks) != self.num_blocks:
-            problems.append(f"free {len(self.free_blocks)} + held {held} != {self.num_blocks}")
-        for h, b in self.hash_to_block.items():
-            if self.block_hashes[b] != h or self.block_keys[b] is None:
-                problems.append(f"index maps hash {h:#x} to block {b} which has another hash")
-        indexed = sum(1 for h in self.block_hashes if h != _NO_HASH)
-        if indexed != len(self.hash_to_block):
-            problems.append(f"{indexed} hashed blocks but {len(self.hash_to_block)} index entries")
+        # The free blocks are the others: none of them held, and as many as are left.
+        if any(b in free for b in holders) or held + len(free) != n:
+            problems.append(f"free {len(free)} + held {held} != {n}")
+        index, hashes, keys = self.hash_to_block, self.block_hashes, self.block_keys
+        if (not all(map(operator.eq, map(hashes.__getitem__, index.values()), index))
+                or None in map(keys.__getitem__, index.values())):
+            problems += [f"index maps hash {h:#x} to block {b} which has another hash"
+                         for h, b in index.items() if hashes[b] != h or keys[b] is None]
+        indexed = n - hashes.count(_NO_HASH)
+        if indexed != len(index):
+            problems.append(f"{indexed} hashed blocks but {len(index)} index entries")
         if problems:
             raise AssertionError("; ".join(problems))

@@ -57,6 +57,8 @@ log = logging.getLogger("nanopipe.scheduler")
 
 HANDOFF_MESSAGES = (HandoffOffer, HandoffAccept, HandoffRelease, HandoffCancel, KVLanded)
 POLL_MS = 100
+IDLE_CHECK_AFTER_S = 1.0
+"""How long the loop stays without work before it checks the scheduler's invariants."""
 CLOSE_DRAIN_S = 1.0
 """How long closing waits for frames that no peer could take yet (the workers' Shutdown)."""
 
@@ -180,6 +182,7 @@ class SchedulerLoop:
     def run(self) -> None:
         sched = self.sched
         was_busy = False
+        idle_since: float | None = None
         while not self.shutdown and self.rt.stop_reason is None:
             # Take everything already here: results first free blocks for the next plan.
             self._take_arrived()
@@ -190,14 +193,20 @@ class SchedulerLoop:
                     self.timeline.mark(plan.step_id, "plan_out")  # encoding is the hop's
                     self.outbox.send(self.to_workers, plan)
                     self.plans_in_flight += 1
-                    was_busy = True
+                    was_busy, idle_since = True, None
                     self._flush_deltas()
                     # Overlap: go straight on to plan N+1 (and N+2: plans_ahead) while N runs.
                     continue
             self._flush_deltas()
             if was_busy and self.plans_in_flight == 0 and not sched.has_unfinished():
-                was_busy = False
-                self._check_idle()
+                # The integrity check goes over the whole pool: it waits for a quiet spell,
+                # so a light load does not pay it per request nor a new one wait behind it.
+                now = time.monotonic()
+                if idle_since is None:
+                    idle_since = now
+                elif now - idle_since >= IDLE_CHECK_AFTER_S:
+                    was_busy = False
+                    self._check_idle()
             self._wait()
         if self.shutdown:
             self.outbox.send(self.to_workers, Shutdown("scheduler shutting down"))

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_workers.config import ModelConfig, WorkerConfig
-from gpu_workers.cuda_graphs import DecodeGraphs
+from gpu_workers.decode_graphs import DecodeGraphs
 from gpu_workers.kv_cache import KVCache, bytes_per_block
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.cpu_linear import use_onednn_weights

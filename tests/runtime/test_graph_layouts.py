@@ -87,7 +87,7 @@ def test_padded_prefill_layout_matches_the_ragged_one(tiny_qwen3_dir):
 def test_a_decode_step_laid_out_in_its_staged_inputs_equals_the_fresh_layout():
     """Written in place, every element of the graph's segments is set (the staging memory
     holds an earlier step's values), and each segment equals the fresh arrays' part."""
-    from gpu_workers.cuda_graphs import input_capacities
+    from gpu_workers.decode_graphs import input_capacities
     from gpu_workers.sequence_table import SequenceTable
     from gpu_workers.static_inputs import StaticInputs
     from gpu_workers.token_layout import PART_NAMES, lay_out

@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_sampler_fast import batch, logits
 
-from gpu_workers.cuda_graphs import DecodeGraphs
+from gpu_workers.decode_graphs import DecodeGraphs
 from gpu_workers.graph_sampling import graph_sample_inputs, sample_inputs
 from gpu_workers.sampler import Sampler, row_seed
 from gpu_workers.sequence_table import SequenceTable
@@ -94,7 +94,7 @@ def test_a_decode_step_drawn_in_the_graph_equals_one_drawn_after_it(tiny_qwen3_d
     from rt_planner import Planner
     from test_gpu_prefill_graphs import _runner
 
-    from gpu_workers.cuda_graphs import DecodeGraphs
+    from gpu_workers.decode_graphs import DecodeGraphs
 
     drawn_in_graph = []
     sample_step = DecodeGraphs.sample_step

@@ -155,13 +155,13 @@ def test_graph_steps_with_lookahead_on_the_cpu(tiny_qwen3_dir, monkeypatch):
     import torch
     from test_static_inputs import _record_eagerly
 
-    import gpu_workers.cuda_graphs as cuda_graphs
+    import gpu_workers.decode_graphs as decode_graphs
     import gpu_workers.model_runner as model_runner
     import gpu_workers.prefill_graphs as prefill_graphs
     from gpu_workers.graph_sampling import graph_sample_fn
     from gpu_workers.step_graphs import StepGraphs
 
-    for module in (cuda_graphs, prefill_graphs):
+    for module in (decode_graphs, prefill_graphs):
         monkeypatch.setattr(module, "record", _record_eagerly)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     replays, drawn, patched = [], [], []

@@ -10,7 +10,7 @@ import torch
 from rt_helpers import BLOCK_SIZE, make_runner
 
 from gpu_workers.batch import build_batch
-from gpu_workers.cuda_graphs import input_capacities
+from gpu_workers.decode_graphs import input_capacities
 from gpu_workers.pending_step import PendingStep, patch_in_flight, pending_patch
 from gpu_workers.static_inputs import ALIGN, StaticInputs, send_named
 from gpu_workers.token_layout import entry_offsets
@@ -139,9 +139,9 @@ def test_decode_graphs_read_the_batch_built_into_their_inputs(tiny_qwen3_dir, mo
     """Two decode steps through DecodeGraphs with an eager stand-in for capture: each replay
     reads the step built into its size's inputs (no copies), the sampling graph reads the
     step's inverse temperatures and seeds, and inputs built elsewhere are copied in."""
-    import gpu_workers.cuda_graphs as cuda_graphs
+    import gpu_workers.decode_graphs as decode_graphs
 
-    monkeypatch.setattr(cuda_graphs, "record", _record_eagerly)
+    monkeypatch.setattr(decode_graphs, "record", _record_eagerly)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     runner = _decoding_runner(tiny_qwen3_dir)
     table, width = runner.table, runner.config.max_blocks_per_seq
@@ -149,7 +149,7 @@ def test_decode_graphs_read_the_batch_built_into_their_inputs(tiny_qwen3_dir, mo
     def sample(hidden, inv_temperature, seeds):  # anything that reads all three
         return hidden[:, 0].double().mul(inv_temperature).add(seeds).round().long()
 
-    graphs = cuda_graphs.DecodeGraphs(runner.model, 4, width, runner.config.max_model_len,
+    graphs = decode_graphs.DecodeGraphs(runner.model, 4, width, runner.config.max_model_len,
                                       CPU, sample=sample)
     with torch.inference_mode():
         graphs.capture()
@@ -217,10 +217,10 @@ def test_entry_offsets_are_the_layouts_with_proposals_too(tiny_qwen3_dir):
 def test_prefill_graphs_read_the_batch_built_into_their_inputs(tiny_qwen3_dir, monkeypatch):
     """A prefill step through PrefillGraphs with the eager stand-in for capture: the replay
     reads the step built into its bucket's inputs and computes what the ragged step does."""
-    import gpu_workers.cuda_graphs as cuda_graphs
+    import gpu_workers.decode_graphs as decode_graphs
     from gpu_workers.prefill_graphs import PrefillGraphs
 
-    monkeypatch.setattr(cuda_graphs, "record", _record_eagerly)
+    monkeypatch.setattr(decode_graphs, "record", _record_eagerly)
     monkeypatch.setattr("gpu_workers.prefill_graphs.record", _record_eagerly)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     runner = make_runner(tiny_qwen3_dir, attention_backend="triton")

@@ -157,3 +157,14 @@ def test_check_integrity_detects_corruption():
     bm.hash_to_block[123] = 3
     with pytest.raises(AssertionError, match="index"):
         bm.check_integrity([a.block_table])
+    del bm.hash_to_block[123]
+    bm.check_integrity([a.block_table])
+    held = a.block_table[0]
+    bm.free_blocks[held] = None  # held and free at once
+    with pytest.raises(AssertionError, match="free"):
+        bm.check_integrity([a.block_table])
+    del bm.free_blocks[held]
+    lost = next(iter(bm.free_blocks))
+    del bm.free_blocks[lost]  # neither free nor held
+    with pytest.raises(AssertionError, match="free"):
+        bm.check_integrity([a.block_table])

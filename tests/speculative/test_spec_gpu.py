@@ -33,7 +33,7 @@ def _release_gpu_memory():
 @pytest.fixture
 def replays(monkeypatch) -> dict[int, int]:
     """Graph replays counted by tokens per entry (1: decode, 1 + K: verify, 2: draft)."""
-    from gpu_workers.cuda_graphs import DecodeGraphs
+    from gpu_workers.decode_graphs import DecodeGraphs
 
     counts: dict[int, int] = {}
     run = DecodeGraphs.run

@@ -53,7 +53,7 @@ FUNCTIONS = {
     "gpu_workers.sequence_table": ["SequenceTable.apply", "SequenceTable.append_placeholders",
                            "SequenceTable.fill_tokens"],
     "gpu_workers.static_inputs": ["StaticInputs.stage", "Staged.send"],
-    "gpu_workers.cuda_graphs": ["DecodeGraphs.run", "DecodeGraphs.sample_step"],
+    "gpu_workers.decode_graphs": ["DecodeGraphs.run", "DecodeGraphs.sample_step"],
     "gpu_workers.step_timer": ["BusyTimes.start", "BusyTimes.stop", "BusyTimes.take"],
     "gpu_workers.pending_step": ["PendingStep.copy_to_host", "PendingStep.wait"],
 }
