@@ -182,12 +182,19 @@ class ClientCore:
         if event == zmq.EVENT_DISCONNECTED:
             # The surviving processes relay the launcher's EngineDead with the reason; give it
             # a moment to arrive so every client learns the same, deterministic one.
+            # New requests are refused from now on: until it is reconnected, one sent on the
+            # old link could be stranded.
             if self.lost_at is None and self.dead is None:
                 self.lost_at = now
+                if self.lost is None and self.welcome is not None:
+                    self.lost = (f"lost the connection to the pipeline at {self.address} (no "
+                                 "answer within the heartbeat timeout); reconnecting: requests "
+                                 "in flight fail, new ones are refused until it is back")
+                    self._stranded = True
         elif self._watches[link].gave_up(event) and self.handshaking:
             lost = "" if self.lost is None else f"lost the connection to {self.address}; "
             self.fail_all(lost + refused(self._addresses[link]))
-        elif event == zmq.EVENT_CONNECTED and self.lost is not None:
+        elif event == zmq.EVENT_CONNECTED and self.lost is not None and self.handshaking:
             self._fail_stranded()  # something listens: a stalled peer, not a stopped one
 
     def _fail_stranded(self) -> None:
@@ -209,26 +216,21 @@ class ClientCore:
     def on_timer(self, now: float) -> list[Action]:
         if self.lost_at is not None and now >= self.lost_at + DISCONNECT_GRACE_S:
             self.lost_at = None
-            reason = f"lost the connection to the pipeline at {self.address}"
             if self.welcome is None:  # never connected: nothing to come back to
-                self.fail_all(reason)
+                self.fail_all(f"lost the connection to the pipeline at {self.address}")
                 return []
-            return self._reconnect(reason, now)
+            return self._reconnect(now)
         if self._retry_at is not None and now >= self._retry_at:
             self._fail_stranded()  # the pipeline neither answers nor refuses
-            return self._reconnect(self.lost or "", now)
+            return self._reconnect(now)
         return []
 
-    def _reconnect(self, reason: str, now: float) -> list[Action]:
+    def _reconnect(self, now: float) -> list[Action]:
         """Start a fresh handshake. What was in flight is stranded (its results may be lost):
         it fails with EngineDeadError if nothing listens there any more, else once something
         accepts the new connection (a stalled peer's socket does) with ConnectionLostError."""
         if self.closed or self.dead is not None:
             return []
-        if self.lost is None:
-            self.lost = (f"{reason} (no answer within the heartbeat timeout); requests in "
-                         "flight failed, new ones are refused until it is reconnected")
-            self._stranded = True
         self.client_id = uuid.uuid4().hex
         self.phase = Phase.CONNECTING
         self._watches = {Link.REQUESTS: HandshakeWatch(), Link.RESULTS: HandshakeWatch()}

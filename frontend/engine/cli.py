@@ -132,11 +132,17 @@ def serve(command: ServeCommand) -> int:
 
             host, port = http_sock.getsockname()[:2]
             print(f"HTTP API: http://{host}:{port}/v1", flush=True)
-            serve_http(pipeline.address, sock=http_sock, api_key=http.api_key,
-                       model_name=config.served_model_name, log_level=http.log_level,
-                       max_request_bytes=http.max_request_bytes,
-                       engine_alive=lambda: pipeline.dead_reason is None, metrics=metrics,
-                       degraded=lambda: pipeline.degraded)
+            lost = serve_http(pipeline.address, sock=http_sock, api_key=http.api_key,
+                              model_name=config.served_model_name, log_level=http.log_level,
+                              max_request_bytes=http.max_request_bytes,
+                              engine_alive=lambda: pipeline.dead_reason is None,
+                              metrics=metrics, degraded=lambda: pipeline.degraded)
+            # A client dead while the engine lives: unless the engine's death (which the
+            # client may hear first) shows up within a second, the launcher must not hang on.
+            if lost is not None and not pipeline.wait(timeout=1.0):
+                print(f"nanopipe: the HTTP server lost the engine: {lost}", file=sys.stderr,
+                      flush=True)
+                return EXIT_FAILED
         else:
             print("HTTP API: off (--no-http)", flush=True)
             while not pipeline.wait(timeout=1.0):

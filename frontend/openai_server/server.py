@@ -25,20 +25,25 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
           sock: socket.socket | None = None,
           engine_alive: Callable[[], bool] | None = None,
           metrics: EngineMetrics | None = None,
-          degraded: Callable[[], str | None] | None = None) -> None:
+          degraded: Callable[[], str | None] | None = None) -> str | None:
     """Connect to the pipeline at `address` and serve it over HTTP until interrupted.
 
     `sock`, when given, is an already bound listening socket (host and port are then
     ignored). `engine_alive`, when given, is polled: the server stops once it returns False,
-    so the HTTP front never outlives its engine. Stopping drains: see `draining`. `metrics`, when
-    given, are served on /metrics; otherwise this server follows the pipeline's stats itself
-    where it can without credentials (an ipc pipeline).
+    so the HTTP front never outlives its engine; it stops too once its own client of the
+    pipeline is dead while the engine lives (no reconnection could help), and then returns
+    why, so its launcher can exit with an error rather than serve 503s forever. Stopping
+    drains: see `draining`. `metrics`, when given, are served on /metrics; otherwise this
+    server follows the pipeline's stats itself where it can without credentials (an ipc
+    pipeline).
     `degraded`, when given, is /health's source for replicas that are down (see
     health.health_of).
     """
     import uvicorn
 
     from frontend.client.async_client import AsyncClient
+
+    lost: list[str] = []
 
     async def run() -> None:
         async with AsyncClient(address) as client:
@@ -56,7 +61,15 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
                                     timeout_graceful_shutdown=drain.uvicorn_timeout_s)
             server = uvicorn.Server(config)
             drain.attach(server)
-            watch = asyncio.ensure_future(drain.watch(server, engine_alive))
+
+            def alive() -> bool:
+                assert engine_alive is not None
+                if engine_alive() and client.dead_reason is not None and not lost:
+                    lost.append(client.dead_reason)
+                return engine_alive() and not lost
+
+            watch = asyncio.ensure_future(
+                drain.watch(server, alive if engine_alive is not None else None))
             try:
                 await server.serve(sockets=[sock] if sock is not None else None)
             finally:
@@ -70,6 +83,7 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
         asyncio.run(run())
     else:
         uvloop.run(run())
+    return lost[0] if lost else None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
+import socket
+import threading
 import time
 
+import httpx
 import pytest
 
 from frontend import AsyncClient, Client, EngineDeadError
@@ -42,6 +46,31 @@ def test_engine_dead_fails_in_flight_and_new_requests(fresh_pipe):
     for proc in pipe.processes.values():
         proc.join(timeout=10)
         assert proc.exitcode == 0
+
+
+def test_the_launchers_http_server_stops_when_its_client_dies(fresh_pipe):
+    """A client of the HTTP server dead while the engine lives (engine_alive says so) is no
+    state to serve 503s from forever: the server stops and says why, for its launcher."""
+    from frontend.openai_server.server import serve
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    result: dict = {}
+    thread = threading.Thread(daemon=True, target=lambda: result.update(lost=serve(
+        fresh_pipe.address, sock=sock, log_level="warning", engine_alive=lambda: True)))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while True:
+        assert thread.is_alive() and time.monotonic() < deadline
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                break
+        time.sleep(0.1)
+    fresh_pipe.send(fresh_pipe.endpoints.tokenizer_ctl, EngineDead("worker 0 died"))
+    fresh_pipe.send(fresh_pipe.endpoints.detok_in, EngineDead("worker 0 died"))
+    thread.join(20)
+    assert not thread.is_alive() and result == {"lost": "worker 0 died"}
 
 
 def test_vanished_pipeline_is_noticed(tiny_qwen3_dir):

@@ -103,7 +103,9 @@ def test_a_stalled_frontend_actor_is_survived(tiny_qwen3_dir, tmp_path, actor):
             time.sleep(0.2)
         assert httpx.get(f"{base}/health", timeout=5).json() == {"status": "ready",
                                                                   "reason": None}
-        assert complete(base).json()["usage"]["completion_tokens"] == 3
+        done = complete(base)
+        assert done.status_code == 200, done.text
+        assert done.json()["usage"]["completion_tokens"] == 3
         assert client.generate("hi", {"max_tokens": 3}).finish_reason == "length"
         assert not client.dead and proc.poll() is None
         client.close()
