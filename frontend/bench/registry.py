@@ -47,6 +47,10 @@ BENCHMARKS: dict[str, Entry] = {
     "fairness": Entry(
         "frontend.bench.workloads.fairness",
         "a victim's TTFT alone and while another client floods the engine", "victim_ttft_ms[hog]"),
+    "disagg": Entry(
+        "frontend.bench.workloads.disagg",
+        "W2 mixed traffic: colocated vs --dp 2 vs prefill/decode replicas, short requests' ITL",
+        "short_itl_ms_p99[disagg]"),
     "tp": Entry(
         "frontend.bench.workloads.tp",
         "tensor parallelism: greedy parity across sizes and W1 per size", "output_tok_s@tp1"),

