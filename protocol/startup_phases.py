@@ -36,6 +36,3 @@ class PhaseClock:
         self.phases.append(StartupPhase(name, now - self._since))
         self._since = now
 
-    def skip(self) -> None:
-        """Leave the time since the previous mark out of every phase."""
-        self._since = time.perf_counter()
