@@ -81,11 +81,13 @@ class KVSender:
         self._stream.wait_stream(compute)  # the steps that wrote these blocks
         with torch.cuda.stream(self._stream):
             gathered = gather_blocks(self.pool, block_ids)
+            read = torch.cuda.Event()
+            read.record(self._stream)
             host = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
             host.copy_(gathered, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self._stream)
-        compute.wait_event(done)  # before any later step overwrites the blocks
+        compute.wait_event(read)  # before any later step overwrites the blocks
         return host, done
 
     def pump(self) -> None:

@@ -23,9 +23,6 @@ from protocol.codec import message
 from protocol.packed_ints import int32_array
 from protocol.sampling_params import SamplingParams
 
-ROLES = ("", "prefill", "decode")
-"""A replica's role: "" serves whole requests (colocated, or --dp)."""
-
 
 @message(0x50)
 @dataclass(frozen=True, slots=True)
@@ -153,7 +150,7 @@ class KVLinks:
     same role), `transfer[r]` replica r's transfer address for this rank ("" unless decode)."""
 
     role: str = ""
+    """"prefill" or "decode" ("" serves whole requests: colocated, or --dp)."""
     replica: int = 0
     peer_schedulers: tuple[str, ...] = ()
     transfer: tuple[str, ...] = field(default=())
-    transfer_timeout_s: float = 30.0

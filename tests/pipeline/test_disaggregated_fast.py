@@ -1,0 +1,23 @@
+"""The one fast whole-engine check of prefill/decode disaggregation (the rest is slow-marked
+in test_disaggregated.py): a request's first token comes from the prefill replica, the rest
+from the decode replica after its KV moved, and the stream is one ordinary request."""
+
+from __future__ import annotations
+
+from pipeline_config import tiny_engine
+
+from frontend import LLM
+from protocol import SamplingParams
+
+
+def test_a_request_is_handed_over_and_streams_as_one(tiny_qwen3_dir):
+    prompt = [(7 * j) % 300 + 2 for j in range(40)]
+    with LLM(**tiny_engine(tiny_qwen3_dir, prefill_replicas=1, decode_replicas=1)) as llm:
+        whole, first = llm.generate(
+            [prompt, prompt], [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+                               SamplingParams(temperature=0, max_tokens=1)], use_tqdm=False)
+    assert len(whole["token_ids"]) == 10 and whole["finish_reason"] == "length"
+    assert whole["token_ids"][:1] == first["token_ids"]
+    m = whole["metrics"]
+    assert m.kv_transfer_s is not None and m.generated_tokens == 10 and m.ttft_s < m.e2e_s
+    assert first["metrics"].kv_transfer_s is None  # ended by its first token: never moved
