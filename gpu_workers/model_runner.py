@@ -37,6 +37,7 @@ from gpu_workers.step_timer import BusyTimes
 from gpu_workers.token_layout import entry_offsets
 from gpu_workers.warm_up import measure_peak_memory, warm_up_kernels
 from protocol import StepPlan, StepResult
+from protocol.startup_phases import PhaseClock
 
 
 class ModelRunner:
@@ -44,21 +45,18 @@ class ModelRunner:
                  progress: Callable[[str], None] | None = None) -> None:
         """`progress` hears what start-up is doing (the launcher prints it for the user)."""
         progress = progress or (lambda text: None)
+        self.startup = clock = PhaseClock()  # how long each phase took: the worker's Ready
         self.config = config
-        self.rank = rank
-        self.world_size = world_size
-        if config.device == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError("device 'cuda' requested but CUDA is not available")
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            self.device = torch.device("cpu")
+        self.rank, self.world_size = rank, world_size
+        if config.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' requested but CUDA is not available")
+        self.device = torch.device("cuda", torch.cuda.current_device()) \
+            if config.device == "cuda" else torch.device("cpu")
         self.model_config = mc = ModelConfig.from_dir(config.model, config.dtype)
         if config.max_model_len > mc.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={config.max_model_len} exceeds the model's "
-                f"max_position_embeddings={mc.max_position_embeddings}; lower max_model_len"
-            )
+                f"max_position_embeddings={mc.max_position_embeddings}; lower max_model_len")
         torch.manual_seed(config.seed)
         self.backend = resolve_backend(config.attention_backend, config.device, mc.dtype,
                                        mc.head_dim, config.block_size)
@@ -66,14 +64,14 @@ class ModelRunner:
                          if config.peer_all_reduce else None)
         progress(f"loading weights ({mc.dtype}, {self.backend} attention)")
         with torch.inference_mode():
-            self.model = CausalLM(mc, self.tp, self.backend, self.device,
-                                  config.max_seq_tokens)
+            self.model = CausalLM(mc, self.tp, self.backend, self.device, config.max_seq_tokens)
             load_weights(self.model, config.model)
             use_onednn_weights(self.model)
         self.drafter: DraftProposer | None = None
         if config.speculative == "draft":  # before sizing: its pool shares the KV budget
             progress(f"loading the draft model {config.draft_model}")
             self.drafter = DraftProposer(config, mc, self.tp, self.device)
+        clock.mark("weights")
         self.stream = torch.cuda.current_stream(self.device) if config.device == "cuda" else None
         """Where every step runs (no other stream is ever made current), kept: looking it up
         costs more host time than recording an event on it."""
@@ -87,16 +85,17 @@ class ModelRunner:
         progress("profiling memory to size the KV cache" if self.device.type == "cuda"
                  else "sizing the KV cache")
         self.num_kv_blocks = self._size_kv_cache()
-        self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size,
-                                self.device)
+        self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size, self.device)
         self.kv_cache.bind(self.model.attention_layers())
         self.mover, self.num_host_slots = make_host_tier(
             self.kv_cache.storage, config.kv_offloading_size, self.world_size, self.drafter)
         if self.drafter is not None:
             self.drafter.bind_cache(self.num_kv_blocks, world_size)
         self.table = self.new_table(self.num_kv_blocks)
+        clock.mark("kv")
         if self.device.type == "cuda":
             warm_up_kernels(self)
+            clock.mark("warm-up")
         if self.device.type == "cuda" and not config.enforce_eager:
             with torch.inference_mode():
                 self.graphs = StepGraphs(self.model, config, self.device, progress,
@@ -104,6 +103,7 @@ class ModelRunner:
                 if self.drafter is not None:
                     progress("capturing CUDA graphs for the draft model")
                     self.drafter.capture_graphs(pool=self.graphs.pool)
+            clock.mark("graphs")
 
     def new_table(self, num_blocks: int | None = None) -> SequenceTable:
         c = self.config

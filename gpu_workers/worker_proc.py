@@ -122,7 +122,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
             mover = runner.mover
             return Started(serve, info, num_kv_blocks=runner.num_kv_blocks,
                            num_host_slots=runner.num_host_slots,
-                           host_block_bytes=0 if mover is None else mover.block_bytes)
+                           host_block_bytes=0 if mover is None else mover.block_bytes,
+                           phases=runner.startup.phases)
 
         try:
             start_and_serve(rt, endpoints, start)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol.codec import message
+from protocol.startup_phases import StartupPhase
 
 
 @message(0x30)
@@ -24,6 +25,8 @@ class Ready:
     """A worker: blocks its host KV tier holds (0: no tier)."""
     host_block_bytes: int = 0
     """A worker: bytes one block of its host tier takes (its shard of every layer's K and V)."""
+    phases: list[StartupPhase] = field(default_factory=list)
+    """How long its named start-up phases took (loading weights, sizing the KV cache...)."""
 
 
 @message(0x31)

@@ -18,7 +18,7 @@ import signal
 import threading
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -30,6 +30,7 @@ from protocol.control import Ready, StartupFailed, StartupProgress
 from protocol.endpoints import Endpoints
 from protocol.parent_watch import die_with_parent
 from protocol.sockets import MessageSocket
+from protocol.startup_phases import StartupPhase
 
 log = logging.getLogger("nanopipe.actor")
 
@@ -111,13 +112,15 @@ class ProcessRuntime:
 
     def report_ready(self, control_address: str, info: str = "", num_kv_blocks: int = 0,
                      security: CurveKeys | None = None, num_host_slots: int = 0,
-                     host_block_bytes: int = 0) -> None:
+                     host_block_bytes: int = 0,
+                     phases: list[StartupPhase] | None = None) -> None:
         """Tell the launcher this process serves now (and what it learned at start-up)."""
         sock = self.socket(zmq.PUSH, control_address, bind=False, security=security)
         self._send_to_launcher(sock, Ready(role=self.role, rank=self.rank,
                                            num_kv_blocks=num_kv_blocks, info=info,
                                            num_host_slots=num_host_slots,
-                                           host_block_bytes=host_block_bytes))
+                                           host_block_bytes=host_block_bytes,
+                                           phases=list(phases or [])))
 
     def report_progress(self, control_address: str, text: str,
                         security: CurveKeys | None = None) -> None:
@@ -170,6 +173,8 @@ class Started:
     num_kv_blocks: int = 0
     num_host_slots: int = 0
     host_block_bytes: int = 0
+    phases: list[StartupPhase] = field(default_factory=list)
+    """How long its named start-up phases took (protocol.startup_phases)."""
 
 
 @contextlib.contextmanager
@@ -207,5 +212,5 @@ def start_and_serve(rt: ProcessRuntime, endpoints: Endpoints,
         raise SystemExit(1) from exc
     rt.report_ready(endpoints.control, started.info, num_kv_blocks=started.num_kv_blocks,
                     security=endpoints.keys, num_host_slots=started.num_host_slots,
-                    host_block_bytes=started.host_block_bytes)
+                    host_block_bytes=started.host_block_bytes, phases=started.phases)
     started.serve()

@@ -51,6 +51,7 @@ from protocol.process_runtime import (
     start_and_serve,
 )
 from protocol.sockets import RouterSocket
+from protocol.startup_phases import PhaseClock
 
 log = logging.getLogger("nanopipe.detokenizer")
 
@@ -328,10 +329,12 @@ def run_detokenizer(config: DetokenizerConfig, endpoints: Endpoints) -> None:
     """Process entry point: serve until Shutdown, SIGTERM/SIGINT or the parent's death."""
     with actor_process("detokenizer", endpoints) as rt:
         def start() -> Started:
+            clock = PhaseClock()
             tokenizer = load_tokenizer(config.model)
+            clock.mark("tokenizer")
             actor = DetokenizerActor(config, endpoints, rt, make_decode_fn(tokenizer),
                                      TokenBytes(tokenizer))
-            return Started(actor.serve, f"model={config.served_name}")
+            return Started(actor.serve, f"model={config.served_name}", phases=clock.phases)
 
         start_and_serve(rt, endpoints, start)
 

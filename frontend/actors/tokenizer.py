@@ -68,6 +68,7 @@ from protocol.process_runtime import (
     start_and_serve,
 )
 from protocol.sockets import RouterSocket
+from protocol.startup_phases import PhaseClock
 
 log = logging.getLogger("nanopipe.tokenizer")
 
@@ -324,9 +325,13 @@ def run_tokenizer(config: TokenizerConfig, endpoints: Endpoints) -> None:
     """Process entry point: serve until Shutdown, SIGTERM/SIGINT or the parent's death."""
     with actor_process("tokenizer", endpoints) as rt:
         def start() -> Started:
-            actor = TokenizerActor(config, endpoints, rt, load_tokenizer(config.model))
+            clock = PhaseClock()
+            tokenizer = load_tokenizer(config.model)
+            clock.mark("tokenizer")
+            actor = TokenizerActor(config, endpoints, rt, tokenizer)
             return Started(actor.serve, f"model={config.served_name} "
-                                        f"vocab_size={actor.validator.vocab_size}")
+                                        f"vocab_size={actor.validator.vocab_size}",
+                           phases=clock.phases)
 
         start_and_serve(rt, endpoints, start)
 

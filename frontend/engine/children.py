@@ -12,11 +12,12 @@ import select
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
 from protocol.auth import CurveKeys
+from protocol.control import Ready
 from protocol.sockets import MessageSocket
 
 
@@ -31,6 +32,11 @@ class Child:
     replica: int | None = None
     """The data-parallel replica it belongs to (a scheduler or worker, with more than one
     replica); None: shared by the whole pipeline, or the only replica."""
+    started_at: float = field(default_factory=time.monotonic)
+    ready: Ready | None = None
+    """Its READY (what it learned at start-up, its start-up phases); None before."""
+    ready_at: float | None = None
+    """When its READY came (time.monotonic())."""
 
     @property
     def name(self) -> str:

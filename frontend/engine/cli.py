@@ -110,6 +110,8 @@ def serve(command: ServeCommand) -> int:
             if starting is not None:
                 starting.close()
         stop.check()
+        if pipeline.startup is not None:  # where the time went, phase by phase
+            print_progress(pipeline.startup.line())
         if metrics is not None:  # every replica publishes its own stats
             stats_subs = [StatsSubscriber(r.deltas_pub, pipeline.endpoints.keys,
                                           functools.partial(metrics.update, source=i))

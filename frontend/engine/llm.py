@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import threading
 import time
 import weakref
@@ -23,6 +24,8 @@ from frontend.engine.prompt_input import as_requests
 from frontend.structured.tool_calls import ToolPlan, ToolsError, tool_plan, with_tools
 from protocol import SamplingParams
 from protocol.sampling_params import as_sampling_params, choice_params
+
+log = logging.getLogger("nanopipe.llm")
 
 Prompt = str | list[int] | Mapping[str, Any]
 """A text, token ids, or {"prompt": text} / {"prompt_token_ids": ids} (see prompt_input)."""
@@ -47,6 +50,8 @@ class LLM:
         self.config = EngineConfig(model=model, **options)
         self.pipeline = Pipeline(self.config)
         self.pipeline.start()
+        if self.pipeline.startup is not None:
+            log.info("nanopipe: %s", self.pipeline.startup.line())
         # Stops the processes when this LLM is garbage collected or the interpreter exits,
         # so a script that never calls close() still exits promptly and cleanly.
         self._finalizer = weakref.finalize(self, self.pipeline.stop)

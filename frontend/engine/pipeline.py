@@ -9,11 +9,11 @@ there and leaves the pipeline `degraded`, serving on the others. A tensor-parall
 may span hosts (nodes.py: node 0 runs this Pipeline, the others NodeRanks), and Ray may place
 the replicas (ray_launch.py).
 
-Start-up order: workers first (they measure how many KV blocks fit and say so in their
-READY), then the scheduler (sized from that), then the detokenizer and the tokenizer, then
-an attached stdout printer if asked for, and the stats-line logger (a thread of this process).
-Every child dies with its launcher, and the launcher stops the pipeline when the interpreter
-exits, whether or not the user closed it.
+Start-up order: the workers (they size the KV cache and say so in their READY) with the
+tokenizer and detokenizer beside them (unless a router needs the workers' pools), then the
+scheduler (sized from the workers), a stdout printer if asked for, and the stats logger (a
+thread). `startup` says where the time went. Every child dies with its launcher, and the
+launcher stops the pipeline when the interpreter exits, whether or not the user closed it.
 While serving, a watcher notices any child that exits and tells the survivors the engine is
 dead, so requests fail instead of hanging. A stop terminates every child and removes the
 run directory with its socket files.
@@ -37,11 +37,19 @@ from frontend.engine.disagg import replica_links, scheduler_role, worker_env
 from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
 from frontend.engine.options import ConfigError
 from frontend.engine.ray_launch import RayPlacement
-from frontend.engine.startup import StartupError, await_ready, run_dir_removed, spawn
+from frontend.engine.startup import (
+    StartupError,
+    await_ready,
+    control_links,
+    run_dir_removed,
+    spawn,
+    spawn_frontend,
+)
+from frontend.engine.startup_times import StartupTimes, startup_times
 from frontend.engine.stats_log import StatsLogger
-from protocol import Endpoints, EngineDead, Ready, StartupFailed
+from protocol import Endpoints, EngineDead, Ready
 from protocol.actor_start import to_plain
-from protocol.control import ReplicaDown, StartupProgress
+from protocol.control import ReplicaDown
 from protocol.sockets import MessageSocket
 
 log = logging.getLogger("nanopipe.launcher")
@@ -55,6 +63,7 @@ class Pipeline:
         self.config = config
         self.endpoints: Endpoints | None = None
         self.num_kv_blocks = self.num_host_slots = 0
+        self.startup: StartupTimes | None = None  # where start-up's time went, once ready
         self._dead_reason: str | None = None
         self.replicas: list[Endpoints] = []
         self.down_replicas: dict[int, str] = {}
@@ -91,8 +100,8 @@ class Pipeline:
 
     def start(self) -> None:
         """Check the configuration, then start every process and wait for each READY."""
+        began = time.monotonic()
         from frontend.engine.preflight import check_config
-
         if self.config.node_rank > 0:
             raise StartupError(f"node {self.config.node_rank} runs only its worker ranks: "
                                "start it with `nanopipe serve --node-rank ...` (NodeRanks)")
@@ -112,6 +121,7 @@ class Pipeline:
             if removed is not None:  # the launcher's own bind or connect found it gone
                 raise removed from None
             raise
+        self.startup = startup_times(began, self._children, time.monotonic())
 
     def _progress(self, text: str) -> None:
         if self._on_progress is not None:
@@ -135,16 +145,9 @@ class Pipeline:
             self.replicas = [self.endpoints.replica(i) for i in range(dp)]
         ep = self.endpoints
         self._ctx = zmq.Context()
-        self._control = MessageSocket(
-            self._ctx, zmq.PULL, ep.control, bind=True,
-            accepts=(Ready, StartupFailed, StartupProgress), security=ep.keys)
-        # Each replica reports on a control link of its own: its ranks' READYs look alike.
-        self._replica_controls = [self._control] + [
-            MessageSocket(self._ctx, zmq.PULL, r.control, bind=True,
-                          accepts=(Ready, StartupFailed, StartupProgress), security=ep.keys)
-            for r in self.replicas[1:]]
+        self._replica_controls = control_links(self._ctx, self.replicas, ep.keys)
+        self._control = self._replica_controls[0]
         deadline = time.monotonic() + cfg.startup_timeout_s
-
         self._progress(f"starting {dp * tp} worker{'s' if dp * tp > 1 else ''} "
                        f"({cfg.model_name} on {cfg.resolved_device}"
                        f"{f', {dp} replicas of tp={tp}' if dp > 1 else ''})")
@@ -156,6 +159,8 @@ class Pipeline:
                             {"worker": worker_cfg, "world_size": tp, **links[i]["ranks"][rank],
                              "rendezvous_timeout_s": cfg.startup_timeout_s}, replica=i,
                             env=worker_env(cfg, i))
+        if dp == 1:  # the tokenizers load while the workers start
+            spawn_frontend(self._children, ep, cfg.tokenizer_config(), cfg.detokenizer_config())
         kv_blocks, host_slots, host_bytes = [], [], []
         for i in range(dp):
             # Ranks on other hosts report on node 0's control link like the local ones.
@@ -184,14 +189,9 @@ class Pipeline:
             self._spawn("scheduler", 0, "scheduler_proc.scheduler_loop",
                         {"scheduler": to_plain(scheduler_role(cfg, sched_cfg, i)),
                          "world_size": tp, **links[i]["scheduler"]}, replica=i, endpoints=rep)
-        # With several replicas the detokenizer's aborts go to the router (tokenizer_ctl),
-        # which knows where each request runs.
-        detok_ep = ep if dp == 1 else replace(ep, scheduler_in=ep.tokenizer_ctl)
-        self._spawn("detokenizer", 0, "frontend.actors.detokenizer",
-                    {"detokenizer": to_plain(cfg.detokenizer_config())}, endpoints=detok_ep)
-        router = None if dp == 1 else cfg.router_config(self.replicas, kv_blocks)
-        self._spawn("tokenizer", 0, "frontend.actors.tokenizer",
-                    {"tokenizer": to_plain(cfg.tokenizer_config(router))})
+        if dp > 1:  # a router is sized from the workers' pools
+            spawn_frontend(self._children, ep, cfg.tokenizer_config(cfg.router_config(
+                self.replicas, kv_blocks)), cfg.detokenizer_config())
         for i in range(1, dp):  # then replica 0's and the shared processes' below
             self._await_ready({("scheduler", 0)}, deadline, i)
         self._await_ready({("scheduler", 0), ("detokenizer", 0), ("tokenizer", 0)}, deadline)

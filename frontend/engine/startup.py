@@ -14,13 +14,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import zmq
+
+from frontend.actors.detokenizer import DetokenizerConfig
+from frontend.actors.tokenizer import TokenizerConfig
 from frontend.engine.children import Child
 from frontend.engine.spawner import popen
 from protocol import Endpoints, ProtocolError, Ready, StartupFailed
 from protocol.actor_start import ActorStart, encode_start, to_plain
+from protocol.auth import CurveKeys
 from protocol.control import StartupProgress
 from protocol.sockets import MessageSocket
 
@@ -67,6 +73,27 @@ def spawn(children: list[Child], role: str, rank: int, module: str, config: dict
         pass  # it died at once; await_ready reports its exit
 
 
+def spawn_frontend(children: list[Child], endpoints: Endpoints, tokenizer: TokenizerConfig,
+                   detokenizer: DetokenizerConfig) -> None:
+    """Start the detokenizer and the tokenizer. With several replicas the tokenizer's router
+    takes the detokenizer's aborts (at tokenizer_ctl): it knows where each request runs."""
+    detok_ep = endpoints if tokenizer.router is None else replace(
+        endpoints, scheduler_in=endpoints.tokenizer_ctl)
+    spawn(children, "detokenizer", 0, "frontend.actors.detokenizer",
+          {"detokenizer": to_plain(detokenizer)}, detok_ep)
+    spawn(children, "tokenizer", 0, "frontend.actors.tokenizer",
+          {"tokenizer": to_plain(tokenizer)}, endpoints)
+
+
+def control_links(ctx: zmq.Context, replicas: list[Endpoints],
+                  keys: CurveKeys | None) -> list[MessageSocket]:
+    """The launcher's control link of each replica (the first: the pipeline's own), bound:
+    each replica's ranks report on their own, as their READYs look alike."""
+    return [MessageSocket(ctx, zmq.PULL, r.control, bind=True,
+                          accepts=(Ready, StartupFailed, StartupProgress), security=keys)
+            for r in replicas]
+
+
 def run_dir_removed(endpoints: Endpoints | None) -> StartupError | None:
     """The error to fail start-up with when the run directory is gone: every socket and the
     rendezvous file live there, so a child that has not yet bound or connected never will
@@ -82,14 +109,20 @@ def await_ready(control: MessageSocket, children: list[Child], expected: set[tup
                 endpoints: Endpoints | None = None, replica: int | None = None) -> list[Ready]:
     """Each expected (role, rank)'s READY; a child's exit, its StartupFailed, the deadline or
     the loss of `endpoints`' run directory ends start-up with a StartupError that says why.
-    With `replica`, what its own processes (workers, scheduler) report names it."""
+    With `replica`, what its own processes (workers, scheduler) report names it.
+
+    Each READY is kept in its child's record, with its arrival time (startup_times.py): one
+    that came while start-up waited for others (a tokenizer during the workers' wait) is
+    taken from there when it is expected."""
 
     def name(role: str, rank: int) -> str:
         own = replica is not None and role in REPLICA_ROLES
         return f"{f'replica {replica} ' if own else ''}{role} {rank}"
 
-    readies: list[Ready] = []
-    waiting = set(expected)
+    records = {child.name: child for child in children}
+    readies = [records[name(*who)].ready for who in sorted(expected)
+               if name(*who) in records and records[name(*who)].ready is not None]
+    waiting = set(expected) - {(r.role, r.rank) for r in readies}
     while waiting:
         if (removed := run_dir_removed(endpoints)) is not None:
             raise removed
@@ -113,8 +146,12 @@ def await_ready(control: MessageSocket, children: list[Child], expected: set[tup
         if isinstance(msg, StartupProgress):
             progress(f"{name(msg.role, msg.rank)}: {msg.text}")
             continue
-        waiting.discard((msg.role, msg.rank))
-        readies.append(msg)
+        child = records.get(name(msg.role, msg.rank))
+        if child is not None and child.ready is None:
+            child.ready, child.ready_at = msg, time.monotonic()
+        if (msg.role, msg.rank) in waiting:
+            waiting.discard((msg.role, msg.rank))
+            readies.append(msg)
     return readies
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 
 import pytest
 from hf_reference import hf_greedy
@@ -24,6 +25,21 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 def _expected(model_dir: str) -> list[list[int]]:
     tok = AutoTokenizer.from_pretrained(model_dir)
     return [hf_greedy(model_dir, tok(p)["input_ids"], GREEDY.max_tokens) for p in PROMPTS]
+
+
+def test_start_up_says_where_its_time_went(qwen3_pipeline):
+    startup = qwen3_pipeline.startup
+    assert [p.name for p in startup.phases] == ["checks", "processes", "weights", "kv",
+                                                "warm-up", "graphs", "frontend"]
+    assert min(p.seconds for p in startup.phases) >= 0
+    assert sum(p.seconds for p in startup.phases) == pytest.approx(startup.total_s, abs=1e-3)
+    assert startup.phase("weights") > 0 and startup.phase("kv") > 0
+    by_name = {p.name: p for p in startup.processes}
+    assert sorted(by_name) == ["detokenizer 0", "scheduler 0", "tokenizer 0", "worker 0"]
+    assert by_name["tokenizer 0"].phase("tokenizer") > 0
+    assert re.fullmatch(r"ready in \d+\.\d s \(checks \d+\.\d, processes \d+\.\d, "
+                        r"weights \d+\.\d, kv \d+\.\d, warm-up \d+\.\d, graphs \d+\.\d, "
+                        r"frontend \d+\.\d\)", startup.line())
 
 
 def test_streaming_and_final_results_match_transformers(qwen3_pipeline, tiny_qwen3_dir):

@@ -51,6 +51,11 @@ def _read_until(proc: subprocess.Popen, pattern: str, timeout: float = 120) -> r
 
 def test_launch_serves_and_sigterm_leaves_nothing_behind(tiny_qwen3_dir):
     proc = _launch(tiny_qwen3_dir, "--tp", "2")
+    # The start-up line says where the time went, the slowest of the two workers' phases too.
+    ready = _read_until(proc, r"nanopipe: ready in [\d.]+ s \(checks [\d.]+, processes [\d.]+, "
+                        r"weights ([\d.]+), kv [\d.]+, warm-up [\d.]+, graphs [\d.]+, "
+                        r"frontend [\d.]+\)$")
+    assert float(ready.group(1)) > 0
     address = _read_until(proc, r"clients connect to: (\S+)").group(1)
     run_dir = Path(address.removeprefix("ipc://")).parent
     children = descendants(proc.pid)

@@ -28,6 +28,7 @@ from protocol.kv_handoff import (
     KVLanded,
 )
 from protocol.outcomes import FINISH_REASON_STRINGS, ErrorKind, FinishReason, RequestError
+from protocol.startup_phases import StartupPhase
 
 STOP, LENGTH, ERROR = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ERROR
 EMPTY = RequestError(ErrorKind.INVALID_REQUEST, "prompt must not be empty", "prompt")
@@ -77,6 +78,8 @@ EXAMPLES = [
                 [5, 1, 1, 0],
                 [METRICS, p.RequestMetrics(1.7e9, None, None, None, 0.5, 9, 0, 0, 0, ERROR)]),
     p.Ready("worker", 0, 1234, "cuda:0"),
+    p.Ready("worker", 1, 1234, "cuda:1", 0, 0,
+            [StartupPhase("weights", 1.25), StartupPhase("kv", 0.5)]),
     p.Shutdown("SIGTERM"),
     p.StartupFailed("worker", 1, "KV cache too small"),
     StartupProgress("worker", 0, "loading weights"),

@@ -1,0 +1,75 @@
+"""Where a pipeline's start-up time went, phase by phase, for the ready line.
+
+The launcher notes when it started each process and when its Ready came; each process
+reports how long its own named phases took (protocol.startup_phases). The line follows the
+path that decides when the pipeline is ready: the checks made before anything starts, then
+the slowest worker (its process start and imports, then its weights, KV sizing, kernel
+warm-up and CUDA graph capture), then whatever the pipeline still waited for once the
+workers were ready (the scheduler, which is sized from them, and the tokenizer and
+detokenizer, which load their tokenizers while the workers start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frontend.engine.children import Child
+from protocol.startup_phases import StartupPhase
+
+WORKER_PHASES = ("weights", "kv", "warm-up", "graphs")
+"""A worker's named phases, in the order it goes through them (ModelRunner)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStartup:
+    """One process's start-up as the launcher saw it."""
+
+    name: str
+    role: str
+    ready_s: float
+    """From the launcher's first spawn to this process's Ready."""
+    phases: tuple[StartupPhase, ...]
+
+    def phase(self, name: str) -> float:
+        return sum(p.seconds for p in self.phases if p.name == name)
+
+    @property
+    def unnamed_s(self) -> float:
+        """Time outside its named phases: starting the interpreter, imports, sockets."""
+        return max(0.0, self.ready_s - sum(p.seconds for p in self.phases))
+
+
+@dataclass(frozen=True, slots=True)
+class StartupTimes:
+    """The pipeline's start-up: its total, the phases of its critical path, each process."""
+
+    total_s: float
+    phases: tuple[StartupPhase, ...]
+    """checks, processes, weights, kv, warm-up, graphs, frontend: they add up to total_s."""
+    processes: tuple[ProcessStartup, ...]
+
+    def phase(self, name: str) -> float:
+        return sum(p.seconds for p in self.phases if p.name == name)
+
+    def line(self) -> str:
+        """`ready in 3.2 s (checks 0.4, processes 0.9, weights 0.6, ...)`."""
+        parts = ", ".join(f"{p.name} {p.seconds:.1f}" for p in self.phases)
+        return f"ready in {self.total_s:.1f} s ({parts})"
+
+
+def startup_times(began: float, children: list[Child], end: float) -> StartupTimes:
+    """The times of a pipeline whose start() began at `began` and was ready at `end`
+    (time.monotonic()), from what its children's records say."""
+    first_spawn = min((c.started_at for c in children), default=began)
+    procs = [(c, ProcessStartup(c.name, c.role, c.ready_at - first_spawn,
+                                tuple(c.ready.phases)))
+             for c in children if c.ready is not None and c.ready_at is not None]
+    phases = [StartupPhase("checks", first_spawn - began)]
+    workers_ready = first_spawn
+    workers = [(c.ready_at, p) for c, p in procs if c.role == "worker"]
+    if workers:
+        workers_ready, slowest = max(workers, key=lambda w: w[0])
+        phases.append(StartupPhase("processes", slowest.unnamed_s))
+        phases += [StartupPhase(name, slowest.phase(name)) for name in WORKER_PHASES]
+    phases.append(StartupPhase("frontend", end - workers_ready))
+    return StartupTimes(end - began, tuple(phases), tuple(p for _, p in procs))
