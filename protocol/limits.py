@@ -26,6 +26,9 @@ ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
 DEEP_PLAN_MAX_SEQS = 32
 """With plans_ahead left to auto: the most sequences a step planned third in flight may run
 (scheduler_proc.plans_in_flight states the rule this limit is part of)."""
+GPU_RESULT_SPIN_S = 5e-3
+"""The step loop's spin on a GPU: about a decode step, like the worker's. On a CPU the
+workers compute on the host's cores, and a spinning scheduler would take one from them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,8 @@ class PlanDepthSettings:
     the host paces (None: whenever there is room)."""
     worker_lookahead: bool = False
     """Workers take the next plan before the step in flight's tokens reach the host."""
+    result_spin_s: float = 0.0
+    """How long the step loop polls for a result without sleeping while one is due."""
 
     @property
     def plans_in_flight(self) -> int:
@@ -57,10 +62,11 @@ def resolve_plan_depth(plans_ahead: int | None, *, overlap: bool, lookahead: boo
     ahead only on a GPU, with overlap and worker lookahead and without speculation, and then
     only where it pays (deep_plan_max_seqs); a 2 given explicitly applies to every step."""
     lookahead = lookahead and overlap
+    spin_s = GPU_RESULT_SPIN_S if gpu else 0.0
     if plans_ahead is not None:
-        return PlanDepthSettings(overlap, plans_ahead, None, lookahead)
+        return PlanDepthSettings(overlap, plans_ahead, None, lookahead, spin_s)
     deep_ok = lookahead and not speculative and gpu
-    return PlanDepthSettings(overlap, 2 if deep_ok else 1, DEEP_PLAN_MAX_SEQS, lookahead)
+    return PlanDepthSettings(overlap, 2 if deep_ok else 1, DEEP_PLAN_MAX_SEQS, lookahead, spin_s)
 
 
 def plans_ahead_conflict(plans_ahead: int | None, *, speculative: bool, overlap: bool = True,

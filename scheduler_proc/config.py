@@ -11,9 +11,6 @@ from protocol.limits import (
     plans_in_flight,
 )
 
-GPU_RESULT_SPIN_S = 5e-3
-"""The step loop's spin on a GPU: about a decode step, like the worker's."""
-
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:

@@ -25,8 +25,9 @@ each step before it reads the next plan, so the device waits for the round trip 
 and plans_ahead 2 is refused. How the waits are made: the worker with a step in flight polls
 for the next plan or the step's tokens without sleeping for `SPIN_S` (gpu_workers.
 worker_proc), then sleeps between polls; the step loop polls for results without sleeping
-for `result_spin_s` (on a GPU) while plans are in flight (`PlanDepth.spin_s`). With nothing
-in flight both block in their sockets' poll: an idle engine does not spin.
+for `result_spin_s` (protocol.limits.GPU_RESULT_SPIN_S on a GPU) while plans are in flight
+(`PlanDepth.spin_s`). With nothing in flight both block in their sockets' poll: an idle
+engine does not spin.
 
 What paces decoding: the device's step, or the host's chain from one step's tokens to the
 launch of the next (the result's hop, this loop, the plan's hop, the worker's launch).

@@ -389,13 +389,13 @@ class EngineConfig:
 
     def scheduler_config(self, num_kv_blocks: int, num_host_slots: int = 0,
                          host_block_bytes: int = 0):
-        from scheduler_proc.config import GPU_RESULT_SPIN_S, SchedulerConfig
+        from scheduler_proc.config import SchedulerConfig
 
-        spin_s = GPU_RESULT_SPIN_S if self.resolved_device == "cuda" else 0.0
-        deep_limit = self.plan_depth.deep_plan_max_seqs
-        return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks, result_spin_s=spin_s,
-                            deep_plan_max_seqs=deep_limit, num_host_slots=num_host_slots,
-                            host_block_bytes=host_block_bytes)
+        depth = self.plan_depth
+        return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks,
+                            result_spin_s=depth.result_spin_s,
+                            deep_plan_max_seqs=depth.deep_plan_max_seqs,
+                            num_host_slots=num_host_slots, host_block_bytes=host_block_bytes)
 
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))

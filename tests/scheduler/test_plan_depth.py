@@ -9,6 +9,7 @@ from fake_worker import FakeWorker, make_request
 
 from protocol.limits import (
     DEEP_PLAN_MAX_SEQS,
+    GPU_RESULT_SPIN_S,
     PlanDepthSettings,
     plans_ahead_conflict,
     plans_in_flight,
@@ -149,19 +150,23 @@ def test_the_loop_spins_only_while_a_result_is_due():
     assert depth.spin_s(1) == depth.spin_s(2) == 5e-3
 
 
+GPU, CPU = GPU_RESULT_SPIN_S, 0.0
+
+
 @pytest.mark.parametrize("given,overlap,lookahead,spec,gpu,want", [
-    (None, True, True, False, True, PlanDepthSettings(True, 2, DEEP_PLAN_MAX_SEQS, True)),
-    (None, True, True, False, False, PlanDepthSettings(True, 1, DEEP_PLAN_MAX_SEQS, True)),
-    (None, True, False, False, True, PlanDepthSettings(True, 1, DEEP_PLAN_MAX_SEQS, False)),
-    (None, False, True, False, True, PlanDepthSettings(False, 1, DEEP_PLAN_MAX_SEQS, False)),
-    (None, True, True, True, True, PlanDepthSettings(True, 1, DEEP_PLAN_MAX_SEQS, True)),
-    (2, True, True, False, False, PlanDepthSettings(True, 2, None, True)),
-    (1, True, True, False, True, PlanDepthSettings(True, 1, None, True)),
-    (1, False, True, False, True, PlanDepthSettings(False, 1, None, False)),
+    (None, True, True, False, True, PlanDepthSettings(True, 2, DEEP_PLAN_MAX_SEQS, True, GPU)),
+    (None, True, True, False, False, PlanDepthSettings(True, 1, DEEP_PLAN_MAX_SEQS, True, CPU)),
+    (None, True, False, False, True, PlanDepthSettings(True, 1, DEEP_PLAN_MAX_SEQS, False, GPU)),
+    (None, False, True, False, True, PlanDepthSettings(False, 1, DEEP_PLAN_MAX_SEQS, False, GPU)),
+    (None, True, True, True, True, PlanDepthSettings(True, 1, DEEP_PLAN_MAX_SEQS, True, GPU)),
+    (2, True, True, False, False, PlanDepthSettings(True, 2, None, True, CPU)),
+    (1, True, True, False, True, PlanDepthSettings(True, 1, None, True, GPU)),
+    (1, False, True, False, True, PlanDepthSettings(False, 1, None, False, GPU)),
 ])
 def test_the_options_resolve_in_one_place(given, overlap, lookahead, spec, gpu, want):
     """Auto plans two ahead on a GPU with overlap and lookahead and no speculation, gated;
-    a number given is taken as it is, ungated; lookahead needs overlap."""
+    a number given is taken as it is, ungated; lookahead needs overlap; the step loop spins
+    for results on a GPU only."""
     got = resolve_plan_depth(given, overlap=overlap, lookahead=lookahead, speculative=spec,
                              gpu=gpu)
     assert got == want
