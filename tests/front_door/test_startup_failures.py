@@ -4,27 +4,16 @@ is removed under it a moment after it was made."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-from process_watch import alive, descendants
+from process_watch import alive, descendants, run_dir_of
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run_dir_of(pid: int) -> str | None:
-    """The run directory the launcher's control socket is bound in, once it is."""
-    try:
-        paths = [c.laddr for c in psutil.Process(pid).net_connections("unix")]
-    except psutil.Error:
-        return None
-    return next((os.path.dirname(p) for p in paths if p and "/nanopipe-" in p), None)
 
 
 @pytest.mark.parametrize("delay_s", [0.05, 1.0])
@@ -37,7 +26,7 @@ def test_a_run_directory_removed_during_start_up_ends_everything(delay_s, tiny_q
     seen: set[int] = set()
     try:
         deadline = time.monotonic() + 60
-        while (run_dir := _run_dir_of(proc.pid)) is None:
+        while (run_dir := run_dir_of(proc.pid)) is None:
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.002)
         removed_at = time.monotonic() + delay_s

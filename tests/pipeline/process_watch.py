@@ -33,3 +33,14 @@ def descendants(pid: int) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
+
+
+def run_dir_of(pid: int) -> str | None:
+    """The run directory the launcher's control socket is bound in, once it is."""
+    import psutil
+
+    try:
+        paths = [c.laddr for c in psutil.Process(pid).net_connections("unix")]
+    except psutil.Error:
+        return None
+    return next((os.path.dirname(p) for p in paths if p and "/nanopipe-" in p), None)

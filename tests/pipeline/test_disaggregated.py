@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import queue
-import re
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 import zmq
+from launcher_lines import LauncherLines
 from pipeline_config import tiny_engine
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -178,20 +176,7 @@ def test_launch_script_serves_transfer_metrics_and_stats_line(tiny_qwen3_dir):
               "--prefill-replicas", "1", "--decode-replicas", "1", "--metrics-port", str(port),
               "--log-stats-interval", "0.5"]
     proc = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout],
-                     daemon=True).start()
-
-    def read_until(pattern: str, timeout: float = 120) -> re.Match:
-        deadline, seen = time.monotonic() + timeout, []
-        while time.monotonic() < deadline:
-            try:
-                seen.append(lines.get(timeout=0.1))
-            except queue.Empty:
-                continue
-            if match := re.search(pattern, seen[-1]):
-                return match
-        raise AssertionError(f"{pattern!r} not printed; output:\n{''.join(seen)}")
+    read_until = LauncherLines(proc).read_until
 
     try:
         address = read_until(r"clients connect to: (\S+)").group(1)

@@ -4,8 +4,6 @@ turns them into lines."""
 
 from __future__ import annotations
 
-import queue
-import re
 import signal
 import subprocess
 import threading
@@ -13,6 +11,7 @@ import time
 from pathlib import Path
 
 import zmq
+from launcher_lines import LauncherLines
 from pipeline_config import tiny_engine
 
 from frontend import Client
@@ -101,22 +100,7 @@ def test_launch_logs_a_stats_line_at_the_interval_asked_for(tiny_qwen3_dir):
          "--dtype", "float32", "--max-model-len", "256", "--log-stats-interval", "0.5",
          "--no-http"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout],
-                     daemon=True).start()
-
-    def read_until(pattern: str, timeout: float = 120) -> re.Match:
-        deadline = time.monotonic() + timeout
-        seen = []
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            seen.append(line)
-            if match := re.search(pattern, line):
-                return match
-        raise AssertionError(f"{pattern!r} not printed; output:\n{''.join(seen)}")
+    read_until = LauncherLines(proc).read_until
 
     try:
         address = read_until(r"clients connect to: (\S+)").group(1)

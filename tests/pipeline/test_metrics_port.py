@@ -3,17 +3,15 @@ a port in use is a one-line error before anything starts."""
 
 from __future__ import annotations
 
-import queue
-import re
 import select
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import httpx
+from launcher_lines import LauncherLines
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontend import Client
@@ -66,20 +64,7 @@ def test_metrics_port_serves_what_the_requests_did(tiny_qwen3_dir):
     port = free_port()
     proc = subprocess.Popen([*LAUNCH, "--model", tiny_qwen3_dir, "--metrics-port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout],
-                     daemon=True).start()
-
-    def read_until(pattern: str, timeout: float = 120) -> re.Match:
-        deadline, seen = time.monotonic() + timeout, []
-        while time.monotonic() < deadline:
-            try:
-                seen.append(lines.get(timeout=0.1))
-            except queue.Empty:
-                continue
-            if match := re.search(pattern, seen[-1]):
-                return match
-        raise AssertionError(f"{pattern!r} not printed; output:\n{''.join(seen)}")
+    read_until = LauncherLines(proc).read_until
 
     try:
         address = read_until(r"clients connect to: (\S+)").group(1)

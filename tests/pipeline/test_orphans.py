@@ -11,20 +11,10 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-from process_watch import alive, descendants
+from process_watch import alive, descendants, run_dir_of
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run_dir_of(pid: int) -> str | None:
-    """The run directory the launcher's control socket is bound in, once it is."""
-    try:
-        paths = [c.laddr for c in psutil.Process(pid).net_connections("unix")]
-    except psutil.Error:
-        return None
-    return next((os.path.dirname(p) for p in paths if p and "/nanopipe-" in p), None)
 
 
 @pytest.mark.parametrize("when, after_s, extra", [
@@ -55,13 +45,13 @@ def test_killing_the_launcher_during_start_up_leaves_nothing(when, after_s, extr
             except queue.Empty:
                 pass
             seen |= descendants(proc.pid)
-            run_dir = run_dir or _run_dir_of(proc.pid)
+            run_dir = run_dir or run_dir_of(proc.pid)
         kill_at = time.monotonic() + after_s
         while time.monotonic() < kill_at:
             seen |= descendants(proc.pid)
             time.sleep(0.01)
         seen |= descendants(proc.pid)
-        run_dir = run_dir or _run_dir_of(proc.pid)
+        run_dir = run_dir or run_dir_of(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)  # launch.sh execs python: this is the launcher
         proc.wait(timeout=30)
     finally:
