@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from protocol.limits import (
     ATTENTION_BACKENDS,
@@ -18,11 +17,16 @@ from protocol.limits import (
 )
 from protocol.model_shape import ModelShape, canonical_dtype
 
+if TYPE_CHECKING:  # torch loads where a model does: the launcher reads WorkerConfig only
+    import torch
+
 SPECULATIVE_METHODS = (None, "ngram", "draft")
 
 
 def parse_dtype(name: str) -> torch.dtype:
     """The torch dtype `name` names (protocol.model_shape says which names are accepted)."""
+    import torch
+
     return getattr(torch, canonical_dtype(name))
 
 
@@ -147,5 +151,5 @@ class ModelConfig(ModelShape):
         """Bytes of K and V per token on one rank; rank None = the rank holding the most."""
         counts = [s.num_kv_heads for s in self.head_shards(world_size)]
         kv_heads = max(counts) if rank is None else counts[rank]
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = self.dtype.itemsize
         return 2 * self.num_layers * kv_heads * self.head_dim * elem

@@ -23,13 +23,15 @@ from typing import Any
 
 from frontend.actors.model_tokenizer import load_tokenizer
 from frontend.embedded_model.cache import cache_root
+from protocol import model_config as hf
 
 log = logging.getLogger("nanopipe.detokenizer")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json", "config.json", "tokenizer.model", "vocab.json",
+                   "added_tokens.json", hf.CONFIG_FILE, "tokenizer.model", "vocab.json",
                    "merges.txt", "vocab.txt")
-"""What AutoTokenizer reads to build a tokenizer: a change in any of them makes a new entry."""
+"""What AutoTokenizer reads to build a tokenizer (the model's config too, for its type): a
+change in any of them makes a new entry. Hashed, not parsed."""
 FOLDER = "decoders"
 
 

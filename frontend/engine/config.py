@@ -264,9 +264,9 @@ class EngineConfig:
     def resolved_device(self) -> str:
         if self.device is not None:
             return self.device
-        import torch
+        from frontend.engine.torch_build import cuda_available
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_available() else "cpu"
 
     @cached_property
     def model_name(self) -> str:
