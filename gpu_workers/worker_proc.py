@@ -42,7 +42,8 @@ from protocol.sockets import MessageSocket
 log = logging.getLogger("nanopipe.worker")
 LOOKAHEAD_POLL_S = 20e-6
 SPIN_S = 5e-3
-"""How long a worker with a step in flight polls without sleeping: about a decode step."""
+"""How long a worker with a step in flight polls without sleeping: about a decode step. With
+nothing in flight it blocks in poll (scheduler_proc.plans_in_flight: the depth rule)."""
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
 
 

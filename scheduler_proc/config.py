@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.limits import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, plans_in_flight
-
-GPU_RESULT_SPIN_S = 5e-3
-"""The step loop's spin on a GPU: about a decode step, like the worker's."""
+from protocol.limits import (
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    plans_ahead_conflict,
+    plans_in_flight,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +30,12 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     overlap: bool = True
     plans_ahead: int = 1
-    """With overlap: steps planned ahead of the results (protocol.limits.plans_in_flight)."""
+    """With overlap: steps planned ahead of the results. How many plans may be in flight, and
+    when the deepest one is made, is one rule: scheduler_proc.plans_in_flight."""
     deep_plan_max_seqs: int | None = None
-    """With plans_ahead 2: the second step ahead is planned only while at most this many
-    sequences run, all decoding and none waiting (protocol.limits.DEEP_PLAN_MAX_SEQS says
-    why); None: whenever there is room."""
+    """With plans_ahead 2: the deepest plan is made only while at most this many sequences
+    run, all decoding and none waiting, and the host paces (scheduler_proc.plans_in_flight);
+    None: whenever there is room."""
     result_spin_s: float = 0.0
     """How long the step loop polls without sleeping while a step's result is due. On a GPU
     host this takes the wake-up off the chain that paces small-batch decoding; on a CPU
@@ -84,8 +87,9 @@ class SchedulerConfig:
                              f"got {self.swap_min_tokens!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError("SchedulerConfig.num_speculative_tokens must be >= 0")
-        if self.plans_ahead > 1 and self.num_speculative_tokens:
-            raise ValueError("SchedulerConfig.plans_ahead > 1 does not go with speculation")
+        why = plans_ahead_conflict(self.plans_ahead, speculative=self.num_speculative_tokens > 0)
+        if why is not None:
+            raise ValueError(f"SchedulerConfig.plans_ahead {why}")
 
     @property
     def max_plans_in_flight(self) -> int:

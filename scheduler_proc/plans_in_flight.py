@@ -1,6 +1,36 @@
-"""What paces decoding: the device's step, or the host's chain from one step's tokens to the
-launch of the next (the result's hop, this loop, the plan's hop, the worker's launch).
+"""How many plans are in flight (sent to the workers, result not yet back): one rule, owned
+here by PlanDepth, and the meter behind its last branch.
 
+The rule. The depth is at most protocol.limits.plans_in_flight (the workers size their
+buffers by it): 1 without overlap, 1 + plans_ahead with it.
+- Without overlap (--no-overlap): 1. The scheduler plans step N+1 after result N.
+- With overlap: 2 (plans_ahead 1). Step N+1 is planned while N runs, assuming every decoding
+  sequence survives N, so the scheduler's planning is off the path from one step to the next.
+- A third (plans_ahead 2): step N+2 is planned before result N. With the depth left to auto
+  (EngineConfig: on a GPU, with overlap and worker lookahead, without speculation) the third
+  plan is made only where it pays: while at most `deep_plan_max_seqs` (protocol.limits.
+  DEEP_PLAN_MAX_SEQS) sequences run, none waits and every running one has all its prompt
+  planned (deep_plan_pays: a step that admits or prefills would only queue behind one more
+  decode step), and while the PacingMeter says the host's chain is measured slower than the
+  device's step. Given explicitly (--plans-ahead 2), the third plan is made whenever the
+  planner has something to plan.
+Nothing else decides the depth: the step loop counts its plans in flight and asks
+`PlanDepth.may_plan` before each plan.
+
+Why a depth above 1 pays: worker lookahead. A worker with a step in flight takes the next
+plan if it arrives before that step's tokens reach the host, and queues it on the device
+behind the running step (it already holds the input tokens on the device); then the step
+in flight's result goes out. Without lookahead (--no-worker-lookahead) a worker finishes
+each step before it reads the next plan, so the device waits for the round trip every step,
+and plans_ahead 2 is refused. How the waits are made: the worker with a step in flight polls
+for the next plan or the step's tokens without sleeping for `SPIN_S` (gpu_workers.
+worker_proc), then sleeps between polls; the step loop polls for results without sleeping
+for `result_spin_s` (protocol.limits.GPU_RESULT_SPIN_S on a GPU) while plans are in flight
+(`PlanDepth.spin_s`). With nothing in flight both block in their sockets' poll: an idle
+engine does not spin.
+
+What paces decoding: the device's step, or the host's chain from one step's tokens to the
+launch of the next (the result's hop, this loop, the plan's hop, the worker's launch).
 One plan ahead, a decode step can start only once that chain has run for the step before it;
 when the chain is longer than the device's step, the GPU waits on the host every step, and
 planning a second step ahead hides the chain. When the device is the slower side, a second
@@ -13,6 +43,12 @@ device's busy time that the workers report per step.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
+
+from protocol import StepPlan, StepResult
+from scheduler_proc.config import SchedulerConfig
+from scheduler_proc.state import SchedulerState
+from scheduler_proc.stats import SchedulerStats
 
 WINDOW = 16
 """Steps each mean is taken over."""
@@ -73,3 +109,60 @@ class PacingMeter:
         last window stands until the device's step grows past it."""
         chain, device = self.chain_s, self.device_step_s
         return chain is not None and device is not None and chain > self.margin * device
+
+
+def deep_plan_pays(state: SchedulerState, max_seqs: int) -> bool:
+    """Whether the deepest plan pays for this batch: at most `max_seqs` sequences run, all
+    with their whole prompt planned, and none waits."""
+    running = state.running
+    if state.waiting or len(running) > max_seqs:
+        return False
+    return all(seq.num_computed >= seq.num_prefill for seq in running)
+
+
+@dataclass(slots=True)
+class PlanDepth:
+    """The rule above for one scheduler: asked before each plan, told of each plan and
+    result (the meter's samples)."""
+
+    limit: int
+    """Most plans in flight (protocol.limits.plans_in_flight)."""
+    deep_max_seqs: int | None = None
+    """The deepest slot is made only where deep_plan_pays with this limit and the meter says
+    host-paced; None: whenever there is room."""
+    meter: PacingMeter | None = None
+    """With a limit: whether the host's chain paces decoding (None: the batch alone decides)."""
+    result_spin_s: float = 0.0
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> PlanDepth:
+        deep = config.deep_plan_max_seqs if config.plans_ahead > 1 else None
+        return cls(config.max_plans_in_flight, deep, None if deep is None else PacingMeter(),
+                   config.result_spin_s)
+
+    def may_plan(self, in_flight: int, state: SchedulerState) -> bool:
+        """Whether another step may be planned with `in_flight` plans out."""
+        if in_flight >= self.limit:
+            return False
+        if in_flight < self.limit - 1 or self.deep_max_seqs is None:
+            return True
+        meter = self.meter
+        return (deep_plan_pays(state, self.deep_max_seqs)
+                and (meter is None or meter.host_paced()))
+
+    def planned(self, plan: StepPlan, in_flight: int, stats: SchedulerStats) -> None:
+        """`plan` was made with `in_flight` others out."""
+        if in_flight >= 2:
+            stats.steps_two_ahead += 1
+        if self.meter is not None:
+            decode_only = not plan.new_seqs and max(plan.cached.num_new, default=0) == 1
+            self.meter.planned(plan.step_id, in_flight, decode_only)
+
+    def result(self, result: StepResult, now_s: float) -> None:
+        if self.meter is not None:
+            self.meter.result(result.step_id, result.gpu_busy_s, now_s)
+
+    def spin_s(self, in_flight: int) -> float:
+        """How long the step loop polls without sleeping before it blocks: only while a
+        result is due."""
+        return self.result_spin_s if in_flight else 0.0

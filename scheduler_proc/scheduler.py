@@ -33,10 +33,10 @@ from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.fair_share import WaitingQueues
 from scheduler_proc.handoff import Handoffs
 from scheduler_proc.invariants import check_integrity
-from scheduler_proc.plans_in_flight import PacingMeter
+from scheduler_proc.plans_in_flight import PacingMeter, PlanDepth
 from scheduler_proc.sequence import Sequence
 from scheduler_proc.state import SchedulerState, snapshot
-from scheduler_proc.step_planner import deep_plan_pays, plan_step
+from scheduler_proc.step_planner import plan_step
 from scheduler_proc.step_results import apply_result
 
 ABORT, ERROR = FinishReason.ABORT, FinishReason.ERROR
@@ -48,15 +48,22 @@ class Scheduler:
         self.handoffs: Handoffs | None = None
         if config.role:
             self.handoffs = self.state.handoffs = Handoffs(self.state)
-        self.pacing: PacingMeter | None = None
-        """With plans_ahead 2 and a limit: whether the host's chain paces decoding."""
-        if config.plans_ahead > 1 and config.deep_plan_max_seqs is not None:
-            self.pacing = PacingMeter()
+        self.depth = PlanDepth.from_config(config)
+        """How many plans may be in flight, and when (scheduler_proc.plans_in_flight)."""
 
     # Read-only views of the state, for the process loop, benchmarks and tests.
     @property
     def config(self) -> SchedulerConfig:
         return self.state.config
+
+    @property
+    def pacing(self) -> PacingMeter | None:
+        """The depth rule's meter; set None to let the batch alone decide the depth."""
+        return self.depth.meter
+
+    @pacing.setter
+    def pacing(self, meter: PacingMeter | None) -> None:
+        self.depth.meter = meter
 
     @property
     def block_manager(self) -> BlockManager:
@@ -169,28 +176,17 @@ class Scheduler:
     # ------------------------------------------------------------------ steps
 
     def may_plan(self, plans_in_flight: int) -> bool:
-        """Whether the loop may plan another step while `plans_in_flight` are out: below the
-        config's depth, and into the deepest slot of plans_ahead=2 only where it pays: a
-        small batch that only decodes (step_planner.deep_plan_pays), paced by the host's
-        chain rather than by the device (scheduler_proc.plans_in_flight)."""
-        depth = self.config.max_plans_in_flight
-        if plans_in_flight >= depth:
-            return False
-        if plans_in_flight < depth - 1 or self.config.plans_ahead < 2:
-            return True
-        pacing = self.pacing
-        return deep_plan_pays(self.state) and (pacing is None or pacing.host_paced())
+        """Whether the loop may plan another step while `plans_in_flight` are out
+        (scheduler_proc.plans_in_flight has the rule)."""
+        return self.depth.may_plan(plans_in_flight, self.state)
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step, or None when there is nothing to compute."""
         start = time.perf_counter()
-        depth = len(self.state.inflight)
+        in_flight = len(self.state.inflight)
         plan = plan_step(self.state)
-        if plan is not None and depth >= 2:
-            self.state.stats.steps_two_ahead += 1
-        if plan is not None and self.pacing is not None:
-            decode_only = not plan.new_seqs and max(plan.cached.num_new, default=0) == 1
-            self.pacing.planned(plan.step_id, depth, decode_only)
+        if plan is not None:
+            self.depth.planned(plan, in_flight, self.state.stats)
         self.state.stats.schedule_time_s += time.perf_counter() - start
         return plan
 
@@ -198,8 +194,7 @@ class Scheduler:
         """Append the tokens of the oldest plan in flight, apply stop conditions, free the
         finished, and return the deltas for the detokenizer (with any queued out-of-band)."""
         start = time.perf_counter()
-        if self.pacing is not None:
-            self.pacing.result(result.step_id, result.gpu_busy_s, start)
+        self.depth.result(result, start)
         deltas = apply_result(self.state, result)
         self.state.stats.result_time_s += time.perf_counter() - start
         self.state.stats.gpu_busy_s += result.gpu_busy_s

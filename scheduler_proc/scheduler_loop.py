@@ -10,8 +10,9 @@ a result is due the loop polls without sleeping for `result_spin_s` (a wake-up f
 poll takes tens of µs or more on an idle host), then blocks.
 
 Overlap: with plan N in flight the loop sends plan N+1 before it processes result N, so
-the workers never wait for the scheduler; one plan is queued ahead of the one executing (two
-with plans_ahead=2). Scheduler documents what that means for sequence state.
+the workers never wait for the scheduler; how many plans it keeps in flight, and how long it
+spins, it asks the scheduler's PlanDepth (scheduler_proc.plans_in_flight has the rule).
+Scheduler documents what overlap means for sequence state.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ class SchedulerLoop:
                     self.plans_in_flight += 1
                     was_busy, idle_since = True, None
                     self._flush_deltas()
-                    # Overlap: go straight on to plan N+1 (and N+2: plans_ahead) while N runs.
+                    # Overlap: go straight on to plan N+1 (and N+2) while N runs: may_plan.
                     continue
             self._flush_deltas()
             if was_busy and self.plans_in_flight == 0 and not sched.has_unfinished():
@@ -226,8 +227,9 @@ class SchedulerLoop:
     def _wait(self) -> None:
         """Until something arrives, POLL_MS at most (the stop flag is checked between)."""
         self.outbox.flush()
-        if self.plans_in_flight and self.config.result_spin_s > 0:
-            spin_until = time.perf_counter() + self.config.result_spin_s
+        spin_s = self.sched.depth.spin_s(self.plans_in_flight)
+        if spin_s > 0:
+            spin_until = time.perf_counter() + spin_s
             while time.perf_counter() < spin_until:
                 if self._poller.poll(0):
                     return

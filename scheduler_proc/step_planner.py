@@ -92,19 +92,6 @@ def plan_step(state: SchedulerState) -> StepPlan | None:
     return plan
 
 
-def deep_plan_pays(state: SchedulerState) -> bool:
-    """Whether planning the second step ahead of the results pays: the config sets no limit,
-    or at most `deep_plan_max_seqs` sequences run, all decoding, and none waits. A step that
-    admits or prefills would only be queued behind one more decode step."""
-    limit = state.config.deep_plan_max_seqs
-    if limit is None:
-        return True
-    running = state.running
-    if state.waiting or len(running) > limit:
-        return False
-    return all(seq.num_computed >= seq.num_prefill for seq in running)
-
-
 def _continue_running(state: SchedulerState, batch: _StepBatch) -> None:
     """Give each running sequence its next tokens while budget lasts, growing its block table;
     when the pool is full, preempt the most recently admitted until the growth fits."""

@@ -19,9 +19,9 @@ from typing import Any
 
 import zmq
 
+from frontend.actors.decoder_cache import load_decoder
 from frontend.actors.handoff_order import HandoffOrder
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
-from frontend.actors.model_tokenizer import load_tokenizer
 from frontend.actors.replies import engine_dead_error, error_delta, malformed
 from frontend.actors.token_bytes import TokenBytes
 from frontend.actors.top_alternatives import Top, joined
@@ -330,7 +330,7 @@ def run_detokenizer(config: DetokenizerConfig, endpoints: Endpoints) -> None:
     with actor_process("detokenizer", endpoints) as rt:
         def start() -> Started:
             clock = PhaseClock()
-            tokenizer = load_tokenizer(config.model)
+            tokenizer = load_decoder(config.model)  # from the cache, without transformers
             clock.mark("tokenizer")
             actor = DetokenizerActor(config, endpoints, rt, make_decode_fn(tokenizer),
                                      TokenBytes(tokenizer))

@@ -35,8 +35,7 @@ def default_model_dir(cache_dir: str | None = None, progress: bool = True) -> st
     lives in its `smollm2-135m-instruct/` folder. The conversion writes into a temporary sibling
     and renames it into place, so an interrupted run never leaves a half-written model behind.
     """
-    root = Path(cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "nanopipe")
-    final = root.expanduser() / MODEL_NAME
+    final = cache_root(cache_dir) / MODEL_NAME
     gguf_path = _packaged_gguf()
     if _is_complete(final, gguf_path):
         return str(final)
@@ -52,6 +51,12 @@ def default_model_dir(cache_dir: str | None = None, progress: bool = True) -> st
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(final)
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    """nanopipe's per-user cache: `cache_dir`, else `$NANOPIPE_CACHE`, else `~/.cache/nanopipe`."""
+    root = cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "nanopipe"
+    return Path(root).expanduser()
 
 
 def find_gguf() -> Path:

@@ -29,7 +29,9 @@ from protocol.limits import (
     MAX_MODEL_LEN_CAP,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
-    plans_in_flight,
+    PlanDepthSettings,
+    plans_ahead_conflict,
+    resolve_plan_depth,
 )
 
 T = TypeVar("T")
@@ -170,14 +172,10 @@ class EngineConfig:
         self._check_nodes()
         self._check_attention()
         check_disaggregation(self)
-        if self.plans_ahead == 2 and not (self.overlap and self.worker_lookahead):
-            raise ConfigError("EngineConfig", "plans_ahead",
-                              "> 1 needs overlap and worker lookahead (a worker that "
-                              "launches a step before the previous one's tokens are back)")
-        if self.plans_ahead == 2 and self.speculative is not None:
-            raise ConfigError("EngineConfig", "plans_ahead",
-                              "> 1 does not go with speculative decoding (a step's accepted "
-                              "tokens decide the next plan's positions)")
+        why = plans_ahead_conflict(self.plans_ahead, speculative=self.speculative is not None,
+                                   overlap=self.overlap, lookahead=self.worker_lookahead)
+        if why is not None:
+            raise ConfigError("EngineConfig", "plans_ahead", why)
         if self.speculative == "draft" and self.draft_model is None:
             raise ConfigError("EngineConfig", "draft_model",
                               "is required with speculative='draft' (--draft-model DIR)")
@@ -330,16 +328,19 @@ class EngineConfig:
         return self.num_speculative_tokens if self.speculative else 0
 
     @property
+    def plan_depth(self) -> PlanDepthSettings:
+        """--overlap, --worker-lookahead and --plans-ahead resolved (protocol.limits)."""
+        return resolve_plan_depth(
+            self.plans_ahead, overlap=self.overlap, lookahead=self.worker_lookahead,
+            speculative=self.speculative is not None, gpu=self.resolved_device == "cuda")
+
+    @property
     def resolved_plans_ahead(self) -> int:
-        if self.plans_ahead is not None:
-            return self.plans_ahead
-        deep_ok = (self.overlap and self.worker_lookahead and self.speculative is None
-                   and self.resolved_device == "cuda")
-        return 2 if deep_ok else 1
+        return self.plan_depth.plans_ahead
 
     @property
     def max_plans_in_flight(self) -> int:
-        return plans_in_flight(self.overlap, self.resolved_plans_ahead)
+        return self.plan_depth.plans_in_flight
 
     def resolved(self, name: str) -> Any:
         """Field `name` as the processes get it: `resolved_<name>` where there is one."""
@@ -358,10 +359,10 @@ class EngineConfig:
         from frontend.engine.disagg import gpus_shared
         from gpu_workers.config import WorkerConfig
 
-        shared = gpus_shared(self)
+        shared, depth = gpus_shared(self), self.plan_depth
         cfg = self._derive(WorkerConfig, dist_init_method=dist_init_method,
-                           lookahead=self.worker_lookahead and self.overlap,
-                           max_plans_in_flight=self.max_plans_in_flight, gpu_share=shared)
+                           lookahead=depth.worker_lookahead,
+                           max_plans_in_flight=depth.plans_in_flight, gpu_share=shared)
         if shared:  # one GPU for prefill and decode: each replica its share of the memory
             cfg = dataclasses.replace(
                 cfg, gpu_memory_utilization=self.gpu_memory_utilization / self.num_replicas)
@@ -388,13 +389,13 @@ class EngineConfig:
 
     def scheduler_config(self, num_kv_blocks: int, num_host_slots: int = 0,
                          host_block_bytes: int = 0):
-        from scheduler_proc.config import GPU_RESULT_SPIN_S, SchedulerConfig
+        from scheduler_proc.config import SchedulerConfig
 
-        spin_s = GPU_RESULT_SPIN_S if self.resolved_device == "cuda" else 0.0
-        deep_limit = DEEP_PLAN_MAX_SEQS if self.plans_ahead is None else None
-        return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks, result_spin_s=spin_s,
-                            deep_plan_max_seqs=deep_limit, num_host_slots=num_host_slots,
-                            host_block_bytes=host_block_bytes)
+        depth = self.plan_depth
+        return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks,
+                            result_spin_s=depth.result_spin_s,
+                            deep_plan_max_seqs=depth.deep_plan_max_seqs,
+                            num_host_slots=num_host_slots, host_block_bytes=host_block_bytes)
 
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))

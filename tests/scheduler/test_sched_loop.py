@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 import zmq
 from fake_worker import Collector, FakeWorker, make_request, reference_generate
@@ -115,6 +116,27 @@ def test_loop_serves_requests_to_completion(overlap, spin_s):
         out = h.collect_until(finished([50])).outputs
         assert out[50].finish_reason is FinishReason.ERROR
         assert "max_model_len" in out[50].error.message
+    finally:
+        h.close()
+
+
+def test_an_idle_loop_sleeps_though_it_spins_for_results():
+    """With the spin a GPU engine gets, the loop polls without sleeping only while a result
+    is due: once the requests are served its thread uses next to no CPU."""
+    cfg = SchedulerConfig(32, 4, max_model_len=64, plans_ahead=2, result_spin_s=5e-3)
+    h = Harness(cfg)
+    try:
+        reqs = [make_request(i, 5, max_tokens=20, ignore_eos=True) for i in range(3)]
+        for r in reqs:
+            h.front.send(r)
+        h.collect_until(finished(range(3)))
+        time.sleep(0.3)  # the last result's bookkeeping
+        thread = next(t for t in psutil.Process().threads() if t.id == h.sched_thread.native_id)
+        start = time.monotonic()
+        time.sleep(1.0)
+        after = next(t for t in psutil.Process().threads() if t.id == thread.id)
+        used = (after.user_time + after.system_time - thread.user_time - thread.system_time)
+        assert used / (time.monotonic() - start) < 0.02, f"idle loop used {used:.3f} s of CPU"
     finally:
         h.close()
 

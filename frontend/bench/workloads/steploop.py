@@ -45,7 +45,7 @@ from protocol import (
     StepResult,
     TokenDeltas,
 )
-from protocol.limits import DEEP_PLAN_MAX_SEQS
+from protocol.limits import resolve_plan_depth
 from protocol.sockets import MessageSocket
 from scheduler_proc import SchedulerConfig
 from scheduler_proc.scheduler_loop import run_scheduler
@@ -136,17 +136,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> list[Figure]:
     total = args.repeats * args.steps + 16
-    auto = args.plans_ahead == "auto"
-    ahead = 2 if auto else int(args.plans_ahead)
+    ahead = 2 if args.plans_ahead == "auto" else int(args.plans_ahead)
+    depth = resolve_plan_depth(None if args.plans_ahead == "auto" else max(ahead, 1),
+                               overlap=ahead > 0, lookahead=True, speculative=False, gpu=True)
     config = SchedulerConfig(args.seqs * (-(-(total + 64) // BLOCK_SIZE) + 1), BLOCK_SIZE,
                              max_num_seqs=max(args.seqs, 1), max_model_len=total + 64,
-                             overlap=ahead > 0, plans_ahead=max(ahead, 1),
-                             deep_plan_max_seqs=DEEP_PLAN_MAX_SEQS if auto else None,
+                             overlap=depth.overlap, plans_ahead=depth.plans_ahead,
+                             deep_plan_max_seqs=depth.deep_plan_max_seqs,
                              result_spin_s=args.result_spin_us * 1e-6)
     ep = Endpoints.ipc(1)
     ctx = zmq.Context()
     control = MessageSocket(ctx, zmq.PULL, ep.control, bind=True, accepts=(Ready, StartupFailed))
-    worker = FakeWorker(ctx, ep, args.device_us * 1e-6, args.launch_us * 1e-6, ahead > 0)
+    worker = FakeWorker(ctx, ep, args.device_us * 1e-6, args.launch_us * 1e-6,
+                        depth.worker_lookahead)
     scheduler = mp.get_context("spawn").Process(target=run_scheduler, args=(config, ep, 1),
                                                 daemon=True)
     scheduler.start()
