@@ -167,3 +167,21 @@ class TokenDeltas:
     the others: only a finish carries metrics."""
     metrics: list[RequestMetrics] = field(default_factory=list)
     """Their metrics, in the order of metrics_ids."""
+    handoff_ids: list[int] = field(default_factory=list)
+    """Prefill/decode disaggregation, prefill side: requests whose rows here are the last of
+    this replica's; their streams go on from a decode replica."""
+    continued_ids: list[int] = field(default_factory=list)
+    """Decode side: requests whose streams go on from here, after their prefill replica's
+    hand-off rows. Streams of two replicas reach the detokenizer on two links, so their order
+    is not given: it holds these requests' rows until the hand-off rows have arrived."""
+
+    def columns_agree(self) -> bool:
+        """Whether every per-row column has a row for each request (a frame that does not
+        is malformed)."""
+        n = len(self.request_ids)
+        top_ids, top_lps = self.top_token_ids, self.top_logprobs
+        return (len(self.token_ids) == len(self.finish_reasons) == len(self.errors) == n
+                and len(self.metrics_ids) == len(self.metrics)
+                and (self.logprobs is None or len(self.logprobs) == n)
+                and (top_ids is None or (top_lps is not None
+                                         and len(top_ids) == len(top_lps) == n)))

@@ -67,6 +67,9 @@ class Handoffs:
         self.incoming: dict[int, InEntry] = {}
         self.landed: deque[Sequence] = deque()
         self.refused: OrderedDict[int, None] = OrderedDict()
+        self.exported_ended: OrderedDict[int, int] = OrderedDict()
+        """Prefill side: blocks of requests that ended here after their export went out; the
+        transfer may still land, and its release is counted then."""
 
     @property
     def waiting(self) -> int:
@@ -151,17 +154,23 @@ class Handoffs:
     def on_release(self, msg: HandoffRelease) -> None:
         entry = self._end_out(msg.request_id)
         if entry is None:
+            ended_blocks = self.exported_ended.pop(msg.request_id, None)
+            if ended_blocks is not None and msg.landed:
+                self._count_out(ended_blocks, msg.num_bytes)
             return
         seq = entry.seq
         if not msg.landed:
             self._fail(seq, msg.error)
             return
-        c = self.counters
-        c.handoffs_out += 1
-        c.blocks_out += entry.num_blocks
-        c.bytes_out += msg.num_bytes
+        self._count_out(entry.num_blocks, msg.num_bytes)
         # The decode replica owns the request now: free silently, no end of ours.
         self._free(seq)
+
+    def _count_out(self, num_blocks: int, num_bytes: int) -> None:
+        c = self.counters
+        c.handoffs_out += 1
+        c.blocks_out += num_blocks
+        c.bytes_out += num_bytes
 
     def _free(self, seq: Sequence) -> None:
         bm = self.state.block_manager
@@ -280,6 +289,10 @@ class Handoffs:
         entry = self._end_out(rid)
         if entry is not None:
             self.peer_out.append((entry.decode_replica, HandoffCancel(rid)))
+            if entry.exported:
+                self.exported_ended[rid] = entry.num_blocks
+                if len(self.exported_ended) > MAX_REFUSED_IDS:
+                    self.exported_ended.popitem(last=False)
         elif seq in self.landed:
             self.landed.remove(seq)
 
@@ -302,6 +315,7 @@ class Handoffs:
         seq.client = state.waiting.client(self.client_keys.pop(seq.seq_id, ""))
         seq.client.running += 1
         state.seqs[seq.seq_id] = seq
+        state.deltas.continued_ids.append(seq.seq_id)  # before any row of it, on this link
 
     def on_cancel(self, msg: HandoffCancel) -> None:
         seq = self.seqs.get(msg.request_id)

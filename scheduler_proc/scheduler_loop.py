@@ -111,7 +111,7 @@ class SchedulerLoop:
     def _emit(self, deltas: TokenDeltas | None) -> None:
         """Queue deltas for the detokenizer and the watchers, sent in order by _flush_deltas:
         after the plan that follows them, when there is one (run)."""
-        if deltas is not None and deltas.request_ids:
+        if deltas is not None and (deltas.request_ids or deltas.continued_ids):
             self._deltas.append(deltas)
 
     def _flush_deltas(self) -> None:

@@ -75,6 +75,7 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
         for seq in seqs:  # a first token that did not end its request: on to decode
             if seq.status is RUNNING and seq.decode_replica >= 0:
                 state.handoffs.hand_off(seq)
+                state.deltas.handoff_ids.append(seq.seq_id)
                 finished_running = True
     if finished_running:
         state.running = [s for s in state.running if s.status is RUNNING]

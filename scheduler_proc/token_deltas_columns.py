@@ -17,7 +17,7 @@ class TokenDeltasColumns:
     """
 
     __slots__ = ("ids", "tokens", "reasons", "errors", "logprobs", "top_ids", "top_lps",
-                 "metrics_ids", "metrics")
+                 "metrics_ids", "metrics", "handoff_ids", "continued_ids")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
@@ -30,6 +30,8 @@ class TokenDeltasColumns:
         self.top_lps: list[list[list[float]]] = []
         self.metrics_ids: list[int] = []
         self.metrics: list[RequestMetrics] = []
+        self.handoff_ids: list[int] = []
+        self.continued_ids: list[int] = []
 
     def pad_top(self) -> None:
         missing = len(self.ids) - len(self.top_ids)
@@ -89,7 +91,7 @@ class TokenDeltasColumns:
 
     def take(self, step_id: int, with_logprobs: bool | None) -> TokenDeltas | None:
         """Empty the buffer into a message. with_logprobs=None: only if non-empty."""
-        if with_logprobs is None and not self.ids:
+        if with_logprobs is None and not (self.ids or self.continued_ids):
             return None
         if self.top_ids:
             self.pad_top()
@@ -103,6 +105,8 @@ class TokenDeltasColumns:
             *((self.top_ids, self.top_lps) if self.top_ids and with_logprobs else (None, None)),
             self.metrics_ids,
             self.metrics,
+            self.handoff_ids,
+            self.continued_ids,
         )
         self.__init__()
         return msg

@@ -1,9 +1,8 @@
 """The detokenizer actor: turns each step's TokenDeltas into text and routes it to clients.
 
 It owns the decoding state of every running request. Requests are announced by the
-tokenizer (DetokRequestInfo) before the scheduler sees them, but the two arrive on
-different pipes of one PULL socket, so deltas that overtake their announcement are
-buffered until it arrives.
+tokenizer (DetokRequestInfo) before the scheduler sees them, but on another pipe: deltas that
+overtake their announcement wait for it (as do a decode replica's: handoff_order).
 
 The final delta of each request carries its RequestMetrics, which the scheduler sends with
 the request's finish. A request this actor ends itself (a stop string) is finished in the
@@ -21,6 +20,7 @@ from typing import Any
 import zmq
 
 from frontend.actors.decoder_cache import load_decoder
+from frontend.actors.handoff_order import HandoffOrder
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
 from frontend.actors.replies import engine_dead_error, error_delta, malformed
 from frontend.actors.token_bytes import TokenBytes
@@ -110,6 +110,7 @@ class DetokenizerActor:
         self.peers: dict[str, bytes] = {}  # client_id -> routing id on the results socket
         self.requests: dict[int, _Request] = {}
         self.early: dict[int, list[tuple]] = {}  # deltas that overtook their DetokRequestInfo
+        self.handoff_order = HandoffOrder()  # a decode replica's rows that overtook a prefill's
         self.max_announced = -1  # request ids are a counter: at or below this, a missing
         # request has finished (late deltas are dropped), above it it is still to come
         self.dead_reason: str | None = None
@@ -185,23 +186,22 @@ class DetokenizerActor:
     def _on_deltas(self, msg: TokenDeltas) -> None:
         logprobs = msg.logprobs
         top_ids, top_lps = msg.top_token_ids, msg.top_logprobs
-        n = len(msg.request_ids)
-        if not (len(msg.token_ids) == len(msg.finish_reasons) == len(msg.errors) == n
-                and len(msg.metrics_ids) == len(msg.metrics)
-                and (logprobs is None or len(logprobs) == n)
-                and (top_ids is None or (top_lps is not None
-                                         and len(top_ids) == len(top_lps) == n))):
-            log.error("detokenizer: dropped TokenDeltas %d: its columns differ in length",
-                      msg.step_id)
+        if not msg.columns_agree():
+            log.error("detokenizer: dropped TokenDeltas %d: uneven columns", msg.step_id)
             return
         metrics = dict(zip(msg.metrics_ids, msg.metrics)) if msg.metrics_ids else {}
+        (order := self.handoff_order).continued(msg.continued_ids)
+        handoffs = set(msg.handoff_ids)
         self._batch = {}
         try:
             for i, request_id in enumerate(msg.request_ids):
                 top = Top(top_ids[i], top_lps[i]) if top_ids is not None and top_ids[i] else None
-                self._on_delta(request_id, msg.token_ids[i], msg.finish_reasons[i],
-                               msg.errors[i], logprobs[i] if logprobs is not None else None, top,
-                               metrics.get(request_id))
+                row = (request_id, msg.token_ids[i], msg.finish_reasons[i], msg.errors[i],
+                       logprobs[i] if logprobs is not None else None, top,
+                       metrics.get(request_id))
+                rows = order.rows(row, request_id in handoffs) if order or handoffs else (row,)
+                for args in rows:
+                    self._on_delta(*args)
         finally:
             batch, self._batch = self._batch, None
             self._flush(batch)

@@ -217,13 +217,15 @@ def test_the_one_table_names_every_finish_reason_as_openai_does():
     ([0x11, [1], 4], "not a FinishReason"),
     ([0x11, [1], "stop"], "not a FinishReason"),
     ([0x11, [1], True], "not a FinishReason"),
-    ([0x22, 1, [1], [[]], [9], [None], None, None, None, [], []], "not a FinishReason"),
-    ([0x22, 1, [1], [[]], [3], [[7, "x", None]], None, None, None, [], []], "not a ErrorKind"),
-    ([0x22, 1, [1], [[]], [3], ["engine dead: x"], None, None, None, [], []], "RequestError"),
+    ([0x22, 1, [1], [[]], [9], [None], None, None, None, [], [], [], []], "not a FinishReason"),
+    ([0x22, 1, [1], [[]], [3], [[7, "x", None]], None, None, None, [], [], [], []],
+     "not a ErrorKind"),
+    ([0x22, 1, [1], [[]], [3], ["engine dead: x"], None, None, None, [], [], [], []],
+     "RequestError"),
     # a column that is mostly None is still checked item by item once one is not
-    ([0x22, 1, [1, 2], [[], []], [None, 9], [None, None], None, None, None, [], []],
+    ([0x22, 1, [1, 2], [[], []], [None, 9], [None, None], None, None, None, [], [], [], []],
      "not a FinishReason"),
-    ([0x22, 1, [1, 2], [[], []], [None, None], [None, "x"], None, None, None, [], []],
+    ([0x22, 1, [1, 2], [[], []], [None, None], [None, "x"], None, None, None, [], [], [], []],
      "RequestError"),
 ])
 def test_unknown_enum_values_are_refused(payload, match):

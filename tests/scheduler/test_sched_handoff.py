@@ -214,6 +214,11 @@ def test_an_abort_anywhere_ends_the_request_once_and_frees_every_block(phase, de
     for req in (reqs[0], reqs[2]):
         assert pair.outputs[req.request_id]["tokens"] == expected(req)[0]
     pair.assert_all_free()
+    # What landed is counted on both sides, though the request ended on one before the
+    # other heard of it.
+    c_out, c_in = pair.p.handoffs.counters, pair.d.handoffs.counters
+    assert (c_out.handoffs_out, c_out.blocks_out, c_out.bytes_out) == \
+        (c_in.handoffs_in, c_in.blocks_in, c_in.bytes_in)
 
 
 def test_abort_reaching_the_decode_replica_before_the_offer_refuses_it():
