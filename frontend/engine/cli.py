@@ -12,9 +12,11 @@ statuses: usage.py.
 from __future__ import annotations
 
 import functools
+import importlib
 import signal
 import socket
 import sys
+import threading
 from typing import Any
 
 from frontend.engine.log_config import configure_logging
@@ -57,6 +59,16 @@ def _bind_http(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _preload(module: str) -> None:
+    """Import `module` now, in the background: the HTTP server's modules (FastAPI's) take
+    a few tenths of a second, which start-up hides and serving would wait for. A failure
+    is left for the import that uses the module to report."""
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - reported by the later import
+        pass
+
+
 def serve(command: ServeCommand) -> int:
     """Run the pipeline (and the HTTP API) until stopped; 1 when the engine died."""
     config, http = command.engine, command.http
@@ -96,6 +108,8 @@ def serve(command: ServeCommand) -> int:
         from frontend.openai_server.starting import StartingResponder
 
         starting = StartingResponder(http_sock)
+        threading.Thread(target=_preload, args=("frontend.openai_server.server",),
+                         name="nanopipe-preload", daemon=True).start()
 
     def progress(text: str) -> None:
         print_progress(text)
