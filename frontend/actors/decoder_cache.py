@@ -88,14 +88,14 @@ def _entry(model: str, cache_dir: str | None) -> Path | None:
 
 def _backend_stands_for(tokenizer: Any) -> bool:
     """Whether the detokenizer's calls on this tokenizer are its backend's, unchanged."""
-    from transformers import TokenizersBackend
+    from transformers import PreTrainedTokenizerFast as Fast  # TokenizersBackend in 5.x
 
-    if not isinstance(tokenizer, TokenizersBackend):
+    if not isinstance(tokenizer, Fast):
         return False
     kind = type(tokenizer)
-    return (kind.convert_ids_to_tokens is TokenizersBackend.convert_ids_to_tokens
-            and kind.added_tokens_decoder is TokenizersBackend.added_tokens_decoder
-            and kind.backend_tokenizer is TokenizersBackend.backend_tokenizer)
+    return (kind.convert_ids_to_tokens is Fast.convert_ids_to_tokens
+            and kind.added_tokens_decoder is Fast.added_tokens_decoder
+            and kind.backend_tokenizer is Fast.backend_tokenizer)
 
 
 def _store(path: Path, text: str) -> None:
