@@ -19,11 +19,11 @@ from typing import Any
 
 import zmq
 
-from frontend.actors.decoder_cache import load_decoder
 from frontend.actors.handoff_order import HandoffOrder
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
 from frontend.actors.replies import engine_dead_error, error_delta, malformed
 from frontend.actors.token_bytes import TokenBytes
+from frontend.actors.tokenizer_cache import load_decoder
 from frontend.actors.top_alternatives import Top, joined
 from protocol import (
     AbortRequests,

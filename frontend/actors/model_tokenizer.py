@@ -62,9 +62,10 @@ def _check_json_object(path: Path) -> None:
 
 
 def load_tokenizer(model: str) -> Any:
-    from transformers import AutoTokenizer
+    """AutoTokenizer's tokenizer, its class remembered between runs (tokenizer_cache.py)."""
+    from frontend.actors import tokenizer_cache
 
-    return AutoTokenizer.from_pretrained(model)
+    return tokenizer_cache.load_tokenizer(model)
 
 
 def eos_token_ids(model: str, tokenizer: Any) -> list[int]:

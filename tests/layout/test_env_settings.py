@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("frontend", "scheduler_proc", "gpu_workers", "kernels", "protocol")
 NAME = re.compile(r"NANOPIPE_[A-Z0-9_]+")
 ALLOWED = {
-    "NANOPIPE_CACHE": "the embedded model's cache directory",
+    "NANOPIPE_CACHE": "nanopipe's cache directory (the embedded model, detokenizer tokenizers)",
     "NANOPIPE_HOST_TIMELINE": "the host timeline's directory (profiling)",
     "NANOPIPE_PROFILE_DIR": "the workers' profiling window's directory (profiling)",
     "NANOPIPE_PROFILE_STEPS": "the plans the profiling window covers",
