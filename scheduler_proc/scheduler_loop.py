@@ -129,7 +129,7 @@ class SchedulerLoop:
         sched = self.sched
         if isinstance(msg, StepResult):
             self.timeline.mark(msg.step_id, "result_in")
-            self.plans_in_flight -= 1
+            self.plans_in_flight = max(0, self.plans_in_flight - 1)  # 0 from a death on
             if self.dead_reason is None:
                 self._emit(sched.process_result(msg))
             self.timeline.mark(msg.step_id, "result_done")
@@ -174,6 +174,7 @@ class SchedulerLoop:
             self.dead_reason = reason
             log.error("scheduler: engine dead: %s", reason)
             self._emit(self.sched.fail_all(_dead(reason)))
+            self.plans_in_flight = 0  # no result is awaited: the loop must not spin for one
             self._flush_deltas()  # every failure before the goodbye
             self.publisher.dead_reason = reason
             self.outbox.send((self.deltas_pub,), WatchGoodbye(reason, engine_dead=True))

@@ -120,6 +120,15 @@ def test_loop_serves_requests_to_completion(overlap, spin_s):
         h.close()
 
 
+def _loop_cpu_share(h: Harness, seconds: float = 1.0) -> float:
+    thread = next(t for t in psutil.Process().threads() if t.id == h.sched_thread.native_id)
+    start = time.monotonic()
+    time.sleep(seconds)
+    after = next(t for t in psutil.Process().threads() if t.id == thread.id)
+    used = after.user_time + after.system_time - thread.user_time - thread.system_time
+    return used / (time.monotonic() - start)
+
+
 def test_an_idle_loop_sleeps_though_it_spins_for_results():
     """With the spin a GPU engine gets, the loop polls without sleeping only while a result
     is due: once the requests are served its thread uses next to no CPU."""
@@ -131,12 +140,24 @@ def test_an_idle_loop_sleeps_though_it_spins_for_results():
             h.front.send(r)
         h.collect_until(finished(range(3)))
         time.sleep(0.3)  # the last result's bookkeeping
-        thread = next(t for t in psutil.Process().threads() if t.id == h.sched_thread.native_id)
-        start = time.monotonic()
-        time.sleep(1.0)
-        after = next(t for t in psutil.Process().threads() if t.id == thread.id)
-        used = (after.user_time + after.system_time - thread.user_time - thread.system_time)
-        assert used / (time.monotonic() - start) < 0.02, f"idle loop used {used:.3f} s of CPU"
+        assert _loop_cpu_share(h) < 0.02
+    finally:
+        h.close()
+
+
+def test_a_dead_engine_with_plans_in_flight_leaves_the_loop_asleep():
+    """Once the engine died no result is awaited: the spin for results stops with it."""
+    cfg = SchedulerConfig(32, 4, max_model_len=64, plans_ahead=2, result_spin_s=5e-3)
+    h = Harness(cfg)
+    try:
+        h.front.send(make_request(1, 5, max_tokens=50, ignore_eos=True))
+        h.collect_until(lambda outs: 1 in outs and outs[1].token_ids)
+        h.worker_stalled.set()  # plans stay in flight
+        time.sleep(0.3)
+        h.front.send(EngineDead("worker 0 exited with code -9"))
+        h.collect_until(finished([1]))
+        time.sleep(0.3)
+        assert _loop_cpu_share(h) < 0.02
     finally:
         h.close()
 
