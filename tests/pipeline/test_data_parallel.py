@@ -5,6 +5,7 @@ scheduler fails only the requests placed there while the other replica serves on
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -82,13 +83,17 @@ def prompts() -> list[list[int]]:
     return [[(5 * i + 3 * j) % 300 + 2 for j in range(12 + i)] for i in range(8)]
 
 
-def test_two_replicas_give_the_greedy_tokens_of_one(dp2, tiny_qwen3_dir):
+def test_two_replicas_give_the_greedy_tokens_of_one(dp2, tiny_qwen3_dir, caplog):
     names = sorted(c.name for c in dp2.pipeline.children)
     assert names == ["detokenizer 0", "replica 0 scheduler 0", "replica 0 worker 0",
                      "replica 1 scheduler 0", "replica 1 worker 0", "tokenizer 0"]
+    # Start-up's record names every process of both replicas, each READY taken once.
+    assert sorted(p.name for p in dp2.pipeline.startup.processes) == names
     two = dp2.generate(prompts(), GREEDY, use_tqdm=False)
-    with LLM(**tiny_engine(tiny_qwen3_dir)) as llm:
+    with caplog.at_level(logging.INFO, logger="nanopipe.llm"), \
+            LLM(**tiny_engine(tiny_qwen3_dir)) as llm:
         one = llm.generate(prompts(), GREEDY, use_tqdm=False)
+    assert f"nanopipe: {llm.pipeline.startup.line()}" in caplog.messages  # the LLM's log line
     assert [r["token_ids"] for r in two] == [r["token_ids"] for r in one]
     assert all(len(r["token_ids"]) == 8 for r in two)
 
