@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from gpu_workers.cpu_threads import one_thread
 from protocol.checkpoint_files import checkpoint_files
 
 # HF tensor name piece -> (our packed module name, shard id)
@@ -38,7 +39,7 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     params = dict(model.named_parameters())  # a tied lm_head appears once, as the embedding
     tied = getattr(model.config, "tie_word_embeddings", False)
     loaded: set[str] = set()
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():  # bulk copies: cpu_threads.py says why
         for path in checkpoint_files(model_dir):
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_workers.cpu_threads import one_thread
+
 FEW_ROWS = 2
 """Steps of at most this many rows may take the plain weights (see the module's docstring)."""
 
@@ -73,15 +75,16 @@ def use_onednn_weights(model: nn.Module) -> None:
     if not onednn_wanted():
         return
     layers = []
-    for module in model.modules():
-        if not hasattr(module, "onednn_weight") or module.onednn_weight is not None:
-            continue
-        weight = module.weight
-        if weight is None or weight.device.type != "cpu":
-            continue
-        reordered = onednn_layout(weight)
-        if reordered is not None:
-            layers.append((module, reordered))
+    with one_thread():  # bulk copies: gpu_workers/cpu_threads.py says why
+        for module in model.modules():
+            if not hasattr(module, "onednn_weight") or module.onednn_weight is not None:
+                continue
+            weight = module.weight
+            if weight is None or weight.device.type != "cpu":
+                continue
+            reordered = onednn_layout(weight)
+            if reordered is not None:
+                layers.append((module, reordered))
     keep_plain = bool(layers) and few_rows_take_plain()
     for module, reordered in layers:
         module.onednn_weight = reordered
