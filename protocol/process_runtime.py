@@ -115,21 +115,23 @@ class ProcessRuntime:
                      host_block_bytes: int = 0,
                      phases: list[StartupPhase] | None = None) -> None:
         """Tell the launcher this process serves now (and what it learned at start-up)."""
-        sock = self.socket(zmq.PUSH, control_address, bind=False, security=security)
-        self._send_to_launcher(sock, Ready(role=self.role, rank=self.rank,
-                                           num_kv_blocks=num_kv_blocks, info=info,
-                                           num_host_slots=num_host_slots,
-                                           host_block_bytes=host_block_bytes,
-                                           phases=list(phases or [])))
+        ready = Ready(role=self.role, rank=self.rank, num_kv_blocks=num_kv_blocks, info=info,
+                      num_host_slots=num_host_slots, host_block_bytes=host_block_bytes,
+                      phases=list(phases or []))
+        self._send_to_launcher(self._control_link(control_address, security), ready)
 
     def report_progress(self, control_address: str, text: str,
                         security: CurveKeys | None = None) -> None:
         """Tell the launcher what this process is doing now (it prints it for the user)."""
-        if self._progress is None:
-            self._progress = self.socket(zmq.PUSH, control_address, bind=False,
-                                         security=security)
-        self._send_to_launcher(self._progress,
+        self._send_to_launcher(self._control_link(control_address, security),
                                StartupProgress(role=self.role, rank=self.rank, text=text))
+
+    def _control_link(self, address: str, security: CurveKeys | None) -> MessageSocket:
+        """The one socket progress and READY go out on: one socket keeps them in order, so
+        the launcher prints every progress line before it hears the READY."""
+        if self._progress is None:
+            self._progress = self.socket(zmq.PUSH, address, bind=False, security=security)
+        return self._progress
 
     def report_failure(self, control_address: str, exc: BaseException,
                        security: CurveKeys | None = None) -> None:

@@ -51,11 +51,13 @@ def _read_until(proc: subprocess.Popen, pattern: str, timeout: float = 120) -> r
 
 def test_launch_serves_and_sigterm_leaves_nothing_behind(tiny_qwen3_dir):
     proc = _launch(tiny_qwen3_dir, "--tp", "2")
-    # The start-up line says where the time went, the slowest of the two workers' phases too.
-    ready = _read_until(proc, r"nanopipe: ready in [\d.]+ s \(checks [\d.]+, processes [\d.]+, "
-                        r"weights ([\d.]+), kv [\d.]+, warm-up [\d.]+, graphs [\d.]+, "
-                        r"frontend [\d.]+\)$")
-    assert float(ready.group(1)) > 0
+    # The start-up line says where the time went (the slower of the two workers' phases):
+    # its phases add up to its total, each rounded to a tenth.
+    ready = _read_until(proc, r"nanopipe: ready in ([\d.]+) s \(checks ([\d.]+), "
+                        r"processes ([\d.]+), weights ([\d.]+), kv ([\d.]+), "
+                        r"warm-up ([\d.]+), graphs ([\d.]+), frontend ([\d.]+)\)$")
+    total, *phases = map(float, ready.groups())
+    assert total > 0 and abs(sum(phases) - total) <= 0.05 * (len(phases) + 1)
     address = _read_until(proc, r"clients connect to: (\S+)").group(1)
     run_dir = Path(address.removeprefix("ipc://")).parent
     children = descendants(proc.pid)
