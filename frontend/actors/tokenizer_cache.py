@@ -108,9 +108,10 @@ def _entry(model: str, cache_dir: str | None) -> Path | None:
             path = Path(model, name)
             if path.is_file():
                 digest.update(f"{name}:".encode() + path.read_bytes() + b"\n")
-    except OSError:
+        root = cache_root(cache_dir)
+    except (OSError, RuntimeError):  # RuntimeError: no home directory to cache in
         return None
-    return cache_root(cache_dir) / FOLDER / digest.hexdigest()[:32]
+    return root / FOLDER / digest.hexdigest()[:32]
 
 
 def _read(entry: Path | None, suffix: str) -> str | None:
