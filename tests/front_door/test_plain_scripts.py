@@ -77,7 +77,7 @@ def _as_from_a_terminal() -> None:
 def test_ctrl_c_during_generate_leaves_nothing_behind(tiny_qwen3_dir, tmp_path):
     source = SCRIPT.format(model=tiny_qwen3_dir) + """
 print("GENERATING", flush=True)
-llm.generate(["go on"] * 64, SamplingParams(max_tokens=100, ignore_eos=True),
+llm.generate(["go on"] * 1024, SamplingParams(max_tokens=100, ignore_eos=True),
              use_tqdm=False)
 import time
 time.sleep(600)
@@ -91,6 +91,7 @@ time.sleep(600)
         if line.startswith("GENERATING"):
             break
     info = _engine_info("".join(lines))
+    time.sleep(0.5)  # into the call: a Ctrl-C before it interrupts the script's own line
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and err.rstrip().endswith("\nKeyboardInterrupt"), err
