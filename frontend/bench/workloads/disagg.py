@@ -22,54 +22,19 @@ import argparse
 import asyncio
 import random
 import time
-from dataclasses import dataclass, field
 
-from frontend import AsyncClient, SamplingParams
+from frontend import AsyncClient
 from frontend.bench.common import StatsFollower, emit, greedy, random_prompts
 from frontend.bench.common.model_source import resolve_model_dir
 from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
-from frontend.bench.workloads.serving import percentile
+from frontend.bench.workloads.serving import Trace, one_request, percentile
 from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
 from protocol.model_config import read_model_config, vocab_size
 
 MODES = {"colocated": {}, "dp2": {"data_parallel_size": 2},
          "disagg": {"prefill_replicas": 1, "decode_replicas": 1}}
-
-
-@dataclass
-class Trace:
-    arrival: float
-    long: bool
-    first: float | None = None
-    done: float | None = None
-    tokens: int = 0
-    gaps: list[float] = field(default_factory=list)
-    transfer_s: float | None = None
-    error: str | None = None
-
-
-async def one_request(client: AsyncClient, start: float, trace: Trace, prompt: list[int],
-                      params: SamplingParams) -> None:
-    await asyncio.sleep(max(0.0, start + trace.arrival - time.perf_counter()))
-    last = time.perf_counter()
-    try:
-        async for delta in client.stream(prompt_token_ids=prompt, params=params):
-            now = time.perf_counter()
-            if delta.metrics is not None:
-                trace.transfer_s = delta.metrics.kv_transfer_s
-            if not delta.token_ids:
-                continue
-            if trace.first is None:
-                trace.first = now
-            else:
-                trace.gaps.extend([(now - last) / len(delta.token_ids)] * len(delta.token_ids))
-            trace.tokens += len(delta.token_ids)
-            last = now
-    except Exception as exc:  # reported, not fatal: the other requests go on
-        trace.error = repr(exc)
-    trace.done = time.perf_counter()
 
 
 def schedule(args: argparse.Namespace, vocab: int) -> list[tuple[Trace, list[int]]]:

@@ -51,6 +51,10 @@ class Trace:
     """Seconds the request waited in the scheduler before its first step (its metrics)."""
     scheduled: float | None = None
     """Seconds from its first step's planning to its first token at the scheduler."""
+    long: bool = False
+    """One of a workload's long prompts (where it mixes two kinds)."""
+    transfer_s: float | None = None
+    """Its KV hand-off's time, with prefill and decode replicas (its final metrics)."""
     error: str | None = None
 
 
@@ -72,6 +76,8 @@ async def one_request(client: AsyncClient, start: float, trace: Trace, prompt: l
             if m is not None and m.ttft_s is not None and trace.queued is None:
                 trace.queued = m.queue_time_s or 0.0
                 trace.scheduled = m.ttft_s - trace.queued
+            if m is not None:
+                trace.transfer_s = m.kv_transfer_s
             if not delta.token_ids:
                 continue
             if trace.first is None:
