@@ -184,14 +184,14 @@ class DetokenizerActor:
             self._on_delta(*args)
 
     def _on_deltas(self, msg: TokenDeltas) -> None:
-        logprobs = msg.logprobs
-        top_ids, top_lps = msg.top_token_ids, msg.top_logprobs
+        logprobs, top_ids, top_lps = msg.logprobs, msg.top_token_ids, msg.top_logprobs
         if not msg.columns_agree():
             log.error("detokenizer: dropped TokenDeltas %d: uneven columns", msg.step_id)
             return
         metrics = dict(zip(msg.metrics_ids, msg.metrics)) if msg.metrics_ids else {}
         (order := self.handoff_order).continued(msg.continued_ids)
         handoffs = set(msg.handoff_ids)
+        ordered = bool(order) or bool(handoffs)  # rows to order here: none unless disaggregated
         self._batch = {}
         try:
             for i, request_id in enumerate(msg.request_ids):
@@ -199,7 +199,7 @@ class DetokenizerActor:
                 row = (request_id, msg.token_ids[i], msg.finish_reasons[i], msg.errors[i],
                        logprobs[i] if logprobs is not None else None, top,
                        metrics.get(request_id))
-                rows = order.rows(row, request_id in handoffs) if order or handoffs else (row,)
+                rows = order.rows(row, request_id in handoffs) if ordered else (row,)
                 for args in rows:
                     self._on_delta(*args)
         finally:
