@@ -227,7 +227,11 @@ class DetokenizerActor:
                 self.early.setdefault(request_id, []).append(
                     (request_id, token_ids, finish, error, logprobs, top, metrics))
             elif finish is not None and request_id in self.held:
+                # The scheduler may have ended it (at max_tokens) before the stop reached it:
+                # the request ended at its stop string all the same.
                 info, delta = self.held.pop(request_id)
+                if metrics is not None:
+                    metrics = dataclasses.replace(metrics, finish_reason=STOP)
                 self._send(info, dataclasses.replace(delta, metrics=metrics))
             return
         info = req.info
@@ -247,6 +251,8 @@ class DetokenizerActor:
                 self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason=STOP))
                 stopped_here = True
             finish = STOP
+            if metrics is not None:  # the scheduler ended it at max_tokens in the same step
+                metrics = dataclasses.replace(metrics, finish_reason=STOP)
         if finish is not None:
             text += req.detok.flush()
             del self.requests[request_id]

@@ -402,7 +402,7 @@ def test_throughput_and_latency_record_their_ratio_to_a_peer(tiny_qwen3_dir, tmp
     assert "x nano-vllm (" in out
     rec.unlink()
     nanopipe("bench", "latency", "--model", tiny_qwen3_dir, "--device", "cpu", "--prompt-len",
-             "32", "--max-tokens", "6", "--reps", "2", "--hop-iters", "200", "--peer",
+             "32", "--max-tokens", "24", "--reps", "3", "--hop-iters", "200", "--peer",
              "nano-vllm", peer_checkout, "--record", str(rec))
     figures = recorded(rec, "latency")
     assert figures["tpot_ms/peer"] > 0 and figures["ttft_ms/peer"] > 0

@@ -3,6 +3,7 @@ output of the client library (stop strings included) and in LLM.generate's resul
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -66,6 +67,24 @@ def test_streamed_and_stop_string_requests_end_with_metrics(pipeline):
     assert all(d.metrics is None for d in deltas[:-1])
     assert deltas[-1].finish_reason == "length"
     assert_ordered(deltas[-1].metrics, sent, received, 6)
+
+
+def test_a_stop_string_in_the_last_token_reports_stop_in_the_metrics_too(pipeline):
+    """The scheduler ends the request at max_tokens in the very step whose text holds the stop
+    string: the user sees "stop", and the metrics must not say "length"."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    with Client(pipeline.address) as client:
+        probe = client.generate(prompt_token_ids=SHARED[:24], params=params)
+        shorter = client.generate(prompt_token_ids=SHARED[:24], params=dataclasses.replace(
+            params, max_tokens=11))
+        assert probe.text.startswith(shorter.text) and len(probe.text) > len(shorter.text)
+        # The shortest tail of the text, reaching into the last token, found nowhere earlier.
+        tail = next(probe.text[i:] for i in range(len(shorter.text), -1, -1)
+                    if probe.text.find(probe.text[i:]) == i)
+        stopped = client.generate(prompt_token_ids=SHARED[:24], params=dataclasses.replace(
+            params, stop=[tail]))
+    assert stopped.finish_reason == "stop"
+    assert stopped.metrics.finish_reason is FinishReason.STOP
 
 
 def test_llm_generate_results_carry_metrics(tiny_qwen3_dir):
