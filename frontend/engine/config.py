@@ -69,6 +69,10 @@ class EngineConfig:
     decode_replicas: int = option(
         0, "replicas that take handed-off requests and decode them (with --prefill-replicas)",
         minimum=0, metavar="D")
+    kv_transfer_timeout: float = option(
+        30.0, "prefill/decode disaggregation: seconds a request's KV may take to land on its "
+        "decode replica after the blocks were offered; past it the request fails naming both "
+        "replicas", above=0, metavar="SECONDS")
     nnodes: int = option(
         1, "hosts one tensor-parallel group spans, torchrun-style: run the same command on "
         "each with its own --node-rank; node 0 runs the front and its share of the ranks "
@@ -418,7 +422,8 @@ class EngineConfig:
         return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks,
                             result_spin_s=depth.result_spin_s,
                             deep_plan_max_seqs=depth.deep_plan_max_seqs,
-                            num_host_slots=num_host_slots, host_block_bytes=host_block_bytes)
+                            num_host_slots=num_host_slots, host_block_bytes=host_block_bytes,
+                            transfer_timeout_s=self.kv_transfer_timeout)
 
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
