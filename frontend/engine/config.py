@@ -26,10 +26,12 @@ from protocol.limits import (
     CPU_KV_CACHE_BYTES,
     DEEP_PLAN_MAX_SEQS,
     FLASH_BLOCK_MULTIPLE,
+    KV_CACHE_DTYPES,
     MAX_MODEL_LEN_CAP,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     PlanDepthSettings,
+    canonical_kv_cache_dtype,
     plans_ahead_conflict,
     resolve_plan_depth,
 )
@@ -117,6 +119,11 @@ class EngineConfig:
         "(a host tier the prefix cache reloads from, and preemption swaps to; 0: off; "
         f"default: 0 on cpu, min(1/4 of free host memory, {AUTO_OFFLOAD_CAP_GIB}) on cuda)",
         minimum=0)
+    kv_cache_dtype: str = option(
+        "auto", "what the KV cache stores: auto = the model's dtype; fp8 (or fp8_e4m3) = "
+        "float8_e4m3fn with a scale per layer for K and V (the checkpoint's k_scale/v_scale, "
+        "else 1.0), about twice the blocks in the same memory; on cuda the Triton kernels, "
+        "compute capability 8.9 or newer", choices=KV_CACHE_DTYPES)
     enforce_eager: bool = option(False, "no CUDA graphs for decode")
     peer_all_reduce: bool = option(
         False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
@@ -225,6 +232,10 @@ class EngineConfig:
         if backend == "flash_attn" and size % FLASH_BLOCK_MULTIPLE:
             raise ConfigError(owner, "block_size", f"must be a multiple of "
                               f"{FLASH_BLOCK_MULTIPLE} for flash-attn, got {size}")
+        if backend == "flash_attn" and self.resolved_kv_cache_dtype == "fp8":
+            raise ConfigError(owner, "kv_cache_dtype", "fp8 needs the Triton attention "
+                              "kernels (flash-attn reads no fp8 KV): use attention_backend "
+                              "'auto' or 'triton'")
         if backend != "torch" and size & (size - 1) and self.resolved_device == "cuda":
             raise ConfigError(owner, "block_size", f"must be a power of two on cuda "
                               f"(the Triton attention kernels tile blocks by it), got {size}")
@@ -302,6 +313,18 @@ class EngineConfig:
             return 0.0
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
         return round(min(free / 4, AUTO_OFFLOAD_CAP_GIB), 2)
+
+    @property
+    def resolved_kv_cache_dtype(self) -> str:
+        """"auto" or "fp8": fp8_e4m3 is another name of fp8."""
+        return canonical_kv_cache_dtype(self.kv_cache_dtype)
+
+    @property
+    def kv_cache_label(self) -> str:
+        """What the KV cache holds, as the start-up line says it."""
+        if self.resolved_kv_cache_dtype == "fp8":
+            return "fp8_e4m3"
+        return self.dtype or "model dtype"
 
     @property
     def resolved_max_num_batched_tokens(self) -> int:
