@@ -9,7 +9,8 @@ a request's blocks from one pipeline's rank i to another's rank i uses the same 
 The host pool is block-major ([slots, 2, num_layers, block_size, kv_heads, head_dim]): a run
 of consecutive slots is one contiguous stretch, so it crosses the bus as one copy. On CUDA it
 is pinned and every copy is asynchronous on a side stream (see BlockMover). On CPU the copies
-are plain and synchronous.
+are plain and synchronous. Both pools hold the cache's dtype (an fp8 cache's host tier is
+fp8 too); scatters copy bytes (kv_quant.raw), which torch does for every dtype.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from kernels.kv_quant import raw
 from protocol.process_runtime import ExplainedStartupError
 from protocol.step_messages import BlockMoves
 
@@ -55,7 +57,7 @@ def gather_blocks(pool: torch.Tensor, block_ids: Seq[int]) -> torch.Tensor:
 def scatter_blocks(pool: torch.Tensor, block_ids: Seq[int], blocks: torch.Tensor) -> None:
     """Write gathered blocks (in the order of block_ids) into pool."""
     index = torch.as_tensor(list(block_ids), dtype=torch.long, device=pool.device)
-    pool.index_copy_(BLOCK_DIM, index, blocks.to(pool.device, non_blocking=True))
+    raw(pool).index_copy_(BLOCK_DIM, index, raw(blocks.to(pool.device, non_blocking=True)))
 
 
 def block_major(pool: torch.Tensor) -> torch.Tensor:
@@ -158,8 +160,8 @@ class BlockMover:
             return
         if not self._cuda:
             slots = torch.as_tensor(list(host_slots), dtype=torch.long)
-            self.device_pool.index_copy_(BLOCK_DIM, self._index(device_blocks),
-                                         self.host_pool[slots].movedim(0, BLOCK_DIM))
+            raw(self.device_pool).index_copy_(BLOCK_DIM, self._index(device_blocks),
+                                              raw(self.host_pool[slots].movedim(0, BLOCK_DIM)))
         else:
             with torch.cuda.stream(self._stream):
                 index = self._index(device_blocks)
@@ -171,7 +173,8 @@ class BlockMover:
                 # The device blocks may have been read by steps still queued (a freed block
                 # handed out again): wait for them before overwriting.
                 self._stream.wait_stream(torch.cuda.current_stream(self.device_pool.device))
-                self.device_pool.index_copy_(BLOCK_DIM, index, staged.movedim(0, BLOCK_DIM))
+                raw(self.device_pool).index_copy_(BLOCK_DIM, index,
+                                                  raw(staged.movedim(0, BLOCK_DIM)))
                 self._loaded = torch.cuda.Event()
                 self._loaded.record(self._stream)
         self.bytes_loaded += len(host_slots) * self.block_bytes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +13,7 @@ from protocol.limits import (
     MAX_MODEL_LEN_CAP,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
+    canonical_kv_cache_dtype,
     plans_in_flight,
 )
 from protocol.model_shape import ModelShape, canonical_dtype
@@ -51,6 +52,8 @@ class WorkerConfig:
     gpu_share: bool = False
     """Other replicas share this GPU (disaggregation on too few GPUs): the KV budget counts
     this process's own memory against its gpu_memory_utilization share, not the device's."""
+    kv_cache_dtype: str = "auto"
+    """"auto": the KV cache in the model's dtype; "fp8": float8_e4m3fn with scales."""
     kv_offloading_size: float = 0.0
     """GiB of host memory per rank for the host KV tier (0: off)."""
     enforce_eager: bool = False
@@ -97,6 +100,7 @@ class WorkerConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise ValueError("kv_cache_bytes must be positive")
+        canonical_kv_cache_dtype(self.kv_cache_dtype)
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}")
 
@@ -130,13 +134,22 @@ DEFAULT_CPU_KV_BYTES = CPU_KV_CACHE_BYTES
 @dataclass(frozen=True, slots=True)
 class ModelConfig(ModelShape):
     """The model shape (protocol.model_shape parses and checks it, for the launcher too) and
-    the torch dtype its weights and KV cache use."""
+    the torch dtypes its weights and KV cache use."""
 
     dtype: torch.dtype
+    kv_cache_dtype: torch.dtype | None = None
+    """None: the KV cache holds the weights' dtype."""
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, dtype: str | None = None) -> ModelConfig:
-        return cls.from_shape(ModelShape.from_dir(model_dir, dtype))
+    def from_dir(cls, model_dir: str | Path, dtype: str | None = None,
+                 kv_cache_dtype: str = "auto") -> ModelConfig:
+        shape = cls.from_shape(ModelShape.from_dir(model_dir, dtype))
+        return shape.with_kv_cache_dtype(kv_cache_dtype)
+
+    @classmethod
+    def for_worker(cls, config: WorkerConfig) -> ModelConfig:
+        """The model of a worker's config, with its KV cache dtype."""
+        return cls.from_dir(config.model, config.dtype, config.kv_cache_dtype)
 
     @classmethod
     def from_dict(cls, cfg: dict, dtype: str | None = None) -> ModelConfig:
@@ -147,9 +160,21 @@ class ModelConfig(ModelShape):
         values = {f.name: getattr(shape, f.name) for f in fields(ModelShape)}
         return cls(**values, dtype=parse_dtype(shape.dtype_name))
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.kv_cache_dtype or self.dtype
+
+    def with_kv_cache_dtype(self, name: str) -> ModelConfig:
+        """This shape with the KV cache of --kv-cache-dtype `name` ("auto", "fp8", ...)."""
+        if canonical_kv_cache_dtype(name) == "auto":
+            return replace(self, kv_cache_dtype=None)
+        from kernels.kv_quant import FP8_KV_DTYPE
+
+        return replace(self, kv_cache_dtype=FP8_KV_DTYPE)
+
     def kv_bytes_per_token(self, world_size: int = 1, rank: int | None = None) -> int:
         """Bytes of K and V per token on one rank; rank None = the rank holding the most."""
         counts = [s.num_kv_heads for s in self.head_shards(world_size)]
         kv_heads = max(counts) if rank is None else counts[rank]
-        elem = self.dtype.itemsize
+        elem = self.kv_dtype.itemsize
         return 2 * self.num_layers * kv_heads * self.head_dim * elem

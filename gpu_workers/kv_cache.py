@@ -89,7 +89,7 @@ class KVCache:
         m = self.model
         # One allocation; zeros so a never-written slot cannot inject NaNs through masked lanes.
         self.storage = torch.zeros(2, m.num_layers, self.num_blocks, self.block_size, hkv.pop(),
-                                   m.head_dim, dtype=m.dtype, device=self.device)
+                                   m.head_dim, dtype=m.kv_dtype, device=self.device)
         for i, layer in enumerate(layers):
             layer.k_cache = self.storage[0, i]
             layer.v_cache = self.storage[1, i]

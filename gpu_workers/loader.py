@@ -4,10 +4,17 @@ Each parameter's owning layer slices out its tensor-parallel shard (uneven shard
 see protocol.head_partition); the packed qkv_proj and gate_up_proj take their parts from the
 separate HF tensors by shard id, or from a checkpoint that stores them packed already, which is
 cut into those parts first.
+
+A checkpoint quantized for an fp8 KV cache carries per-layer scalars
+`model.layers.N.self_attn.k_scale` and `.v_scale` (older ones `...k_proj.k_scale`, or one
+`kv_scale` for both): they become the layer's KV scales (kernels/kv_quant.py), which only an
+fp8 cache uses. Without them the scales stay 1.0.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import torch
@@ -26,6 +33,7 @@ PACKED = {
     "up_proj": ("gate_up_proj", 1),
 }
 _IGNORED = ("rotary_emb.inv_freq",)
+_KV_SCALE = re.compile(r"^(?P<attn>.*\.self_attn)\.(?:[kv]_proj\.)?(?P<which>k|v|kv)_scale$")
 
 
 def _target(name: str) -> tuple[str, object]:
@@ -44,6 +52,9 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():
                     if name.endswith(_IGNORED) or (tied and name == "lm_head.weight"):
+                        continue
+                    if scale := _KV_SCALE.match(name):
+                        _load_kv_scale(model, name, scale, f.get_tensor(name))
                         continue
                     target, shard = _target(name)
                     param = params.get(target)
@@ -65,6 +76,19 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                         param.data.copy_(tensor)
                     loaded.add(target if shard is None else f"{target}:{shard}")
     _check_complete(params, loaded)
+
+
+def _load_kv_scale(model: nn.Module, name: str, match: re.Match, tensor: torch.Tensor) -> None:
+    """One layer's K and/or V scale: a positive finite scalar, or a ValueError naming it."""
+    if tensor.numel() != 1:
+        raise ValueError(f"{name}: a KV scale must be one number per layer, got shape "
+                         f"{tuple(tensor.shape)}")
+    value = float(tensor.float().reshape(()))
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}: a KV scale must be positive and finite, got {value}")
+    attn = model.get_submodule(match["attn"]).attn
+    for which in ("k", "v") if match["which"] == "kv" else (match["which"],):
+        attn.scales[f"{which}_scale"] = value
 
 
 def _unpack(name: str, tensor: torch.Tensor, parts: tuple[tuple[object, int], ...]):

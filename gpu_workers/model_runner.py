@@ -52,17 +52,17 @@ class ModelRunner:
             raise RuntimeError("device 'cuda' requested but CUDA is not available")
         self.device = torch.device("cuda", torch.cuda.current_device()) \
             if config.device == "cuda" else torch.device("cpu")
-        self.model_config = mc = ModelConfig.from_dir(config.model, config.dtype)
+        self.model_config = mc = ModelConfig.for_worker(config)
         if config.max_model_len > mc.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={config.max_model_len} exceeds the model's "
                 f"max_position_embeddings={mc.max_position_embeddings}; lower max_model_len")
         torch.manual_seed(config.seed)
         self.backend = resolve_backend(config.attention_backend, config.device, mc.dtype,
-                                       mc.head_dim, config.block_size)
+                                       mc.head_dim, config.block_size, mc.kv_dtype)
         self.tp = TPInfo(rank, world_size, create_peer_all_reduce(mc.dtype, self.device)
                          if config.peer_all_reduce else None)
-        progress(f"loading weights ({mc.dtype}, {self.backend} attention)")
+        progress(f"loading weights ({mc.dtype}, KV {mc.kv_dtype}, {self.backend} attention)")
         with torch.inference_mode():
             self.model = CausalLM(mc, self.tp, self.backend, self.device, config.max_seq_tokens)
             load_weights(self.model, config.model)

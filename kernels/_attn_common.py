@@ -1,10 +1,17 @@
-"""Checks and pieces shared by the paged attention kernels and references."""
+"""Checks and pieces shared by the paged attention kernels and references.
+
+An fp8 cache (kernels/kv_quant.py) is read as fp8 * scale: the kernels convert each K/V tile
+to the queries' dtype (exact: every float8_e4m3fn value is a bf16/fp16 value), fold k_scale
+into the softmax scale (kv_scales) and multiply the output by v_scale; the references
+dequantize what they gather.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from kernels._common import FLOAT_DTYPES, check, check_same_device, jit, next_pow2, tl
+from kernels.kv_quant import dequantize, is_fp8
 
 LOG2E = 1.4426950408889634
 
@@ -31,6 +38,8 @@ def check_paged_inputs(
           f"block_size must be a power of two, got {block_size}")
     check(q.dtype in FLOAT_DTYPES, f"unsupported q dtype {q.dtype}")
     check(k_cache.dtype == v_cache.dtype, "k_cache and v_cache dtypes differ")
+    check(k_cache.dtype == q.dtype or is_fp8(k_cache.dtype),
+          f"the cache holds {k_cache.dtype}: q's dtype {q.dtype} or float8_e4m3fn")
     check(block_tables.dim() == 2 and block_tables.shape[0] == num_seqs,
           f"block_tables must be [B={num_seqs}, max_blocks], got {tuple(block_tables.shape)}")
     check(block_tables.dtype == torch.int32,
@@ -61,12 +70,19 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def kv_scales(cache: torch.Tensor, k_scale: float, v_scale: float) -> tuple[float, float, bool]:
+    """(k_scale, v_scale, fp8) as the kernels apply them: 1.0 for a model-dtype cache."""
+    fp8 = is_fp8(cache.dtype)
+    return (k_scale, v_scale, True) if fp8 else (1.0, 1.0, False)
+
+
 def gather_kv(
-    cache: torch.Tensor, block_ids: torch.Tensor, length: int
+    cache: torch.Tensor, block_ids: torch.Tensor, length: int, dtype: torch.dtype,
+    scale: float = 1.0,
 ) -> torch.Tensor:
-    """[num_blocks, bs, Hkv, D] + block ids -> [Hkv, length, D] for one sequence."""
+    """[num_blocks, bs, Hkv, D] + block ids -> [Hkv, length, D] of `dtype` for one sequence."""
     kv = cache[block_ids.long()].flatten(0, 1)[:length]
-    return kv.transpose(0, 1)
+    return dequantize(kv, scale, dtype).transpose(0, 1)
 
 
 @jit
@@ -99,6 +115,10 @@ def attn_tile(
     else:
         kt = tl.trans(tl.load(k_cache_ptr + kv_head_off_k + k_rows[:, None] + d[None, :]))
         v = tl.load(v_cache_ptr + kv_head_off_v + v_rows[:, None] + d[None, :])
+    # An fp8 cache's tiles in q's dtype (a no-op for a cache of q's dtype); the scales are
+    # applied outside: k_scale in qk_scale, v_scale on the output.
+    kt = kt.to(q.dtype)
+    v = v.to(q.dtype)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         keep = n[None, :] < kv_end

@@ -16,6 +16,7 @@ from kernels._attn_common import (
     check_triton_layout,
     dot_precision,
     gather_kv,
+    kv_scales,
 )
 from kernels._common import check, jit, next_pow2, require_triton, tl, use_triton
 
@@ -24,11 +25,12 @@ from kernels._common import check, jit, next_pow2, require_triton, tl, use_trito
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, cu_seqlens_q_ptr, seq_lens_k_ptr,
-    num_seqs, qk_scale,
+    num_seqs, qk_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     # Programs are laid out as sum_b (q_len_b // BLOCK_Q + 1) query tiles; the first tile
     # of sequence b is cu_seqlens_q[b] // BLOCK_Q + b, so a binary search finds b without
@@ -89,6 +91,8 @@ def _paged_attention_kernel(
             BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, True, DOT_PRECISION,
         )
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
+    if FP8:
+        out = out * v_scale
     o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
@@ -110,6 +114,8 @@ def paged_attention_triton(
     cu_seqlens_q: torch.Tensor,
     seq_lens_k: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     require_triton()
     num_seqs = cu_seqlens_q.shape[0] - 1
@@ -125,15 +131,16 @@ def paged_attention_triton(
     block_q, block_n, num_warps, num_stages = _launch_config(q, group_p, head_dim)
     # Upper bound on sum_b (q_len_b // BLOCK_Q + 1); surplus programs exit at once.
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    k_scale, v_scale, fp8 = kv_scales(k_cache, k_scale, v_scale)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens_k,
-        num_seqs, scale * LOG2E,
+        num_seqs, scale * LOG2E * k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n,
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        FP8=fp8, num_warps=num_warps, num_stages=num_stages,
     )
     return out
 
@@ -146,6 +153,8 @@ def paged_attention_ref(
     cu_seqlens_q: torch.Tensor,
     seq_lens_k: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k)
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -160,8 +169,8 @@ def paged_attention_ref(
         if q_len == 0:
             continue
         blocks = block_tables[b, : -(-seq_len // block_size)]
-        k = gather_kv(k_cache, blocks, seq_len).to(q.dtype)  # [Hkv, L, D]
-        v = gather_kv(v_cache, blocks, seq_len).to(q.dtype)
+        k = gather_kv(k_cache, blocks, seq_len, q.dtype, k_scale)  # [Hkv, L, D]
+        v = gather_kv(v_cache, blocks, seq_len, q.dtype, v_scale)
         # GQA without repeating K/V: the group's heads become extra query rows.
         qg = q[q_begin:q_end].reshape(q_len, num_kv_heads, group, head_dim)
         qg = qg.permute(1, 2, 0, 3).reshape(num_kv_heads, group * q_len, head_dim)
@@ -184,13 +193,16 @@ def paged_attention(
     cu_seqlens_q: torch.Tensor,
     seq_lens_k: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal paged attention; q [T, H, D] -> out [T, H, D] in q's dtype."""
     if use_triton(q, k_cache):
         return paged_attention_triton(
-            q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, scale
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, scale, k_scale, v_scale
         )
-    return paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, scale)
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k, scale,
+                               k_scale, v_scale)
 
 
 def _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_k) -> None:

@@ -26,6 +26,7 @@ from kernels._attn_common import (
     check_paged_inputs,
     check_triton_layout,
     dot_precision,
+    kv_scales,
 )
 from kernels._common import (
     cdiv,
@@ -39,6 +40,7 @@ from kernels._common import (
     use_pdl,
     use_triton,
 )
+from kernels.kv_quant import dequantize
 
 MAX_SPLITS = 64
 
@@ -46,12 +48,12 @@ MAX_SPLITS = 64
 @jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    block_tables_ptr, seq_lens_k_ptr, qk_scale, num_splits,
+    block_tables_ptr, seq_lens_k_ptr, qk_scale, v_scale, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, QLEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, FP8: tl.constexpr,
 ):
     pdl_wait(PDL)
     b = tl.program_id(0)
@@ -97,6 +99,8 @@ def _decode_split_kernel(
             BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, QLEN > 1, DOT_PRECISION,
         )
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
+    if FP8:  # the splits' merge is linear in them, so each may carry v_scale
+        out = out * v_scale
     if not SPLIT:
         o_ptrs = out_ptr + token[:, None] * stride_ob + head[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -177,6 +181,8 @@ def paged_decode_attention_triton(
     num_splits: int | None = None,
     q_per_seq: int = 1,
     block_n: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """`max_seqlen_k` defaults to the block-table capacity (static, so CUDA-graph safe);
     `block_n` (keys per tile, a power of two >= 16) is a benchmark's knob."""
@@ -210,15 +216,16 @@ def paged_decode_attention_triton(
                                dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused
+    k_scale, v_scale, fp8 = kv_scales(k_cache, k_scale, v_scale)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens_k,
-        scale * LOG2E, num_splits,
+        scale * LOG2E * k_scale, v_scale, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, QLEN=q_per_seq, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype), PDL=pdl,
+        SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype), PDL=pdl, FP8=fp8,
         num_warps=num_warps, num_stages=num_stages, **launch_pdl(pdl),
     )
     if num_splits > 1:
@@ -238,13 +245,15 @@ def paged_decode_attention_ref(
     seq_lens_k: torch.Tensor,
     scale: float,
     q_per_seq: int = 1,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     if q_per_seq > 1:  # query j of each sequence sees the context up to its own position
         num_seqs = _num_seqs(q, q_per_seq)
         qs = q.view(num_seqs, q_per_seq, *q.shape[1:])
         outs = [paged_decode_attention_ref(qs[:, j], k_cache, v_cache, block_tables,
                                            (seq_lens_k - (q_per_seq - 1 - j)).clamp(min=0),
-                                           scale)
+                                           scale, 1, k_scale, v_scale)
                 for j in range(q_per_seq)]
         return torch.stack(outs, 1).reshape(q.shape)
     num_seqs, num_heads, head_dim = q.shape
@@ -258,11 +267,11 @@ def paged_decode_attention_ref(
     max_len = max(int(seq_lens_k.max()), 1)
     ids = block_tables[:, : cdiv(max_len, block_size)].long().clamp(0, num_blocks - 1)
 
-    def gather(cache: torch.Tensor) -> torch.Tensor:
+    def gather(cache: torch.Tensor, kv_scale: float) -> torch.Tensor:
         kv = cache[ids].flatten(1, 2)[:, :max_len]  # [B, S, Hkv, D]
-        return kv.transpose(1, 2).to(q.dtype)  # [B, Hkv, S, D]
+        return dequantize(kv.transpose(1, 2), kv_scale, q.dtype)  # [B, Hkv, S, D]
 
-    k, v = gather(k_cache), gather(v_cache)
+    k, v = gather(k_cache, k_scale), gather(v_cache, v_scale)
     lens = seq_lens_k.to(q.device).long()
     mask = torch.arange(max_len, device=q.device)[None, :] < lens.clamp(min=1)[:, None]
     qg = q.reshape(num_seqs, num_kv_heads, group, head_dim)
@@ -279,14 +288,17 @@ def paged_decode_attention(
     seq_lens_k: torch.Tensor,
     scale: float,
     q_per_seq: int = 1,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """q_per_seq queries per sequence, the last positions of its context (seq_lens_k counts
     them): q [B * q_per_seq, H, D] -> out of q's shape and dtype."""
     if use_triton(q, k_cache):
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens_k,
-                                             scale, q_per_seq=q_per_seq)
+                                             scale, q_per_seq=q_per_seq, k_scale=k_scale,
+                                             v_scale=v_scale)
     return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens_k, scale,
-                                      q_per_seq)
+                                      q_per_seq, k_scale, v_scale)
 
 
 def _num_seqs(q: torch.Tensor, q_per_seq: int) -> int:

@@ -1,4 +1,8 @@
-"""Scatter this step's K/V into the paged cache (slot = block * block_size + offset)."""
+"""Scatter this step's K/V into the paged cache (slot = block * block_size + offset).
+
+An fp8 cache stores k / k_scale and v / v_scale, saturated to +-448 (kernels/kv_quant.py);
+a cache in the model's dtype stores k and v as they are and ignores the scales.
+"""
 
 from __future__ import annotations
 
@@ -14,14 +18,16 @@ from kernels._common import (
     tl,
     use_triton,
 )
+from kernels.kv_quant import is_fp8, quantize
 
 
 @jit
 def _store_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale, v_scale,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     num_kv_heads, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -34,6 +40,9 @@ def _store_kv_kernel(
     mask = h < num_kv_heads
     k = tl.load(k_ptr + t.to(tl.int64) * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(v_ptr + t.to(tl.int64) * stride_vt + h * stride_vh + d, mask=mask)
+    if FP8:  # saturate: a cast past 448 would give NaN
+        k = tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -448.0), 448.0)
+        v = tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -448.0), 448.0)
     kc = k_cache_ptr + blk * stride_kcb + off * stride_kcs + h * stride_kch + d
     vc = v_cache_ptr + blk * stride_vcb + off * stride_vcs + h * stride_vch + d
     tl.store(kc, k.to(kc.dtype.element_ty), mask=mask)
@@ -60,6 +69,8 @@ def store_kv_triton(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     require_triton()
     _check(k, v, k_cache, v_cache, slot_mapping)
@@ -75,11 +86,12 @@ def store_kv_triton(
     if k.shape[0] == 0:
         return
     _store_kv_kernel[(k.shape[0],)](
-        k, v, k_cache, v_cache, slot_mapping,
+        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         k.shape[1], BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_H=next_pow2(k.shape[1]),
+        FP8=is_fp8(k_cache.dtype),
     )
 
 
@@ -89,6 +101,8 @@ def store_kv_ref(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     _check(k, v, k_cache, v_cache, slot_mapping)
     valid = slot_mapping >= 0
@@ -96,8 +110,8 @@ def store_kv_ref(
     num_blocks, block_size, hkv, d = k_cache.shape
     blk, off = slots // block_size, slots % block_size
     # Advanced indexing writes through any cache strides (no flattening view needed).
-    k_cache[blk, off] = k[valid].to(k_cache.dtype)
-    v_cache[blk, off] = v[valid].to(v_cache.dtype)
+    k_cache[blk, off] = quantize(k[valid], k_scale, k_cache.dtype)
+    v_cache[blk, off] = quantize(v[valid], v_scale, v_cache.dtype)
 
 
 def store_kv(
@@ -106,9 +120,11 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Write k/v rows into their cache slots in place; slot -1 means skip (padding)."""
     if use_triton(k, k_cache):
-        store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
+        store_kv_triton(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     else:
-        store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+        store_kv_ref(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)

@@ -9,6 +9,8 @@ tensor bytes); each decode rank scatters them and reports KVLanded to its schedu
 ranks have landed the decode scheduler runs the request and releases the prefill replica's
 blocks (HandoffRelease). Either side may give the hand-off up (HandoffCancel); KVCancel tells
 a decode replica's ranks to drop frames still to come for a request whose blocks are freed.
+When a replica dies, the router tells the other role's replicas which requests it shared with
+them (HandoffPeerDown).
 
 Ownership, which decides who reports a request's end: the prefill replica until the decode
 replica says the KV landed (HandoffRelease with landed=True), the decode replica after.
@@ -140,6 +142,20 @@ class KVFrameHeader:
     shape: list[int]
     last: bool
     """The request's last chunk: the receiver reports KVLanded after it."""
+
+
+@message(0x58)
+@dataclass(frozen=True, slots=True)
+class HandoffPeerDown:
+    """Router -> a live scheduler of the other role: replica `replica` died (`reason`), and
+    `request_ids` were paired with it. The requests this replica owns go on; it ends the
+    others with an error naming the dead replica. A decode replica frees what it holds for
+    them (and drops the dead replica's later offers); a prefill replica serves the ones it
+    has not offered yet whole."""
+
+    replica: int
+    reason: str
+    request_ids: list[int]
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,17 @@ CPU_KV_CACHE_BYTES = 512 << 20
 """The KV cache's size on cpu unless kv_cache_bytes says otherwise (cuda sizes it from the
 memory left after a profiling run)."""
 ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+"""--kv-cache-dtype: auto keeps the model's dtype; fp8 (fp8_e4m3 is the same) stores
+float8_e4m3fn with a scale per layer for K and for V (kernels/kv_quant.py)."""
+
+
+def canonical_kv_cache_dtype(name: str) -> str:
+    """"auto" or "fp8" for a value of KV_CACHE_DTYPES; a one-line ValueError otherwise."""
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                         f"got {name!r}")
+    return "auto" if name == "auto" else "fp8"
 DEEP_PLAN_MAX_SEQS = 32
 """With plans_ahead left to auto: the most sequences a step planned third in flight may run
 (scheduler_proc.plans_in_flight states the rule this limit is part of)."""

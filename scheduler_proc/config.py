@@ -87,7 +87,8 @@ class SchedulerConfig:
                              f"got {self.swap_min_tokens!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError("SchedulerConfig.num_speculative_tokens must be >= 0")
-        why = plans_ahead_conflict(self.plans_ahead, speculative=self.num_speculative_tokens > 0)
+        why = plans_ahead_conflict(self.plans_ahead, speculative=self.num_speculative_tokens > 0,
+                                   overlap=self.overlap)
         if why is not None:
             raise ValueError(f"SchedulerConfig.plans_ahead {why}")
 

@@ -70,6 +70,8 @@ class Handoffs:
         self.exported_ended: OrderedDict[int, int] = OrderedDict()
         """Prefill side: blocks of requests that ended here after their export went out; the
         transfer may still land, and its release is counted then."""
+        self.dead_peers: dict[int, RequestError] = {}
+        """Replicas of the other role that died (handoff_faults), with their requests' error."""
 
     @property
     def waiting(self) -> int:
@@ -78,13 +80,7 @@ class Handoffs:
 
     def stats_fields(self) -> dict[str, int | float]:
         """This replica's EngineStats.kv_* fields."""
-        c = self.counters
-        gauge = "kv_handoffs_out_waiting" if self.role == "prefill" else "kv_handoffs_in_waiting"
-        return {"kv_handoffs_out": c.handoffs_out, "kv_handoffs_in": c.handoffs_in,
-                "kv_handoff_failures": c.failures, "kv_transfer_blocks_out": c.blocks_out,
-                "kv_transfer_bytes_out": c.bytes_out, "kv_transfer_blocks_in": c.blocks_in,
-                "kv_transfer_bytes_in": c.bytes_in, "kv_transfer_s": c.transfer_s,
-                gauge: self.waiting}
+        return self.counters.stats_fields(self.role, self.waiting)
 
     # ------------------------------------------------------------ prefill side
 
@@ -208,6 +204,10 @@ class Handoffs:
 
     def on_offer(self, msg: HandoffOffer) -> None:
         rid = msg.request_id
+        error = self.dead_peers.get(msg.prefill_replica)
+        if error is not None:  # queued behind its replica's death, which failed it
+            self.state.deltas.add(rid, [], FinishReason.ERROR, error)
+            return
         if rid in self.refused or rid in self.state.seqs or rid in self.seqs:
             self.refused.pop(rid, None)
             self.peer_out.append((msg.prefill_replica, HandoffCancel(rid)))

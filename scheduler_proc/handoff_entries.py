@@ -44,3 +44,12 @@ class HandoffCounters:
     blocks_in: int = 0
     bytes_in: int = 0
     transfer_s: float = 0.0
+
+    def stats_fields(self, role: str, waiting: int) -> dict[str, int | float]:
+        """EngineStats.kv_* fields; `waiting` is the gauge of the replica's role."""
+        gauge = "kv_handoffs_out_waiting" if role == "prefill" else "kv_handoffs_in_waiting"
+        return {"kv_handoffs_out": self.handoffs_out, "kv_handoffs_in": self.handoffs_in,
+                "kv_handoff_failures": self.failures, "kv_transfer_blocks_out": self.blocks_out,
+                "kv_transfer_bytes_out": self.bytes_out, "kv_transfer_blocks_in": self.blocks_in,
+                "kv_transfer_bytes_in": self.bytes_in, "kv_transfer_s": self.transfer_s,
+                gauge: waiting}

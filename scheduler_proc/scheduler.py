@@ -26,12 +26,20 @@ from protocol import (
     TokenDeltas,
 )
 from protocol.engine_messages import EngineStats
-from protocol.kv_handoff import HandoffAccept, HandoffCancel, HandoffOffer, HandoffRelease, KVLanded
+from protocol.kv_handoff import (
+    HandoffAccept,
+    HandoffCancel,
+    HandoffOffer,
+    HandoffPeerDown,
+    HandoffRelease,
+    KVLanded,
+)
 from scheduler_proc.admission import admission_error, with_resolved_max_tokens
 from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.fair_share import WaitingQueues
 from scheduler_proc.handoff import Handoffs
+from scheduler_proc.handoff_faults import on_peer_down
 from scheduler_proc.invariants import check_integrity
 from scheduler_proc.plans_in_flight import PacingMeter, PlanDepth
 from scheduler_proc.sequence import Sequence
@@ -162,6 +170,8 @@ class Scheduler:
             handoffs.on_cancel(msg)
         elif isinstance(msg, KVLanded):
             handoffs.on_landed(msg)
+        elif isinstance(msg, HandoffPeerDown):
+            on_peer_down(handoffs, msg)
 
     def has_unfinished(self) -> bool:
         return bool(self.state.seqs) or (self.handoffs is not None and bool(self.handoffs.seqs))

@@ -42,6 +42,7 @@ from protocol.kv_handoff import (
     HandoffAccept,
     HandoffCancel,
     HandoffOffer,
+    HandoffPeerDown,
     HandoffRelease,
     KVLanded,
     KVLinks,
@@ -56,7 +57,8 @@ from scheduler_proc.scheduler import Scheduler
 
 log = logging.getLogger("nanopipe.scheduler")
 
-HANDOFF_MESSAGES = (HandoffOffer, HandoffAccept, HandoffRelease, HandoffCancel, KVLanded)
+HANDOFF_MESSAGES = (HandoffOffer, HandoffAccept, HandoffRelease, HandoffCancel, KVLanded,
+                    HandoffPeerDown)
 POLL_MS = 100
 IDLE_CHECK_AFTER_S = 1.0
 """How long the loop stays without work before it checks the scheduler's invariants."""

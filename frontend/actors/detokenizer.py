@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from frontend.actors.finishes import ended_at_stop, text_token_ids
 from frontend.actors.handoff_order import HandoffOrder
 from frontend.actors.incremental_detok import DecodeFn, IncrementalDetokenizer, make_decode_fn
 from frontend.actors.replies import engine_dead_error, error_delta, malformed
@@ -56,12 +57,6 @@ from protocol.startup_phases import PhaseClock
 log = logging.getLogger("nanopipe.detokenizer")
 
 STOP, ABORT = FinishReason.STOP, FinishReason.ABORT
-
-
-def text_token_ids(token_ids: list[int], finish: FinishReason | None) -> list[int]:
-    """The tokens whose text the client sees: a request stopped by EOS or a stop token id
-    keeps that last token but not its text."""
-    return token_ids[:-1] if finish is STOP and token_ids else token_ids
 
 
 @dataclass(frozen=True)
@@ -227,12 +222,8 @@ class DetokenizerActor:
                 self.early.setdefault(request_id, []).append(
                     (request_id, token_ids, finish, error, logprobs, top, metrics))
             elif finish is not None and request_id in self.held:
-                # The scheduler may have ended it (at max_tokens) before the stop reached it:
-                # the request ended at its stop string all the same.
                 info, delta = self.held.pop(request_id)
-                if metrics is not None:
-                    metrics = dataclasses.replace(metrics, finish_reason=STOP)
-                self._send(info, dataclasses.replace(delta, metrics=metrics))
+                self._send(info, dataclasses.replace(delta, metrics=ended_at_stop(metrics)))
             return
         info = req.info
         if error is not None:
@@ -250,9 +241,7 @@ class DetokenizerActor:
             if finish is None:  # a stop string: the scheduler cannot know, tell it
                 self.to_scheduler.send(AbortRequests(request_ids=[request_id], reason=STOP))
                 stopped_here = True
-            finish = STOP
-            if metrics is not None:  # the scheduler ended it at max_tokens in the same step
-                metrics = dataclasses.replace(metrics, finish_reason=STOP)
+            finish, metrics = STOP, ended_at_stop(metrics)
         if finish is not None:
             text += req.detok.flush()
             del self.requests[request_id]

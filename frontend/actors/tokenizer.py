@@ -297,9 +297,10 @@ class TokenizerActor:
 
     def _forward(self, peer: bytes, req: GenerateRequest, ids: list[int],
                  arrival_time: float) -> None:
-        if self.dispatch.all_down:  # the launcher's EngineDead is on its way
+        refusal = self.dispatch.refusal()  # all down: the launcher's EngineDead is on its way
+        if refusal is not None:
             self.router.send_to(peer, error_delta(req.client_request_id, RequestError(
-                ErrorKind.ENGINE_DEAD, "engine dead: no data-parallel replica is alive")))
+                ErrorKind.ENGINE_DEAD, refusal)))
             return
         request_id = self.book.assign(peer, req.client_request_id)
         # The detokenizer must know the route before any token of this request can exist.

@@ -133,7 +133,7 @@ def serve(command: ServeCommand) -> int:
         print(f"nanopipe ready: {config.model_name} on {config.resolved_device}"
               f" (tp={config.tensor_parallel_size}"
               f"{f', dp={config.data_parallel_size}' if config.data_parallel_size > 1 else ''}"
-              f", {pipeline.num_kv_blocks} KV blocks)",
+              f", {pipeline.num_kv_blocks} KV blocks of {config.kv_cache_label})",
               flush=True)
         print(f"clients connect to: {pipeline.address}", flush=True)
         # Over tcp an attached tool needs the run's keys, kept in the private run directory.

@@ -26,10 +26,12 @@ from protocol.limits import (
     CPU_KV_CACHE_BYTES,
     DEEP_PLAN_MAX_SEQS,
     FLASH_BLOCK_MULTIPLE,
+    KV_CACHE_DTYPES,
     MAX_MODEL_LEN_CAP,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     PlanDepthSettings,
+    canonical_kv_cache_dtype,
     plans_ahead_conflict,
     resolve_plan_depth,
 )
@@ -67,6 +69,10 @@ class EngineConfig:
     decode_replicas: int = option(
         0, "replicas that take handed-off requests and decode them (with --prefill-replicas)",
         minimum=0, metavar="D")
+    kv_transfer_timeout: float = option(
+        30.0, "prefill/decode disaggregation: seconds a request's KV may take to land on its "
+        "decode replica after the blocks were offered; past it the request fails naming both "
+        "replicas", above=0, metavar="SECONDS")
     nnodes: int = option(
         1, "hosts one tensor-parallel group spans, torchrun-style: run the same command on "
         "each with its own --node-rank; node 0 runs the front and its share of the ranks "
@@ -113,6 +119,11 @@ class EngineConfig:
         "(a host tier the prefix cache reloads from, and preemption swaps to; 0: off; "
         f"default: 0 on cpu, min(1/4 of free host memory, {AUTO_OFFLOAD_CAP_GIB}) on cuda)",
         minimum=0)
+    kv_cache_dtype: str = option(
+        "auto", "what the KV cache stores: auto = the model's dtype; fp8 (or fp8_e4m3) = "
+        "float8_e4m3fn with a scale per layer for K and V (the checkpoint's k_scale/v_scale, "
+        "else 1.0), about twice the blocks in the same memory; on cuda the Triton kernels, "
+        "compute capability 8.9 or newer", choices=KV_CACHE_DTYPES)
     enforce_eager: bool = option(False, "no CUDA graphs for decode")
     peer_all_reduce: bool = option(
         False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
@@ -221,6 +232,10 @@ class EngineConfig:
         if backend == "flash_attn" and size % FLASH_BLOCK_MULTIPLE:
             raise ConfigError(owner, "block_size", f"must be a multiple of "
                               f"{FLASH_BLOCK_MULTIPLE} for flash-attn, got {size}")
+        if backend == "flash_attn" and self.resolved_kv_cache_dtype == "fp8":
+            raise ConfigError(owner, "kv_cache_dtype", "fp8 needs the Triton attention "
+                              "kernels (flash-attn reads no fp8 KV): use attention_backend "
+                              "'auto' or 'triton'")
         if backend != "torch" and size & (size - 1) and self.resolved_device == "cuda":
             raise ConfigError(owner, "block_size", f"must be a power of two on cuda "
                               f"(the Triton attention kernels tile blocks by it), got {size}")
@@ -298,6 +313,18 @@ class EngineConfig:
             return 0.0
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
         return round(min(free / 4, AUTO_OFFLOAD_CAP_GIB), 2)
+
+    @property
+    def resolved_kv_cache_dtype(self) -> str:
+        """"auto" or "fp8": fp8_e4m3 is another name of fp8."""
+        return canonical_kv_cache_dtype(self.kv_cache_dtype)
+
+    @property
+    def kv_cache_label(self) -> str:
+        """What the KV cache holds, as the start-up line says it."""
+        if self.resolved_kv_cache_dtype == "fp8":
+            return "fp8_e4m3"
+        return self.dtype or "model dtype"
 
     @property
     def resolved_max_num_batched_tokens(self) -> int:
@@ -395,7 +422,8 @@ class EngineConfig:
         return self._derive(SchedulerConfig, num_kv_blocks=num_kv_blocks,
                             result_spin_s=depth.result_spin_s,
                             deep_plan_max_seqs=depth.deep_plan_max_seqs,
-                            num_host_slots=num_host_slots, host_block_bytes=host_block_bytes)
+                            num_host_slots=num_host_slots, host_block_bytes=host_block_bytes,
+                            transfer_timeout_s=self.kv_transfer_timeout)
 
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))

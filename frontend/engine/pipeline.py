@@ -183,8 +183,8 @@ class Pipeline:
         gib = cfg.resolved_kv_offloading_size
         tier = f", host tier {self.num_host_slots} blocks ({gib:g} GiB per rank)" * bool(gib)
         self._progress(f"KV cache: {self.num_kv_blocks} blocks of {sched_cfg.block_size} tokens"
-                       f"{tier}{' per replica' if dp > 1 else ''}; starting the scheduler"
-                       f"{'s' if dp > 1 else ''}, tokenizer and detokenizer")
+                       f" ({cfg.kv_cache_label}){tier}{' per replica' if dp > 1 else ''}; "
+                       f"starting the scheduler{'s' if dp > 1 else ''}, tokenizer and detokenizer")
         for i, rep in enumerate(self.replicas):
             self._spawn("scheduler", 0, "scheduler_proc.scheduler_loop",
                         {"scheduler": to_plain(scheduler_role(cfg, sched_cfg, i)),

@@ -2,7 +2,9 @@
 
 The choice travels in the AddRequest (decode_replica), so the prefill replica knows at once
 where to offer the request when its first token is out, and the router knows both replicas
-that hold it (aborts go to both; the death of either fails it). Chosen by the lightest load:
+that hold it (aborts go to both; the death of either goes to the other, which fails it or
+serves on, router.dispatch). With no decode replica alive a request gets none and is served
+whole by its prefill replica. Chosen by the lightest load:
 running + waiting + hand-offs in flight to it per its last EngineStats, plus what was sent
 its way since, weighted against its free KV blocks (a decode replica with fewer free blocks
 makes offers queue); ties go in turn.
@@ -26,10 +28,11 @@ class DecodeChooser:
             self.sent_since_stats[replica] = 0
 
     def choose(self, alive: list[bool]) -> int:
-        """A live decode replica; raises LookupError when none is."""
+        """A live decode replica; -1 when none is (the request is served whole by its
+        prefill replica)."""
         live = [r for r in self.replicas if alive[r]]
         if not live:
-            raise LookupError("no decode replica is alive")
+            return -1
         self._turn += 1
         order = live[self._turn % len(live):] + live[:self._turn % len(live)]
         best = min(order, key=self._cost)

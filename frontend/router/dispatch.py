@@ -29,6 +29,7 @@ from protocol import (
 )
 from protocol.auth import CurveKeys
 from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
+from protocol.kv_handoff import HandoffPeerDown
 from protocol.process_runtime import ProcessRuntime
 from protocol.sockets import MessageSocket
 
@@ -83,8 +84,10 @@ class ReplicaDispatch:
             # Structured outputs keep their grammar state on the prefill replica's ranks:
             # such a request is served whole there.
             if self.decode is not None and msg.params.structured_outputs is None:
-                msg = replace(msg, decode_replica=self.decode.choose(self.router.alive))
-                self.paired[msg.request_id] = msg.decode_replica
+                decode = self.decode.choose(self.router.alive)
+                if decode >= 0:  # none alive: served whole by its prefill replica
+                    msg = replace(msg, decode_replica=decode)
+                    self.paired[msg.request_id] = decode
         except LookupError:
             return False
         self.placed[msg.request_id] = replica
@@ -110,28 +113,44 @@ class ReplicaDispatch:
                 self.to_schedulers[replica].send(AbortRequests(ids, msg.reason))
 
     def replica_down(self, replica: int, reason: str) -> TokenDeltas | None:
-        """Stop placing on `replica`; the error deltas for the requests placed there (a
-        finished one among them is dropped by the detokenizer)."""
+        """Stop placing on `replica`; the error deltas for the requests that die with it (a
+        finished one among them is dropped by the detokenizer).
+
+        A request it shared with a live replica of the other role (disaggregation) is that
+        replica's to decide (HandoffPeerDown, scheduler_proc.handoff_faults): only it knows
+        whether it owns the request, whose KV may have landed there already."""
         if not self.router.alive[replica]:
             return None
         self.router.mark_dead(replica)
         log.error("tokenizer: replica %d is down: %s", replica, reason)
-        ids = [rid for rid, r in self.placed.items()
-               if r == replica or self.paired.get(rid) == replica]
-        partners: dict[int, list[int]] = {}
-        for rid in ids:
-            for r in (self.placed.pop(rid), self.paired.pop(rid, None)):
-                if r is not None and r != replica and self.router.alive[r]:
-                    partners.setdefault(r, []).append(rid)
-        for r, rids in partners.items():  # the other half frees what it holds for them
-            self.to_schedulers[r].send(AbortRequests(rids, FinishReason.ABORT))
-        if not ids:
+        failed: list[int] = []
+        survivors: dict[int, list[int]] = {}
+        for rid in [rid for rid, r in self.placed.items()
+                    if r == replica or self.paired.get(rid) == replica]:
+            prefill, decode = self.placed[rid], self.paired.get(rid)
+            other = decode if prefill == replica else prefill
+            if decode is not None and self.router.alive[other]:
+                survivors.setdefault(other, []).append(rid)
+                if decode == replica:  # its prefill replica serves it whole or fails it
+                    del self.paired[rid]
+            else:
+                failed.append(rid)
+                del self.placed[rid]
+                self.paired.pop(rid, None)
+        for r, rids in survivors.items():
+            self.to_schedulers[r].send(HandoffPeerDown(replica, reason, rids))
+        if not failed:
             return None
         error = RequestError(ErrorKind.ENGINE_DEAD, f"engine dead: replica {replica}: {reason}")
-        n = len(ids)
-        return TokenDeltas(OUT_OF_BAND_STEP, ids, [[] for _ in ids], [FinishReason.ERROR] * n,
-                           [error] * n, None)
+        n = len(failed)
+        return TokenDeltas(OUT_OF_BAND_STEP, failed, [[] for _ in failed],
+                           [FinishReason.ERROR] * n, [error] * n, None)
 
-    @property
-    def all_down(self) -> bool:
-        return not self.router.live_replicas
+    def refusal(self) -> str | None:
+        """Why a new request cannot be placed now, or None when it can."""
+        if not self.router.live_replicas:
+            return "engine dead: no data-parallel replica is alive"
+        if not self.router.placeable:
+            return ("engine dead: no prefill replica is alive; the decode replicas only "
+                    "finish the requests they hold")
+        return None

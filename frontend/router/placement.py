@@ -74,6 +74,11 @@ class Router:
     def live_replicas(self) -> list[int]:
         return [r for r in range(len(self.alive)) if self.alive[r]]
 
+    @property
+    def placeable(self) -> bool:
+        """Whether some live replica takes new requests."""
+        return bool(self._placeable())
+
     def _placeable(self) -> list[int]:
         """Live replicas that take new requests (with disaggregation, the prefill ones)."""
         roles = self.config.roles

@@ -3,6 +3,9 @@
 Backends: "flash_attn" (flash-attn's paged varlen / kvcache kernels, CUDA, bf16/fp16; only
 when asked for), "triton" (kernels/ Triton kernels; their torch references on CPU; the "auto"
 choice) and "torch" (the pure-torch references everywhere, for debugging).
+
+An fp8 KV cache (kernels/kv_quant.py) is written and read by the Triton kernels and the torch
+references; flash-attn's kernels read no fp8 KV, so asking for both is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from gpu_workers.ops import (
     store_kv,
     store_kv_ref,
 )
+from kernels.kv_quant import is_fp8
 from protocol.limits import FLASH_BLOCK_MULTIPLE
 
 FLASH_HEAD_DIMS = (64, 128, 256)
@@ -56,9 +60,15 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
+FP8_MIN_CAPABILITY = (8, 9)
+"""Triton converts float8_e4m3fn on Ada and Hopper GPUs and later, not on older ones."""
+
+
 def resolve_backend(requested: str, device: str, dtype: torch.dtype, head_dim: int,
-                    block_size: int) -> str:
+                    block_size: int, kv_dtype: torch.dtype | None = None) -> str:
     """Pick the attention backend; an explicit request that cannot work is an error."""
+    if kv_dtype is not None and is_fp8(kv_dtype):
+        check_fp8_kv(requested, device)
     flash_ok = (
         device == "cuda"
         and dtype in (torch.float16, torch.bfloat16)
@@ -79,6 +89,17 @@ def resolve_backend(requested: str, device: str, dtype: torch.dtype, head_dim: i
     return requested
 
 
+def check_fp8_kv(requested: str, device: str) -> None:
+    """An fp8 KV cache runs on the Triton kernels (or the torch references), nowhere else."""
+    if requested == "flash_attn":
+        raise ValueError("kv_cache_dtype='fp8' needs the Triton attention kernels (flash-attn "
+                         "reads no fp8 KV); use attention_backend='auto' or 'triton'")
+    if device == "cuda" and torch.cuda.get_device_capability() < FP8_MIN_CAPABILITY:
+        have = ".".join(map(str, torch.cuda.get_device_capability()))
+        raise ValueError(f"kv_cache_dtype='fp8' needs a GPU of compute capability 8.9 or newer "
+                         f"(this one is {have}); use kv_cache_dtype='auto'")
+
+
 class PagedAttention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  backend: str) -> None:
@@ -91,6 +112,9 @@ class PagedAttention(nn.Module):
         # Views into the runner's KV pool, assigned once it is allocated.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        # An fp8 cache holds k / k_scale and v / v_scale (kernels/kv_quant.py); the loader
+        # sets them from the checkpoint's k_scale/v_scale. A model-dtype cache ignores them.
+        self.scales: dict[str, float] = {"k_scale": 1.0, "v_scale": 1.0}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 batch: AttentionBatch) -> torch.Tensor:
@@ -101,26 +125,27 @@ class PagedAttention(nn.Module):
     def store(self, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch) -> None:
         """k/v [T, Hkv, D] into their cache slots (the model's fused kernel does this itself)."""
         store = store_kv_ref if self.backend == "torch" else store_kv
-        store(k, v, self.k_cache, self.v_cache, batch.slot_mapping)
+        store(k, v, self.k_cache, self.v_cache, batch.slot_mapping, **self.scales)
 
     def attend(self, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         """q [T, H, D] -> [T, H, D] over the cache, which already holds this step's k/v."""
-        kc, vc = self.k_cache, self.v_cache
+        kc, vc, scales = self.k_cache, self.v_cache, self.scales
         if batch.cpu is not None:
-            return cpu_attention.attend(q, kc, vc, batch, batch.cpu, self.scale)
+            return cpu_attention.attend(q, kc, vc, batch, batch.cpu, self.scale, **scales)
         if self.backend == "torch":
             if batch.decode:  # one batched call instead of one per sequence
                 return paged_decode_attention_ref(q, kc, vc, batch.block_tables,
-                                                  batch.seq_lens_k, self.scale, batch.q_per_seq)
+                                                  batch.seq_lens_k, self.scale, batch.q_per_seq,
+                                                  **scales)
             return paged_attention_ref(q, kc, vc, batch.block_tables, batch.cu_seqlens_q,
-                                       batch.seq_lens_k, self.scale)
+                                       batch.seq_lens_k, self.scale, **scales)
         if self.backend == "flash_attn":
             return self._flash(q, batch)
         if batch.decode:
             return paged_decode_attention(q, kc, vc, batch.block_tables, batch.seq_lens_k,
-                                          self.scale, batch.q_per_seq)
+                                          self.scale, batch.q_per_seq, **scales)
         return paged_attention(q, kc, vc, batch.block_tables, batch.cu_seqlens_q,
-                               batch.seq_lens_k, self.scale)
+                               batch.seq_lens_k, self.scale, **scales)
 
     def _flash(self, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache

@@ -11,6 +11,9 @@ the layout SDPA reads, and SDPA with the query heads of a KV head as extra query
 Roundings are those of Hugging Face's eager float code (x * cos + rotate_half(x) * sin, then
 SDPA), so greedy tokens stay those of transformers. Prefill and chunked steps (several new
 tokens per entry) keep the reference kernel, which runs once per prompt.
+
+An fp8 cache (kernels/kv_quant.py) stores k / k_scale and v / v_scale saturated to +-448 and
+is read back as fp8 * scale; its stores copy bytes, as torch has no CPU index_copy_ for fp8.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.kv_quant import dequantize, quantize, raw
 from kernels.paged_attention import paged_attention_ref
 
 
@@ -96,7 +100,8 @@ def rotate(x: torch.Tensor, step: CPUStep) -> torch.Tensor:
 
 def prepare_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                 step: CPUStep, q_norm, k_norm, k_cache: torch.Tensor,
-                v_cache: torch.Tensor) -> torch.Tensor:
+                v_cache: torch.Tensor, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> torch.Tensor:
     """qkv [T, (H + 2 Hkv) * D] -> q [T, H, D] normed (Qwen3) and rotated; k and v stored."""
     h = num_heads
     heads = qkv.unflatten(1, (-1, head_dim))  # [T, H + 2 Hkv, D], a view
@@ -107,33 +112,36 @@ def prepare_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: 
     else:
         q = rotate(q_norm(heads[:, :h]), step)
         k = rotate(k_norm(heads[:, h:h + num_kv_heads]), step)
-    store(k, v, k_cache, v_cache, step)
+    store(k, v, k_cache, v_cache, step, k_scale, v_scale)
     return q
 
 
 def store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-          step: CPUStep) -> None:
+          step: CPUStep, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """k, v [T, Hkv, D] into their cache slots (tokens without a slot store nothing)."""
     if step.stored is not None:
         k, v = k.index_select(0, step.stored), v.index_select(0, step.stored)
     hkv, d = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, hkv, d).index_copy_(0, step.slots, k.to(k_cache.dtype))
-    v_cache.view(-1, hkv, d).index_copy_(0, step.slots, v.to(v_cache.dtype))
+    k = raw(quantize(k, k_scale, k_cache.dtype))
+    v = raw(quantize(v, v_scale, v_cache.dtype))
+    raw(k_cache).view(-1, hkv, d).index_copy_(0, step.slots, k)
+    raw(v_cache).view(-1, hkv, d).index_copy_(0, step.slots, v)
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch,
-           step: CPUStep, scale: float) -> torch.Tensor:
+           step: CPUStep, scale: float, k_scale: float = 1.0,
+           v_scale: float = 1.0) -> torch.Tensor:
     """q [T, H, D] -> [T, H, D] over the cache, which already holds this step's k/v."""
     g = step.gather
     if g is None:
         return paged_attention_ref(q, k_cache, v_cache, batch.block_tables,
-                                   batch.cu_seqlens_q, batch.seq_lens_k, scale)
+                                   batch.cu_seqlens_q, batch.seq_lens_k, scale, k_scale, v_scale)
     b, h, d = g.num_seqs, q.shape[1], q.shape[2]
     hkv = k_cache.shape[2]
     k = k_cache.view(-1, d).index_select(0, g.rows).view(b, hkv, g.max_len, d)
     v = v_cache.view(-1, d).index_select(0, g.rows).view(b, hkv, g.max_len, d)
     # GQA without repeating K/V: the group's query heads become extra query rows.
     qg = q.reshape(b, hkv, h // hkv, d)
-    o = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype), attn_mask=g.mask,
-                                       scale=scale)
+    k, v = dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype)
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scale)
     return o.reshape(b, h, d)

@@ -56,7 +56,7 @@ class SelfAttention(nn.Module):
         if batch.cpu is not None and self.fused_qkv:
             q = cpu_attention.prepare_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
                                           batch.cpu, self.q_norm, self.k_norm,
-                                          self.attn.k_cache, self.attn.v_cache)
+                                          self.attn.k_cache, self.attn.v_cache, **self.attn.scales)
         else:
             prepare = self._prepare_fused if self.fused_qkv else self._prepare_unfused
             q = prepare(qkv, positions, cos_sin, batch)
@@ -71,7 +71,7 @@ class SelfAttention(nn.Module):
             qkv, self.num_heads, self.num_kv_heads, positions, cos_sin,
             None if qn is None else qn.weight, None if kn is None else kn.weight,
             0.0 if qn is None else qn.eps, self.attn.k_cache, self.attn.v_cache,
-            batch.slot_mapping)
+            batch.slot_mapping, **self.attn.scales)
 
     def _prepare_unfused(self, qkv: torch.Tensor, positions: torch.Tensor,
                          cos_sin: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:

@@ -29,3 +29,18 @@ def test_what_does_not_go_together_is_refused(settings, field, words):
     with pytest.raises(ConfigError, match=words) as info:
         EngineConfig(**settings)
     assert field in str(info.value) and "\n" not in str(info.value)
+
+
+def test_kv_transfer_timeout_flag_reaches_the_schedulers(capsys):
+    argv = ["--prefill-replicas", "1", "--decode-replicas", "1"]
+    engine = parse_serve_args([*argv, "--kv-transfer-timeout", "2.5"]).engine
+    assert engine.kv_transfer_timeout == 2.5
+    assert engine.scheduler_config(64).transfer_timeout_s == 2.5
+    assert parse_serve_args(argv).engine.scheduler_config(64).transfer_timeout_s == 30.0
+    for bad in ("0", "-1"):
+        with pytest.raises(SystemExit):
+            parse_serve_args([*argv, "--kv-transfer-timeout", bad])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err == f"nanopipe serve: --kv-transfer-timeout must be > 0, got {float(bad)}"
+    with pytest.raises(ConfigError, match="kv_transfer_timeout must be > 0"):
+        EngineConfig(prefill_replicas=1, decode_replicas=1, kv_transfer_timeout=0)

@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation driven as a user does (LLM, the ZMQ client): greedy tokens
 equal one colocated pipeline's, with prefix hits, chunked prefill and stop strings; a request
 ended by its first token is never handed off; aborts right after the first token leave no
-block held on either side; a killed decode replica fails only its requests, naming it."""
+block held on either side; a killed replica fails only the requests it held, naming it."""
 
 from __future__ import annotations
 
@@ -140,30 +140,88 @@ def test_stop_strings_first_token_ends_and_aborts_mid_transfer(tiny_qwen3_dir):
         assert after.token_ids == free_run.token_ids
 
 
-def test_killed_decode_replica_fails_only_its_requests(tiny_qwen3_dir):
+def _first_tokens(streams, n: int) -> list[tuple]:
+    """Read each stream until it has `n` tokens: (iterator, tokens so far) per stream."""
+    out = []
+    for s in streams:
+        it, got = iter(s), []
+        while len(got) < n:
+            got += next(it).token_ids
+        out.append((it, got))
+    return out
+
+
+def _child(pipeline, role: str, replica: int):
+    return next(c for c in pipeline.children if c.role == role and c.replica == replica)
+
+
+def test_killed_prefill_replica_spares_the_requests_already_decoding(tiny_qwen3_dir):
+    """SIGKILL the only prefill replica's scheduler: requests whose KV has landed on the
+    decode replica stream to their end with the colocated tokens; one still in its prefill
+    fails naming the replica; new requests get a clear error; the engine says degraded."""
+    settings = tiny_engine(tiny_qwen3_dir, max_model_len=320)
+    params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)
+    prompts_ = [[3 + i, 9, 27, 81, 5 * i + 2] for i in range(2)]
+    with LLM(**settings) as llm:
+        reference = [r["token_ids"] for r in llm.generate(prompts_, params, use_tqdm=False)]
+    with LLM(**settings, prefill_replicas=1, decode_replicas=1) as llm, \
+            Client(llm.pipeline.address) as client:
+        pipeline = llm.pipeline
+        streams = [client.stream(prompt_token_ids=p, params=params) for p in prompts_]
+        decoding = _first_tokens(streams, 2)  # the second token comes from the decode side
+        stopped = [_child(pipeline, "worker", 1), _child(pipeline, "worker", 0)]
+        # Stopped decode worker: the streams are surely mid-way at the kill. Stopped prefill
+        # worker: the next request is surely still in its prefill.
+        for c in stopped:
+            os.kill(c.pid, signal.SIGSTOP)
+        watch = StatsWatch([pipeline.replicas[0].deltas_pub])
+        try:
+            caught = client.stream(prompt_token_ids=list(range(2, 120)), params=GREEDY)
+            watch.wait_for(lambda st: st[0].running + st[0].waiting == 1)
+            os.kill(_child(pipeline, "scheduler", 0).pid, signal.SIGKILL)
+        finally:
+            watch.close()
+            for c in stopped:
+                os.kill(c.pid, signal.SIGCONT)
+        with pytest.raises(EngineDeadError, match="replica 0: replica 0 scheduler 0 was killed"):
+            list(caught)
+        for (it, got), want in zip(decoding, reference, strict=True):
+            last = None
+            for last in it:
+                got += last.token_ids
+            assert got == want and last.finish_reason == "length"
+        assert "replica 0 is down" in pipeline.degraded and pipeline.dead_reason is None
+        with pytest.raises(EngineDeadError, match="no prefill replica is alive"):
+            client.generate(prompt_token_ids=[5, 6, 7], params=GREEDY)
+
+
+def test_killed_decode_replicas_fail_only_their_requests(tiny_qwen3_dir):
+    """One of two decode replicas dies: its requests fail naming it, the other's go on. The
+    last one dies: its requests fail, and new requests are served whole by the prefill
+    replica."""
     with LLM(**tiny_engine(tiny_qwen3_dir, prefill_replicas=1, decode_replicas=2)) as llm, \
             Client(llm.pipeline.address) as client:
         pipeline = llm.pipeline
-        streams = [client.stream(prompt_token_ids=[3 + i, 9, 27, 81], params=LONG)
-                   for i in range(2)]
-        for s in streams:  # two tokens each: the second comes from a decode replica
-            it = iter(s)
-            got = 0
-            while got < 2:
-                got += len(next(it).token_ids)
-        victim = next(c for c in pipeline.children if c.role == "scheduler" and c.replica == 2)
-        os.kill(victim.pid, signal.SIGKILL)
-        outcomes = []
-        for s in streams:
-            try:
-                outcomes.append([d for d in s][-1].finish_reason)
-            except EngineDeadError as exc:
-                assert "replica 2 scheduler 0 was killed" in str(exc)
-                outcomes.append("failed")
-        assert sorted(outcomes) == ["failed", "length"]
-        assert "replica 2 is down" in pipeline.degraded and pipeline.dead_reason is None
+        for victim in (2, 1):
+            streams = [client.stream(prompt_token_ids=[3 + i, 9, 27, 81], params=LONG)
+                       for i in range(2 if victim == 2 else 1)]
+            decoding = _first_tokens(streams, 2)
+            os.kill(_child(pipeline, "scheduler", victim).pid, signal.SIGKILL)
+            outcomes = []
+            for it, _ in decoding:
+                try:
+                    outcomes.append([d for d in it][-1].finish_reason)
+                except EngineDeadError as exc:
+                    assert f"replica {victim} scheduler 0 was killed" in str(exc)
+                    outcomes.append("failed")
+            assert sorted(outcomes) == (["failed", "length"] if victim == 2 else ["failed"])
+            assert f"replica {victim} is down" in pipeline.degraded
+            assert pipeline.dead_reason is None
+            if victim == 2:  # decoded on replica 1, the one left
+                reference = client.generate(prompt_token_ids=[5, 6, 7], params=GREEDY)
+                assert reference.metrics.kv_transfer_s is not None
         after = client.generate(prompt_token_ids=[5, 6, 7], params=GREEDY)
-        assert len(after.token_ids) == 12 and after.metrics.kv_transfer_s is not None
+        assert after.token_ids == reference.token_ids and after.metrics.kv_transfer_s is None
 
 
 def test_launch_script_serves_transfer_metrics_and_stats_line(tiny_qwen3_dir):

@@ -21,6 +21,7 @@ from protocol.kv_handoff import (
     HandoffAccept,
     HandoffCancel,
     HandoffOffer,
+    HandoffPeerDown,
     HandoffRelease,
     KVCancel,
     KVExport,
@@ -93,6 +94,7 @@ EXAMPLES = [
     KVCancel([7, 8]),
     KVLanded(7, 0, 4096),
     KVFrameHeader(7, [5], "torch.float32", [2, 1, 1, 16, 2, 8], True),
+    HandoffPeerDown(0, "replica 0 scheduler 0 was killed by SIGKILL", [7, 8]),
 ]
 
 

@@ -187,3 +187,7 @@ def test_two_ahead_is_refused_where_it_cannot_work(given, kw, why):
     if given == 2 and kw.get("speculative"):
         with pytest.raises(ValueError, match="SchedulerConfig.plans_ahead > 1 does not go"):
             SchedulerConfig(64, 4, max_model_len=64, plans_ahead=2, num_speculative_tokens=2)
+    if given == 2 and kw.get("overlap") is False:  # a scheduler built by hand is refused too
+        with pytest.raises(ValueError, match="SchedulerConfig.plans_ahead > 1 needs overlap"):
+            SchedulerConfig(64, 4, max_model_len=64, plans_ahead=2, overlap=False,
+                            deep_plan_max_seqs=8)

@@ -15,7 +15,7 @@ import pytest
 from fake_worker import FakeWorker, make_request, reference_generate
 
 from protocol import FinishReason, SamplingParams
-from protocol.kv_handoff import HandoffAccept, KVCancel, KVExport, KVLanded
+from protocol.kv_handoff import HandoffAccept, HandoffPeerDown, KVCancel, KVExport, KVLanded
 from scheduler_proc import Scheduler
 from scheduler_proc.config import SchedulerConfig
 
@@ -45,9 +45,22 @@ class Pair:
         self.outputs: dict[int, dict] = {}
         self.cancelled: list[int] = []
         self.seen_offers_waiting = False
+        self.placed: list[int] = []
+        self.down: Scheduler | None = None
+        """A replica that died: not driven, and what is sent to it is lost."""
 
     def add(self, req) -> None:
+        self.placed.append(req.request_id)
         self.p.add_request(dataclasses.replace(req, decode_replica=1))
+
+    def kill(self, sched: Scheduler) -> None:
+        """`sched`'s replica dies: the router tells the other one which requests they
+        shared (every one placed so far)."""
+        self.down = sched
+        self.results[id(sched)].clear()
+        other, dead = (self.d, 0) if sched is self.p else (self.p, 1)
+        other.on_handoff(HandoffPeerDown(dead, "killed", sorted(self.placed)))
+        self._collect(other.pop_deltas())
 
     def _collect(self, deltas) -> None:
         if deltas is None:
@@ -62,6 +75,8 @@ class Pair:
             out["reason"], out["error"] = reason, err
 
     def _step(self, sched: Scheduler, worker: FakeWorker) -> bool:
+        if sched is self.down:
+            return False
         q = self.results[id(sched)]
         depth = sched.config.max_plans_in_flight
         plan = sched.schedule() if sched.may_plan(len(q)) else None
@@ -75,11 +90,14 @@ class Pair:
     def _route(self) -> bool:
         moved = False
         for src, dst in ((self.p, self.d), (self.d, self.p)):
+            if src is self.down:
+                continue
             h = src.handoffs
             h.tick()
             out, h.peer_out = h.peer_out, []
             for _, msg in out:
-                dst.on_handoff(msg)
+                if dst is not self.down:
+                    dst.on_handoff(msg)
                 moved = True
             for msg in h.worker_out:
                 if isinstance(msg, KVExport):  # the gather: reads the prefill pool now
@@ -92,12 +110,13 @@ class Pair:
             moved |= bool(h.worker_out)
             h.worker_out.clear()
             self._collect(src.pop_deltas())
-            self._collect(dst.pop_deltas())
+            if dst is not self.down:
+                self._collect(dst.pop_deltas())
         self.seen_offers_waiting |= bool(self.d.handoffs.offers)
         return moved
 
     def _land(self) -> bool:
-        if not self.deliver or not self.transfers:
+        if not self.deliver or not self.transfers or self.d is self.down:
             return False
         rid, data, dest = self.transfers.popleft()
         for block, values in zip(dest, data, strict=True):
@@ -112,16 +131,17 @@ class Pair:
                 busy = action()
                 if until is not None and until():
                     return
-            self.p.check_integrity()
-            self.d.check_integrity()
-            if until is None and not busy and not self.p.has_unfinished() \
-                    and not self.d.has_unfinished() and not self.transfers:
+            live = [s for s in (self.p, self.d) if s is not self.down]
+            for sched in live:
+                sched.check_integrity()
+            if until is None and not busy and not any(s.has_unfinished() for s in live) \
+                    and (not self.transfers or self.d is self.down):
                 if not any(self.results.values()):
                     return
         raise AssertionError("the pair did not finish")
 
     def assert_all_free(self) -> None:
-        for sched in (self.p, self.d):
+        for sched in (s for s in (self.p, self.d) if s is not self.down):
             bm = sched.block_manager
             assert bm.num_free == bm.num_blocks, sched.config.role
             assert not sched.seqs and not sched.handoffs.waiting
@@ -188,6 +208,8 @@ def test_prefill_exports_within_the_bound_on_blocks_in_flight():
 def _phase(pair: Pair, rid: int, phase: str) -> bool:
     p, d = pair.p.handoffs, pair.d.handoffs
     seq = d.seqs.get(rid) or pair.d.seqs.get(rid)
+    if phase == "prefilling":
+        return rid in pair.p.seqs and pair.p.seqs[rid].num_computed > 0
     return {
         "offered": rid in p.out and p.out[rid].dest is None,
         "in transfer": any(t[0] == rid for t in pair.transfers),
@@ -288,3 +310,81 @@ def test_params_travel_resolved():
     offer = pair.p.handoffs.peer_out[0][1]
     assert isinstance(offer.params, SamplingParams) and offer.params.max_tokens == MAX_LEN - 9
     assert offer.num_computed == 9 and len(offer.token_ids) == 10 and offer.num_blocks == 3
+
+
+def _dead_error(out: dict, replica: int) -> bool:
+    return out["reason"] == FinishReason.ERROR and \
+        out["error"].message == f"engine dead: replica {replica}: killed"
+
+
+SHARED_PHASES = ["prefilling", "offered", "in transfer", "landed", "decoding"]
+
+
+@pytest.mark.parametrize("phase", SHARED_PHASES)
+def test_a_dead_prefill_replica_fails_only_what_had_not_landed(phase):
+    """Request 1 is in `phase` when the prefill replica dies; requests whose KV landed on the
+    decode replica finish with every token, the others fail naming the dead replica, and the
+    decode replica holds no block for them."""
+    pair = Pair()
+    reqs = [make_request(i, 13, max_tokens=12, ignore_eos=True) for i in range(3)]
+    for req in reqs:
+        pair.add(req)
+    pair.run(until=lambda: _phase(pair, 1, phase))
+    decoding = {rid for rid in pair.placed if rid in pair.d.seqs or (
+        rid in pair.d.handoffs.seqs and rid not in pair.d.handoffs.incoming)}
+    assert (1 in decoding) == (phase in ("landed", "decoding"))
+    pair.kill(pair.p)
+    pair.run()
+    for req in reqs:
+        out = pair.outputs[req.request_id]
+        if req.request_id in decoding:
+            assert (out["tokens"], out["reason"]) == expected(req)
+        else:
+            assert _dead_error(out, 0), out
+            assert out["tokens"] == expected(req)[0][:len(out["tokens"])]
+    if phase == "in transfer":
+        assert 1 in pair.cancelled  # frames still on their way are dropped
+    pair.assert_all_free()
+    # An offer that was queued behind the death fails too, and takes no block.
+    late = make_request(7, 9, max_tokens=4)
+    pair.d.on_handoff(dataclasses.replace(_offer_of(late), prefill_replica=0))
+    assert _dead_error(_outputs_of(pair.d)[7], 0)
+    pair.assert_all_free()
+
+
+@pytest.mark.parametrize("phase", SHARED_PHASES)
+def test_a_dead_decode_replica_fails_only_what_it_held(phase):
+    """Request 1 is in `phase` when the decode replica dies: one not offered yet is served
+    whole by the prefill replica; one offered, in transfer or owned by the decode replica
+    fails naming it; the prefill replica holds no block for them."""
+    pair = Pair()
+    reqs = [make_request(i, 13, max_tokens=12, ignore_eos=True) for i in range(3)]
+    for req in reqs:
+        pair.add(req)
+    pair.run(until=lambda: _phase(pair, 1, phase))
+    prefilling = {rid for rid in pair.placed if rid in pair.p.seqs}
+    assert (1 in prefilling) == (phase == "prefilling")
+    offered = set(pair.p.handoffs.out)  # the release of one landed may be on its way
+    pair.kill(pair.d)
+    pair.run()
+    for req in reqs:
+        out = pair.outputs[req.request_id]
+        if req.request_id in prefilling:
+            assert (out["tokens"], out["reason"]) == expected(req)
+        else:
+            assert _dead_error(out, 1), out
+    assert pair.p.handoffs.counters.failures == len(offered)  # its hand-offs, given up
+    pair.assert_all_free()
+
+
+def _offer_of(req):
+    pair = Pair()
+    pair.add(req)
+    pair.run(until=lambda: bool(pair.p.handoffs.peer_out))
+    return pair.p.handoffs.peer_out[0][1]
+
+
+def _outputs_of(sched: Scheduler) -> dict[int, dict]:
+    deltas = sched.pop_deltas()
+    return {rid: {"reason": r, "error": e} for rid, r, e in
+            zip(deltas.request_ids, deltas.finish_reasons, deltas.errors, strict=True)}

@@ -1,0 +1,86 @@
+"""A replica of the other role died: what this replica does with the requests it shared.
+
+The router names them (HandoffPeerDown); this replica decides, because only it knows which
+of them it owns (scheduler_proc.handoff: the prefill replica until the KV landed, the decode
+replica after).
+
+Decode side, its prefill replica died: a request whose KV landed here goes on untouched (it
+no longer needs the prefill replica); one still prefilling there, offered or in transfer
+ends with the error, and its blocks here are freed (frames still on their way are dropped).
+
+Prefill side, its decode replica died: a request not offered yet is served whole here, as if
+it had been given no decode replica; one offered (its KV not landed) ends with the error,
+freeing its blocks; one the decode replica owned (unknown here) ends with the error too.
+
+Nothing is recomputed. The error is the router's for every request a replica's death fails
+("engine dead: replica R: why"), so the client reads the same words wherever it was failed;
+an id that already finished gets a second end, which the detokenizer drops.
+"""
+
+from __future__ import annotations
+
+from protocol import ErrorKind, FinishReason, RequestError
+from protocol.kv_handoff import HandoffPeerDown
+from scheduler_proc.handoff import Handoffs
+
+ERROR = FinishReason.ERROR
+
+
+def peer_error(msg: HandoffPeerDown) -> RequestError:
+    return RequestError(ErrorKind.ENGINE_DEAD, f"engine dead: replica {msg.replica}: "
+                        f"{msg.reason}")
+
+
+def on_peer_down(handoffs: Handoffs, msg: HandoffPeerDown) -> None:
+    """End the requests shared with the dead replica that this one does not own."""
+    error = peer_error(msg)
+    handoffs.dead_peers[msg.replica] = error
+    if handoffs.role == "decode":
+        failed = _prefill_lost(handoffs, msg)
+    else:
+        failed = _decode_lost(handoffs, msg, error)
+    deltas = handoffs.state.deltas
+    for rid in failed:
+        deltas.add(rid, [], ERROR, error)
+
+
+def _prefill_lost(handoffs: Handoffs, msg: HandoffPeerDown) -> list[int]:
+    dead = msg.replica
+    failed = dict.fromkeys(rid for rid in msg.request_ids if not _owned(handoffs, rid))
+    for entry in list(handoffs.incoming.values()):  # whatever the router named or not
+        if entry.prefill_replica == dead:
+            failed[entry.seq.seq_id] = None
+    for offer in list(handoffs.offers):
+        if offer.prefill_replica == dead:
+            handoffs.offers.remove(offer)
+            failed[offer.request_id] = None
+    for rid in failed:
+        entry = handoffs.incoming.get(rid)
+        if entry is not None:
+            handoffs.counters.failures += 1
+            handoffs.drop(entry.seq)  # KVCancel for frames on their way, blocks freed
+    return list(failed)
+
+
+def _owned(handoffs: Handoffs, rid: int) -> bool:
+    """Decode side: running here, or landed and waiting for admission."""
+    if rid in handoffs.state.seqs:
+        return True
+    seq = handoffs.seqs.get(rid)
+    return seq is not None and rid not in handoffs.incoming
+
+
+def _decode_lost(handoffs: Handoffs, msg: HandoffPeerDown, error: RequestError) -> list[int]:
+    state, dead = handoffs.state, msg.replica
+    failed: list[int] = []
+    for seq in state.seqs.values():  # not offered yet: served whole here
+        if seq.decode_replica == dead:
+            seq.decode_replica = -1
+    for rid in msg.request_ids:
+        if rid not in state.seqs and rid not in handoffs.seqs:
+            failed.append(rid)  # the decode replica owned it (or it finished)
+    for entry in list(handoffs.out.values()):
+        if entry.decode_replica == dead:
+            handoffs.counters.failures += 1
+            handoffs.end(entry.seq, ERROR, error)
+    return failed
