@@ -162,7 +162,8 @@ class KVReceiver:
         size = len(frames[1].buffer)
         problem = None
         if _dtype(header.dtype) != pool.dtype:
-            problem = f"dtype {header.dtype}, the pool holds {pool.dtype}"
+            problem = (f"dtype {header.dtype}, the pool holds {pool.dtype} (prefill and decode "
+                       "replicas must run one --kv-cache-dtype and --dtype)")
         elif header.shape != expected:
             problem = f"shape {header.shape}, expected {expected}"
         elif size != int(np.prod(expected)) * pool.element_size():
