@@ -20,7 +20,7 @@ from gpu_workers.penalties import gather_penalties
 from gpu_workers.sampler import SamplingBatch, row_seed
 from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.static_inputs import StaticInputs, send_named
-from gpu_workers.token_layout import PART_NAMES, lay_out, pad_ragged
+from gpu_workers.token_layout import PART_NAMES, lay_out, needed_width, pad_ragged
 
 
 @dataclass(slots=True)
@@ -60,6 +60,7 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
     out as q_per_seq tokens, its own then padding, and the batch is padded to pad_to entries.
     Padding stores nothing (slot -1) and its outputs are never read. prefill_pad (entries,
     tokens): the ragged layout padded for a prefill graph (token_layout.pad_ragged).
+    block_width: the block tables' columns; None: as many as the step's contexts need.
     into: the static inputs of the graph that runs the step. extra: more int32 arrays
     (other 4-byte values viewed as int32) that travel in the same copy (StepBatch.extra).
     sample=False: the step's tokens are drawn inside its graph (gpu_workers.graph_sampling),
@@ -68,6 +69,10 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
     start = table.num_computed[rows]
     end = start + num_new
     staged = None if into is None else into.stage()
+    if prefill_pad is not None and block_width is None:  # the padding entry's keys too
+        pad = prefill_pad[1] - int(num_new.sum())
+        block_width = min(table.max_blocks, max(needed_width(end, block_size),
+                                                needed_width(np.array([pad]), block_size)))
     layout = lay_out(table, rows, start, num_new, block_size, block_width, pad_to, q_per_seq,
                      staged)
     if prefill_pad is not None:
@@ -93,6 +98,8 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
                        temperature=table.temperature[logit_rows].view(np.int32),
                        top_p=table.top_p[logit_rows].view(np.int32),
                        min_p=table.min_p[logit_rows].view(np.int32))
+    if staged is not None and "width" in into.offsets:  # the compact tables' row stride
+        arrays["width"] = np.array([layout.tables.shape[1]], np.int32)
     views = send_named(arrays | (extra or {}), device, staged)
     d_ids, d_pos, attn = layout.attention([views[name] for name in PART_NAMES])
     d_logits = views["logits"]

@@ -4,7 +4,8 @@ A decode step of a small model is dominated by kernel launches; replaying a capt
 turns ~10 launches per layer into one. Each size reads its inputs from static buffers of its
 own (gpu_workers.static_inputs), which the step's batch is built into with one host copy;
 the batch is padded up to the bucket (padding rows store nothing: slot -1), and the captured
-output buffer is returned.
+output buffer is returned. Block tables travel as wide as the step needs and are widened
+inside the graph (gpu_workers.graph_tables), so one graph per size serves every context.
 
 With q_per_seq > 1 the graphs run steps that verify speculative proposals: every entry
 computes q_per_seq tokens (its last known token and up to q_per_seq - 1 proposals, padded;
@@ -26,9 +27,9 @@ from functools import partial
 import numpy as np
 import torch
 
+from gpu_workers.graph_tables import WideTables, copy_in
 from gpu_workers.layers.attention import AttentionBatch
-from gpu_workers.static_inputs import StaticInputs, into_static
-from gpu_workers.token_layout import layout_inputs
+from gpu_workers.static_inputs import StaticInputs
 
 SampleFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(hidden [R, H], inverse temperatures [R] float32, seeds [R] int64) -> token ids [R]."""
@@ -54,11 +55,12 @@ def record(fn: Callable[[], torch.Tensor], pool) -> tuple[torch.cuda.CUDAGraph, 
 def input_capacities(bs: int, q_per_seq: int, block_width: int) -> dict[str, int]:
     """The segments of one graph size's static inputs: what gpu_workers.batch sends (the
     token layout, logits rows and sampling parameters), the sampling graph's inputs, and
-    the in-flight tokens to patch in (ModelRunner)."""
+    the in-flight tokens to patch in (ModelRunner); last the compact block tables, sent only
+    as far as a step fills them, and their width (gpu_workers.graph_tables)."""
     t = bs * q_per_seq
     return dict(ids=t, positions=t, slots=t, cu_q=bs + 1, seq_lens=bs, cu_k=bs + 1,
-                tables=bs * block_width, logits=t, top_k=t, temperature=t, top_p=t, min_p=t,
-                inv_temperature=bs, seeds=2 * bs, patch_to=t, patch_from=t)
+                logits=t, top_k=t, temperature=t, top_p=t, min_p=t, inv_temperature=bs,
+                seeds=2 * bs, patch_to=t, patch_from=t, width=1, tables=bs * block_width)
 
 
 class DecodeGraphs:
@@ -72,8 +74,11 @@ class DecodeGraphs:
         self.block_width = block_width
         self.max_model_len = max_model_len
         self.q_per_seq = q_per_seq
-        self.inputs = {bs: StaticInputs(input_capacities(bs, q_per_seq, block_width), device)
+        self.inputs = {bs: StaticInputs(input_capacities(bs, q_per_seq, block_width), device,
+                                        tail="tables")
                        for bs in self.sizes}
+        self.wide = WideTables(self.sizes[-1], block_width, device)
+        """The full-width tables every size's graph reads (its compact ones widened)."""
         """Per size, the static inputs its graphs read."""
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
@@ -100,7 +105,7 @@ class DecodeGraphs:
     def _attn(self, bs: int) -> AttentionBatch:
         v, q = self.inputs[bs].views, self.q_per_seq
         return AttentionBatch(
-            slot_mapping=v["slots"], block_tables=v["tables"].view(bs, self.block_width),
+            slot_mapping=v["slots"], block_tables=self.wide.rows(bs),
             cu_seqlens_q=v["cu_q"], seq_lens_k=v["seq_lens"], cu_seqlens_k=v["cu_k"],
             max_seqlen_q=q, max_seqlen_k=self.max_model_len, decode=True, q_per_seq=q,
         )
@@ -114,16 +119,23 @@ class DecodeGraphs:
         staged.put("cu_q", np.arange(bs + 1, dtype=np.int32) * q)
         staged.put("seq_lens", np.full(bs, q, np.int32))
         staged.put("cu_k", np.arange(bs + 1, dtype=np.int32) * q)
+        staged.put("width", np.zeros(1, np.int32))
         staged.send()
+
+    def _forward(self, bs: int, attn: AttentionBatch) -> torch.Tensor:
+        """What a size's graph runs: its tables widened, then the model."""
+        v = self.inputs[bs].views
+        self.wide.widen(v, bs)
+        return self.model(v["ids"], v["positions"], attn)
 
     def capture(self, pool=None) -> None:
         """Capture every size (into `pool`, another set's memory pool, when given)."""
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory
             self._idle_step(bs)
-            attn, v = self._attn(bs), self.inputs[bs].views
-            self.model(v["ids"], v["positions"], attn)  # warm-up (autotune, lazy init)
+            attn = self._attn(bs)
+            self._forward(bs, attn)  # warm-up (autotune, lazy init)
             torch.cuda.synchronize()
-            graph, out = record(partial(self.model, v["ids"], v["positions"], attn), pool)
+            graph, out = record(partial(self._forward, bs, attn), pool)
             pool = graph.pool() if pool is None else pool
             self.pool = pool
             self.graphs[bs] = graph
@@ -146,7 +158,7 @@ class DecodeGraphs:
         its static inputs (layout(bs)), or anywhere else, then copied there."""
         views = self.inputs[bs].views
         if input_ids.data_ptr() != views["ids"].data_ptr():  # not built in place: copy
-            into_static(views, layout_inputs(input_ids, positions, a))
+            copy_in(views, input_ids, positions, a)
         self.graphs[bs].replay()
         return self.outputs[bs]
 

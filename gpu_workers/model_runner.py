@@ -34,7 +34,7 @@ from gpu_workers.speculative import SpecStep, prepare_proposals, settle_verified
 from gpu_workers.speculative.draft import DraftProposer
 from gpu_workers.step_graphs import StepGraphs
 from gpu_workers.step_timer import BusyTimes
-from gpu_workers.token_layout import entry_offsets
+from gpu_workers.token_layout import bucket_width, entry_offsets, needed_width
 from gpu_workers.warm_up import measure_peak_memory, warm_up_kernels
 from protocol import StepPlan, StepResult
 from protocol.startup_phases import PhaseClock
@@ -211,15 +211,15 @@ class ModelRunner:
                                      self.config.ngram_size)
             run_new = num_new + spec.num_verify
         graphs, key, width = None, None, None
-        if self.device.type == "cuda" or self.graphs is not None:
-            # A static block-table width: Triton specialises kernels on integer arguments such
-            # as the table's row stride and derives the decode split count from it, so a width
-            # following the longest context would recompile kernels in the middle of serving
-            # (and a graph's inputs have that width).
-            width = self.config.max_blocks_per_seq
-            if self.graphs is not None and table is self.table:
-                graphs, key = self.graphs.select(num_new, run_new)
+        if self.graphs is not None and table is self.table:
+            graphs, key = self.graphs.select(num_new, run_new)
         start = table.num_computed[rows]
+        if self.device.type == "cuda" and graphs is None:
+            # Block tables as wide as the longest context needs, in buckets: Triton
+            # specialises on the row stride and sizes the decode split grid from the width.
+            # A graph's step takes the exact width (gpu_workers.graph_tables).
+            width = bucket_width(needed_width(start + run_new, self.config.block_size),
+                                 self.config.max_blocks_per_seq)
         layout = {} if graphs is None else graphs.layout(key)
         drawn = None if spec is not None else graph_sample_inputs(graphs, table, rows,
                                                                  num_new, self.sampler)

@@ -13,7 +13,8 @@ empty entries fill the entry bucket, and one last entry holds the padding tokens
 prefill over block 0 of the cache: slot -1 stores nothing and its outputs are never read).
 The Triton attention kernel finds each query tile's entry on the device (no host maximum),
 so one captured graph serves every step of its bucket. Each bucket reads static inputs of its
-own (gpu_workers.static_inputs), which the step's batch is built into with one host copy.
+own (gpu_workers.static_inputs), which the step's batch is built into with one host copy;
+its block tables travel compact and are widened inside the graph (gpu_workers.graph_tables).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import numpy as np
 import torch
 
 from gpu_workers.decode_graphs import record
+from gpu_workers.graph_tables import WideTables, copy_in
 from gpu_workers.layers.attention import AttentionBatch
-from gpu_workers.static_inputs import StaticInputs, into_static
-from gpu_workers.token_layout import layout_inputs
+from gpu_workers.static_inputs import StaticInputs
 
 TOKEN_BUCKETS = (128, 256, 512, 768, 1024, 1536, 2048)
 MAX_ENTRIES = 64
@@ -48,11 +49,12 @@ def entry_buckets(max_entries: int) -> list[int]:
 def prefill_capacities(entries: int, tokens: int, block_width: int) -> dict[str, int]:
     """The segments of one bucket's static inputs: its entries plus the padding entry, its
     tokens, the logits rows and sampling parameters (one per token at most, when entries
-    verify proposals), and the in-flight tokens to patch in."""
+    verify proposals), the in-flight tokens to patch in, and last the compact block tables
+    with their width (gpu_workers.graph_tables)."""
     s = entries + 1
     return dict(ids=tokens, positions=tokens, slots=tokens, cu_q=s + 1, seq_lens=s, cu_k=s + 1,
-                tables=s * block_width, logits=tokens, top_k=tokens, temperature=tokens,
-                top_p=tokens, min_p=tokens, patch_to=tokens, patch_from=tokens)
+                logits=tokens, top_k=tokens, temperature=tokens, top_p=tokens, min_p=tokens,
+                patch_to=tokens, patch_from=tokens, width=1, tables=s * block_width)
 
 
 class PrefillGraphs:
@@ -65,8 +67,11 @@ class PrefillGraphs:
             self.token_sizes.append(max_tokens)
         self.max_model_len = max_model_len
         self.block_width = block_width
-        self.inputs = {(s, t): StaticInputs(prefill_capacities(s, t, block_width), device)
+        self.inputs = {(s, t): StaticInputs(prefill_capacities(s, t, block_width), device,
+                                            tail="tables")
                        for t in self.token_sizes for s in self.entry_sizes if s <= t}
+        self.wide = WideTables(self.entry_sizes[-1] + 1, block_width, device)
+        """The full-width tables every bucket's graph reads (its compact ones widened)."""
         """Per bucket, the static inputs its graph reads (every entry holds a token)."""
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -86,7 +91,7 @@ class PrefillGraphs:
     def _attn(self, key: tuple[int, int]) -> AttentionBatch:
         v, s, t = self.inputs[key].views, key[0] + 1, key[1]  # + the padding entry
         return AttentionBatch(
-            slot_mapping=v["slots"], block_tables=v["tables"].view(s, self.block_width),
+            slot_mapping=v["slots"], block_tables=self.wide.rows(s),
             cu_seqlens_q=v["cu_q"], seq_lens_k=v["seq_lens"], cu_seqlens_k=v["cu_k"],
             max_seqlen_q=t, max_seqlen_k=self.max_model_len, decode=False)
 
@@ -100,16 +105,23 @@ class PrefillGraphs:
         staged.put("cu_q", bounds)
         staged.put("cu_k", bounds)
         staged.put("seq_lens", np.array([0] * s + [t], np.int32))
+        staged.put("width", np.zeros(1, np.int32))
         staged.send()
+
+    def _forward(self, key: tuple[int, int], attn: AttentionBatch) -> torch.Tensor:
+        """What a bucket's graph runs: its tables widened, then the model."""
+        v = self.inputs[key].views
+        self.wide.widen(v, key[0] + 1)
+        return self.model(v["ids"], v["positions"], attn)
 
     def capture(self, pool=None) -> None:
         """Capture every bucket, largest first (into `pool` when given)."""
         for key in sorted(self.inputs, key=lambda k: (k[1], k[0]), reverse=True):
             self._padding_step(key)
-            attn, v = self._attn(key), self.inputs[key].views
-            self.model(v["ids"], v["positions"], attn)  # warm-up
+            attn = self._attn(key)
+            self._forward(key, attn)  # warm-up
             torch.cuda.synchronize()
-            graph, out = record(partial(self.model, v["ids"], v["positions"], attn), pool)
+            graph, out = record(partial(self._forward, key, attn), pool)
             pool = graph.pool() if pool is None else pool
             self.graphs[key] = graph
             self.outputs[key] = out
@@ -119,6 +131,6 @@ class PrefillGraphs:
             key: tuple[int, int]) -> torch.Tensor:
         """Replay the graph of `key` on inputs laid out for it (token_layout.pad_ragged):
         built into its static inputs (layout(key)), or copied there."""
-        into_static(self.inputs[key].views, layout_inputs(input_ids, positions, a))
+        copy_in(self.inputs[key].views, input_ids, positions, a)
         self.graphs[key].replay()
         return self.outputs[key]

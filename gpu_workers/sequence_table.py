@@ -94,9 +94,10 @@ class SequenceTable:
 
     def _grow(self, extra: int) -> None:
         old = len(self.num_tokens)
-        for name in self._COLUMNS:
+        for name in self._COLUMNS:  # np.zeros maps pages once written: rows cost what they hold
             col = getattr(self, name)
-            setattr(self, name, np.concatenate([col, np.zeros((extra, *col.shape[1:]), col.dtype)]))
+            setattr(self, name, np.zeros((old + extra, *col.shape[1:]), col.dtype))
+            getattr(self, name)[:old] = col
         self.pending_pos[old:] = -1
         self.free.extend(range(old + extra - 1, old - 1, -1))
 

@@ -6,6 +6,10 @@ per array, and at batch 1 the host's launch work, not the device, sets a step's 
 every input of a graph size has a fixed segment of one device buffer; a step's arrays are
 written into pinned host memory laid out the same way and sent with a single copy, which
 the stream orders after the previous step's replay (that step still reads the old values).
+
+A segment sized for the worst case but mostly unused (block tables, as wide as max_model_len
+allows) is the `tail`: the last segment, written only as far as the step needs and sent only
+that far, so neither the host's fill nor the copy grows with the capacity.
 """
 
 from __future__ import annotations
@@ -23,8 +27,12 @@ alignment, and int64 segments (seeds) need 8."""
 class StaticInputs:
     """Named int32 segments of one device buffer, each with a fixed capacity."""
 
-    def __init__(self, capacities: dict[str, int], device: torch.device) -> None:
+    def __init__(self, capacities: dict[str, int], device: torch.device,
+                 tail: str | None = None) -> None:
+        """tail: a segment sent only as far as each step writes it (it must come last)."""
+        assert tail is None or list(capacities)[-1] == tail, "the tail segment comes last"
         self.device = device
+        self.tail = tail
         self.offsets: dict[str, int] = {}
         self.capacities = dict(capacities)
         end = 0
@@ -37,6 +45,14 @@ class StaticInputs:
                       for name, off in self.offsets.items()}
         """Each segment at full capacity: what a graph is captured on (cut as it needs)."""
         self._cuts: dict[tuple[str, int], torch.Tensor] = {}
+        self._prefixes: dict[int, torch.Tensor] = {}
+
+    def prefix(self, end: int) -> torch.Tensor:
+        """buffer[:end], kept once made (as cut)."""
+        view = self._prefixes.get(end)
+        if view is None:
+            view = self._prefixes[end] = self.buffer[:end]
+        return view
 
     def cut(self, name: str, n: int) -> torch.Tensor:
         """The first n elements of a segment's device view. Kept once made: slicing a
@@ -72,27 +88,43 @@ class Staged:
         self.lengths[name] = self.inputs.capacities[name]
         return self.segment(name)
 
+    def part(self, name: str, n: int) -> np.ndarray:
+        """The tail segment's first n elements, for the caller to write in full in place;
+        only they are sent."""
+        assert name == self.inputs.tail
+        if n > self.inputs.capacities[name]:
+            raise ValueError(f"{n} values do not fit segment {name!r}")
+        self.lengths[name] = n
+        return self.segment(name)[:n]
+
     def put(self, name: str, values: np.ndarray) -> None:
         """Write a segment's first len(values) elements, converted to int32 (other 4-byte
         values come viewed as int32, int64 ones as pairs), and zero the rest, so readers of the
-        full segment (a graph's padding rows) see zeros, not an earlier step's values."""
+        full segment (a graph's padding rows) see zeros, not an earlier step's values. The
+        tail's rest is left alone: it is not sent."""
         flat = values if values.ndim == 1 else values.reshape(-1)
         off, capacity = self.inputs.offsets[name], self.inputs.capacities[name]
         n = len(flat)
         if n > capacity:
             raise ValueError(f"{n} values do not fit segment {name!r} of {capacity}")
         self.array[off:off + n] = flat
-        if n < capacity:
+        if n < capacity and name != self.inputs.tail:
             self.array[off + n:off + capacity] = 0
         self.lengths[name] = n
 
     def send(self) -> dict[str, torch.Tensor]:
-        """Copy every segment to the device in one copy (segments not put are zeros); the
-        device views of what was put, cut to the lengths written."""
-        for name in self.inputs.offsets.keys() - self.lengths.keys():
-            self.segment(name)[:] = 0
+        """Copy every segment to the device in one copy (segments not put are zeros; the tail
+        only as far as written); the device views of what was put, cut to the lengths written."""
         inputs = self.inputs
-        inputs.buffer.copy_(self.host, non_blocking=True)
+        for name in inputs.offsets.keys() - self.lengths.keys() - {inputs.tail}:
+            self.segment(name)[:] = 0
+        end = inputs.size
+        if inputs.tail is not None:
+            end = inputs.offsets[inputs.tail] + self.lengths.get(inputs.tail, 0)
+        if end == inputs.size:
+            inputs.buffer.copy_(self.host, non_blocking=True)
+        else:
+            inputs.prefix(end).copy_(self.host[:end], non_blocking=True)
         return {name: inputs.cut(name, n) for name, n in self.lengths.items()}
 
 
@@ -112,8 +144,9 @@ def send_named(arrays: dict[str, np.ndarray], device: torch.device,
 
 def into_static(views: dict[str, torch.Tensor], given: dict[str, torch.Tensor]) -> None:
     """Copy each given input into the static segment of its name, unless it is that segment
-    already (a batch built into the static inputs needs no copy)."""
+    already (a batch built into the static inputs needs no copy). A given input shorter than
+    its segment (compact block tables) fills the segment's start."""
     for name, src in given.items():
         dst = views[name]
         if src.data_ptr() != dst.data_ptr():
-            dst.copy_(src)
+            (dst if src.numel() == dst.numel() else dst[:src.numel()]).copy_(src)

@@ -7,6 +7,14 @@ nothing, slot -1, and whose outputs are never read) and the batch is padded to p
 entries; prefill graphs keep the ragged layout and add empty entries and one entry holding
 the padding tokens (pad_ragged). The target's steps (gpu_workers.batch) and the draft model's
 (gpu_workers.speculative.draft) are both laid out here.
+
+Block tables are laid out as wide as the step's longest context needs, not as wide as
+max_model_len allows (a 128k-token limit is 512 columns of 256-token blocks, a short chat
+needs a few): filling and copying them costs what the step's contexts are. A CUDA graph
+reads a table of the full width; its inputs carry the compact one and the graph widens it
+on the device (gpu_workers.graph_tables). Steps run without a graph on CUDA take a width
+rounded up to a bucket (bucket_width), so the Triton kernels, which specialise on the
+table's row stride and size their split-K grid from its width, see few distinct shapes.
 """
 
 from __future__ import annotations
@@ -33,6 +41,21 @@ def layout_inputs(input_ids: torch.Tensor, positions: torch.Tensor,
     return dict(ids=input_ids, positions=positions, slots=attn.slot_mapping,
                 cu_q=attn.cu_seqlens_q, seq_lens=attn.seq_lens_k, cu_k=attn.cu_seqlens_k,
                 tables=attn.block_tables.reshape(-1))
+
+
+def bucket_width(needed: int, max_width: int) -> int:
+    """The block-table width of a step run without a CUDA graph on the GPU: `needed` columns
+    rounded up to a power of two from 16 (row strides stay multiples of 16, which is what
+    Triton specialises on), capped at the table's full width."""
+    width = 16
+    while width < needed:
+        width *= 2
+    return min(width, max_width)
+
+
+def needed_width(ends: np.ndarray, block_size: int) -> int:
+    """Columns that cover contexts of `ends` tokens (at least one)."""
+    return max(1, -(-int(ends.max()) // block_size)) if len(ends) else 1
 
 
 def entry_offsets(num_new: np.ndarray, q_per_seq: int | None = None) -> np.ndarray:
@@ -90,11 +113,13 @@ def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: 
     inputs (PART_NAMES; staged.lengths then names them); other layouts leave it alone."""
     if pad_to is not None and q_per_seq == 1 and (num_new == 1).all():
         assert pad_to >= len(rows)
-        width = width or int(start.max() + block_size) // block_size
+        width = width or needed_width(start + 1, block_size)
         return _lay_out_decode(table, rows, start, block_size, width, pad_to, staged)
     n = len(rows)
     end = start + num_new
-    width = width or max(1, int((end.max() + block_size - 1) // block_size))
+    # A padded entry attends over start + q_per_seq keys (its padding queries included).
+    width = width or min(needed_width(end if pad_to is None else start + q_per_seq,
+                                      block_size), table.max_blocks)
     tables = table.block_tables[rows, :width]
     if pad_to is None:
         cu_q = np.zeros(n + 1, np.int64)
@@ -147,9 +172,10 @@ def _lay_out_decode(table: SequenceTable, rows: np.ndarray, start: np.ndarray,
                                                                        pad_to + 1))
         tables = np.empty((pad_to, width), np.int32)
     else:
-        ids, positions, slots, cu_q, seq_lens, cu_k, tables = (
-            staged.whole(name) for name in PART_NAMES)
-        tables = tables.reshape(pad_to, width)
+        ids, positions, slots, cu_q, seq_lens, cu_k = (
+            staged.whole(name) for name in PART_NAMES[:-1])
+        tables = (staged.part("tables", pad_to * width) if staged.inputs.tail == "tables"
+                  else staged.whole("tables")).reshape(pad_to, width)
     ids[:n] = table.tokens[rows, start]
     ids[n:] = 0
     positions[:n] = start

@@ -72,6 +72,15 @@ def _decode_split_kernel(
     j = r // GROUP
     head = kv_head * GROUP + r % GROUP
     token = b.to(tl.int64) * QLEN + j
+    if SPLIT:
+        if start >= seq_len:
+            # No keys: a short context in a launch sized for the longest the table allows.
+            # Only its -inf log-sum-exp is written, which tells the reduce to skip it, so
+            # the launch's width costs a load and a store per empty split.
+            idx = (token * GROUP * tl.num_programs(1) + head) * num_splits + split
+            tl.store(part_lse_ptr + idx, tl.full([ROWS], float("-inf"), tl.float32),
+                     mask=row_ok)
+            return
     pos = seq_len - QLEN + j
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + token[:, None] * stride_qb + head[:, None] * stride_qh + d[None, :],
@@ -128,7 +137,7 @@ def _decode_reduce_kernel(
     m = tl.where(m == float("-inf"), 0.0, m)  # empty sequence: every weight is zero
     w = tl.exp2(lse - m)
     parts = tl.load(part_out_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
-                    mask=(s < num_splits)[:, None], other=0.0)
+                    mask=((s < num_splits) & (lse > float("-inf")))[:, None], other=0.0)
     out = tl.sum(parts * w[:, None], 0) / tl.maximum(tl.sum(w, 0), 1e-30)
     o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))

@@ -54,7 +54,7 @@ from gpu_workers.speculative.rejection import (
     row_sampling,
 )
 from gpu_workers.speculative.verify import SpecStep
-from gpu_workers.token_layout import lay_out
+from gpu_workers.token_layout import bucket_width, lay_out, needed_width
 from gpu_workers.transfer import to_device, upload
 
 
@@ -164,7 +164,10 @@ class DraftProposer:
         graphs = next((g for g in self.graphs
                        if longest <= g.q_per_seq and len(rows) <= g.max_bs), None)
         bs = None if graphs is None else graphs.bucket(len(rows))
-        width = self.config.max_blocks_per_seq if self.device.type == "cuda" else None
+        width = None  # a graph's step: as wide as needed (gpu_workers.graph_tables)
+        if graphs is None and self.device.type == "cuda":
+            width = bucket_width(needed_width(start + n, self.config.block_size),
+                                 self.config.max_blocks_per_seq)
         layout = lay_out(table, rows, start, n, self.config.block_size, width, pad_to=bs,
                          q_per_seq=1 if graphs is None else graphs.q_per_seq)
         input_ids, positions, attn = layout.attention(upload(layout.parts(), self.device))

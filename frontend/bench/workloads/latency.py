@@ -193,6 +193,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5, help="timed requests per path")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="the engine's max_model_len (default: --prompt-len + --max-tokens); "
+                    "a larger one measures what the limit alone costs a step")
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                     help="overlap scheduling in the pipeline (default on)")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
@@ -223,13 +226,17 @@ def run(args: argparse.Namespace) -> list[Figure]:
     mc = ModelConfig.from_dir(model_dir)
     if checkout is not None and mc.model_type != "qwen3":
         raise BenchUsageError(f"--peer nano-vllm runs Qwen3 models only; this is {mc.model_type}")
-    max_model_len = args.prompt_len + args.max_tokens
+    needed = args.prompt_len + args.max_tokens
+    if args.max_model_len is not None and args.max_model_len < needed:
+        raise BenchUsageError(f"--max-model-len must be at least --prompt-len + --max-tokens "
+                              f"({needed})")
+    max_model_len = args.max_model_len or needed
     base = EngineConfig(model=model_dir, device=device, max_model_len=max_model_len,
                         enforce_eager=args.enforce_eager)
     engine_cfg = dataclasses.replace(
         base, overlap=args.overlap, worker_lookahead=args.worker_lookahead,
         plans_ahead=args.plans_ahead,
-        max_num_batched_tokens=max(base.resolved_max_num_batched_tokens, max_model_len))
+        max_num_batched_tokens=max(base.resolved_max_num_batched_tokens, needed))
     reqs = prompts(args.reps, args.prompt_len, mc.vocab_size, first_seed=1)
     warm_p, warm_d = prompts(2, args.prompt_len, mc.vocab_size, first_seed=1_000_000)
 

@@ -53,11 +53,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--modes", default="ahead", help=f"comma-separated, of: "
                     f"{', '.join(PLANS_AHEAD)} (default: %(default)s)")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="the engine's max_model_len (default: the longest W1 sequence); a "
+                    "larger one measures what the limit alone costs a step")
     ap.add_argument("--kv-cache-bytes", type=int, default=None,
                     help="KV cache size (default: sized from free memory)")
     ap.add_argument("--plot", metavar="OUT.png", help="a figure of the modes (needs matplotlib)")
     ap.add_argument("--profile-json", metavar="FILE",
                     help="`nanopipe profile step --json` output to add to the figure")
+
+
+def w1_max_model_len(args: argparse.Namespace) -> int:
+    """--max-model-len, or the longest sequence W1 makes."""
+    return args.max_model_len or args.max_input_len + args.max_output_len
 
 
 def run_pipeline(model_dir: str, args: argparse.Namespace, mode: str, work) -> dict:
@@ -66,7 +74,7 @@ def run_pipeline(model_dir: str, args: argparse.Namespace, mode: str, work) -> d
     llm = LLM(model_dir, device=args.device, overlap=mode != "off",
               worker_lookahead=mode.startswith("ahead"), plans_ahead=PLANS_AHEAD[mode],
               max_num_seqs=args.max_num_seqs,
-              max_model_len=args.max_input_len + args.max_output_len,
+              max_model_len=w1_max_model_len(args),
               max_num_batched_tokens=args.max_num_batched_tokens,
               enforce_eager=args.enforce_eager, kv_cache_bytes=args.kv_cache_bytes)
     try:
@@ -87,12 +95,13 @@ def run_runtime(model_dir: str, args: argparse.Namespace, work) -> dict:
     from protocol.limits import BLOCK_SIZE
     from scheduler_proc import Scheduler, SchedulerConfig
 
-    max_model_len = args.max_input_len + args.max_output_len
+    max_model_len = w1_max_model_len(args)
     config = WorkerConfig(  # the engine's block size for the device, as the pipeline runs
         model=model_dir, device=args.device, max_model_len=max_model_len,
         block_size=BLOCK_SIZE[args.device],
         max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=max(args.max_num_batched_tokens, max_model_len),
+        max_num_batched_tokens=max(args.max_num_batched_tokens,
+                                   args.max_input_len + args.max_output_len),
         kv_cache_bytes=args.kv_cache_bytes, enforce_eager=args.enforce_eager)
     runner = ModelRunner(config)
     scheduler = Scheduler(SchedulerConfig(
