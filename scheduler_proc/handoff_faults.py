@@ -7,6 +7,9 @@ replica after).
 Decode side, its prefill replica died: a request whose KV landed here goes on untouched (it
 no longer needs the prefill replica); one still prefilling there, offered or in transfer
 ends with the error, and its blocks here are freed (frames still on their way are dropped).
+A request that goes on gets an empty row marked as its hand-off (TokenDeltas.handoff_ids):
+should the prefill replica's own last rows have died with it, the detokenizer holds no row
+of it waiting for them (frontend.actors.handoff_order).
 
 Prefill side, its decode replica died: a request not offered yet, or offered but not yet
 exported, is served whole here (its KV is here and none of it left), as if it had been given
@@ -47,8 +50,12 @@ def on_peer_down(handoffs: Handoffs, msg: HandoffPeerDown) -> None:
 
 
 def _prefill_lost(handoffs: Handoffs, msg: HandoffPeerDown) -> list[int]:
-    dead = msg.replica
+    dead, deltas = msg.replica, handoffs.state.deltas
     failed = dict.fromkeys(rid for rid in msg.request_ids if not _owned(handoffs, rid))
+    for rid in msg.request_ids:
+        if rid not in failed:  # its prefill part is over: rows waiting for it may go on
+            deltas.add(rid, [], None, None)
+            deltas.handoff_ids.append(rid)
     for entry in list(handoffs.incoming.values()):  # whatever the router named or not
         if entry.prefill_replica == dead:
             failed[entry.seq.seq_id] = None

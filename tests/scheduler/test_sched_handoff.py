@@ -53,14 +53,16 @@ class Pair:
         self.placed.append(req.request_id)
         self.p.add_request(dataclasses.replace(req, decode_replica=1))
 
-    def kill(self, sched: Scheduler) -> None:
+    def kill(self, sched: Scheduler):
         """`sched`'s replica dies: the router tells the other one which requests they
         shared (every one placed so far)."""
         self.down = sched
         self.results[id(sched)].clear()
         other, dead = (self.d, 0) if sched is self.p else (self.p, 1)
         other.on_handoff(HandoffPeerDown(dead, "killed", sorted(self.placed)))
-        self._collect(other.pop_deltas())
+        deltas = other.pop_deltas()
+        self._collect(deltas)
+        return deltas
 
     def _collect(self, deltas) -> None:
         if deltas is None:
@@ -333,7 +335,10 @@ def test_a_dead_prefill_replica_fails_only_what_had_not_landed(phase):
     decoding = {rid for rid in pair.placed if rid in pair.d.seqs or (
         rid in pair.d.handoffs.seqs and rid not in pair.d.handoffs.incoming)}
     assert (1 in decoding) == (phase in ("landed", "decoding"))
-    pair.kill(pair.p)
+    told = pair.kill(pair.p)
+    # Those that go on are marked for the detokenizer: no row of theirs waits for the
+    # prefill replica's any longer.
+    assert set(told.handoff_ids) == decoding
     pair.run()
     for req in reqs:
         out = pair.outputs[req.request_id]
