@@ -11,6 +11,12 @@ Rows of the mirror change hands (a row's epoch counts owners), so a matcher is k
 epoch it belongs to and one left by an earlier owner is never used. A batch without a
 constrained row never reaches this module (the runner asks the mirror's `constrained` column
 first), so unconstrained requests pay nothing.
+
+Speculative decoding: a step that verifies proposals has one logits row per verified
+position, and each must be masked by the grammar as it stands after the proposals before it.
+mask_logits walks the proposals through the matcher (a mask per position), then rolls it
+back: the verify alone decides which tokens are kept, and accept() then advances by exactly
+those. xgrammar's rollback is unlimited from 0.2 (no max_rollback_tokens at creation).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpu_workers.sequence_table import SequenceTable
+from protocol import StepPlan
 from protocol import model_config as hf
 from protocol.structured_outputs import StructuredOutputs, build_grammar
 
@@ -129,48 +137,111 @@ class GrammarBook:
             entry.replay = []
         return entry.matcher
 
+    def track(self, plan: StepPlan, table: SequenceTable) -> None:
+        """Give each constrained sequence this plan brings a matcher (its compile starts
+        now, while the step runs); a resumed one replays the tokens it had generated."""
+        for seq in plan.new_seqs:
+            spec = seq.params.structured_outputs
+            row = table.rows.get(seq.seq_id)
+            if spec is not None and row is not None:
+                self.add(row, int(table.epoch[row]), spec,
+                         list(seq.token_ids[seq.num_prompt_tokens:]))
+
     def mask_logits(self, logits: torch.Tensor, rows: np.ndarray, epochs: np.ndarray,
-                    constrained: np.ndarray) -> None:
-        """Forbid, in logits [R, V] (row i belongs to mirror row rows[i]), every token the
-        grammar of a constrained row does not allow next. On the logits' device."""
+                    constrained: np.ndarray, proposals: list[np.ndarray] | None = None) -> None:
+        """Forbid, in logits (entry i belongs to mirror row rows[i]), every token the grammar
+        of a constrained entry does not allow next. On the logits' device.
+
+        Without proposals an entry owns one row of logits; with them (a speculative step)
+        entry i owns 1 + len(proposals[i]) consecutive rows, row j predicting the token after
+        proposals[i][:j], each masked by the grammar after those proposals (_fill_verify)."""
         import xgrammar as xgr
 
         start = time.perf_counter()
-        matchers, indices = [], []
-        for i in np.flatnonzero(constrained).tolist():
-            m = self._matcher(int(rows[i]), int(epochs[i]))
-            if m is not None and not m.is_terminated():
-                matchers.append(m)
-                indices.append(i)
-        if matchers:
-            n, width = logits.shape[0], xgr.get_bitmask_shape(1, self.vocab_size)[1]
-            host = self._host_mask
-            if host is None or host.shape[0] < n:
-                host = torch.full((max(n, 64), width), -1, dtype=torch.int32,
-                                  pin_memory=logits.device.type == "cuda")
-                self._host_mask = host
-            mask = host[:n]
-            if self._batch is None:
-                self._batch = xgr.BatchGrammarMatcher()
-            self._batch.batch_fill_next_token_bitmask(matchers, mask, indices)
+        width = xgr.get_bitmask_shape(1, self.vocab_size)[1]
+        mask = self._host(logits.shape[0], width, logits.device)
+        if proposals is None:
+            matchers, indices = [], []
+            for i in np.flatnonzero(constrained).tolist():
+                m = self._matcher(int(rows[i]), int(epochs[i]))
+                if m is not None and not m.is_terminated():
+                    matchers.append(m)
+                    indices.append(i)
+            if matchers:
+                if self._batch is None:
+                    self._batch = xgr.BatchGrammarMatcher()
+                self._batch.batch_fill_next_token_bitmask(matchers, mask, indices)
+        else:
+            indices = self._fill_verify(mask, rows, epochs, constrained, proposals)
+        if indices:
             device_mask = mask.to(logits.device, non_blocking=True)
             xgr.apply_token_bitmask_inplace(logits, device_mask, vocab_size=self.vocab_size,
                                             indices=indices)
         self.times.seconds += time.perf_counter() - start
         self.times.steps += 1
-        self.times.rows += len(matchers)
+        self.times.rows += len(indices)
 
-    def accept(self, rows: np.ndarray, epochs: np.ndarray, tokens: np.ndarray) -> None:
-        """Advance the matchers of constrained rows by their sampled tokens."""
-        for row, epoch, token in zip(rows.tolist(), epochs.tolist(), tokens.tolist()):
-            entry = self._entries.get(row)
-            if entry is None or entry.epoch != epoch or entry.broken:
+    def _host(self, n: int, width: int, device: torch.device) -> torch.Tensor:
+        """The host bitmask buffer's first n rows (grown, pinned on CUDA, as needed)."""
+        host = self._host_mask
+        if host is None or host.shape[0] < n:
+            host = torch.full((max(n, 64), width), -1, dtype=torch.int32,
+                              pin_memory=device.type == "cuda")
+            self._host_mask = host
+        return host[:n]
+
+    def _fill_verify(self, mask: torch.Tensor, rows: np.ndarray, epochs: np.ndarray,
+                     constrained: np.ndarray, proposals: list[np.ndarray]) -> list[int]:
+        """Fill the masks of a speculative step's constrained entries; returns the rows filled.
+
+        Each entry's proposals are accepted one by one, a mask filled before each and after
+        the last, then rolled back. A proposal the grammar refuses ends the walk and the
+        positions after it repeat the mask that refused it: there the proposal has target
+        probability 0, so the verify rejects it (greedy, sampled or against a draft's q) and
+        no draw past it is ever kept. Cutting the proposal instead would change the batch
+        already laid out. Once a proposed stop token ends the grammar, later positions stay
+        unmasked: the sequence finishes at that token and their draws are discarded."""
+        indices: list[int] = []
+        first = 0
+        for i, props in enumerate(proposals):
+            m = self._matcher(int(rows[i]), int(epochs[i])) if constrained[i] else None
+            walked = 0
+            while m is not None and not m.is_terminated():
+                m.fill_next_token_bitmask(mask, first + walked)
+                indices.append(first + walked)
+                if walked == len(props):
+                    break
+                if not m.accept_token(int(props[walked])):
+                    refused = first + walked
+                    later = range(refused + 1, first + len(props) + 1)
+                    mask[later.start:later.stop] = mask[refused]
+                    indices.extend(later)
+                    break
+                walked += 1
+            if walked:
+                m.rollback(walked)
+            first += len(props) + 1
+        return indices
+
+    def accept(self, rows: np.ndarray, epochs: np.ndarray, tokens: np.ndarray,
+               on: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Advance the matchers of the entries `on` selects (constrained rows) by their
+        tokens: one per entry, or counts[i] for entry i (a verify's accepted proposals and
+        the draw after them), in order."""
+        if counts is None:
+            counts = np.ones(len(rows), np.int64)
+        ends = np.cumsum(counts)
+        for i in np.flatnonzero(on).tolist():
+            entry = self._entries.get(int(rows[i]))
+            if entry is None or entry.epoch != int(epochs[i]) or entry.broken:
                 continue
-            if entry.matcher is None:  # not sampled under its mask yet (never expected)
-                entry.replay.append(token)
-                continue
-            if entry.matcher.is_terminated():
-                continue  # a token overlap computed past the end: the scheduler discards it
-            if not entry.matcher.accept_token(token):
-                log.error("row %d: token %d breaks its grammar", row, token)
-                entry.broken = True
+            for token in tokens[ends[i] - counts[i]:ends[i]].tolist():
+                if entry.matcher is None:  # not sampled under its mask yet (never expected)
+                    entry.replay.append(token)
+                    continue
+                if entry.matcher.is_terminated():
+                    break  # tokens computed past the end: the scheduler discards them
+                if not entry.matcher.accept_token(token):
+                    log.error("row %d: token %d breaks its grammar", rows[i], token)
+                    entry.broken = True
+                    break

@@ -30,7 +30,7 @@ from gpu_workers.models import CausalLM
 from gpu_workers.pending_step import PendingStep, patch_in_flight, pending_patch
 from gpu_workers.sampler import Sampler, sampled_logprobs, top_logprobs
 from gpu_workers.sequence_table import SequenceTable
-from gpu_workers.speculative import SpecStep, prepare_proposals, settle_verified
+from gpu_workers.speculative import SpecStep, entry_proposals, prepare_proposals, settle_verified
 from gpu_workers.speculative.draft import DraftProposer
 from gpu_workers.step_graphs import StepGraphs
 from gpu_workers.step_timer import BusyTimes
@@ -190,7 +190,7 @@ class ModelRunner:
         seq_ids, rows, num_new = table.apply(plan)
         failures = table.new_failures
         if self.grammars is not None and table is self.table:
-            self._track_grammars(plan, table)
+            self.grammars.track(plan, table)
         if len(rows) == 0:
             return PendingStep.empty(plan.step_id, table, failures)
         if in_flight is not None:
@@ -251,11 +251,13 @@ class ModelRunner:
         self.busy.stop(timer)
         meanwhile()
         if spec is not None:
-            return settle_verified(PendingStep(
+            pending = settle_verified(PendingStep(
                 step_id=plan.step_id, table=table,
                 seq_ids=[seq_ids[i] for i in batch.sample_entries], rows=batch.sample_rows,
                 positions=start, epochs=start, tokens=tokens, logprobs=logprobs, top=top,
                 failures=failures), batch, spec, self.stream)
+            self._accept_grammars(pending, table.epoch[pending.rows], pending.counts)
+            return pending
         pos, epochs = table.append_placeholders(batch.sample_rows)
         pending = PendingStep(
             step_id=plan.step_id, table=table,
@@ -277,30 +279,25 @@ class ModelRunner:
             return table.step_spec > 0
         return False
 
-    def _track_grammars(self, plan: StepPlan, table: SequenceTable) -> None:
-        """Give each constrained sequence this plan brings a matcher (its compile starts
-        now, while the step runs); a resumed one replays the tokens it had generated."""
-        for seq in plan.new_seqs:
-            spec = seq.params.structured_outputs
-            row = table.rows.get(seq.seq_id)
-            if spec is not None and row is not None:
-                self.grammars.add(row, int(table.epoch[row]), spec,
-                                  list(seq.token_ids[seq.num_prompt_tokens:]))
-
     def _settle(self, pending: PendingStep) -> None:
         if pending.settled:
             return
         pending.wait()
         pending.table.fill_tokens(pending.rows, pending.positions, pending.epochs,
                                   pending.host_tokens)
-        if self.grammars is not None and pending.table is self.table and len(pending.rows):
-            on = pending.table.constrained[pending.rows]
-            if on.any():
-                self.grammars.accept(pending.rows[on], pending.epochs[on],
-                                     pending.host_tokens[on])
+        self._accept_grammars(pending, pending.epochs)
         pending.settled = True
         if pending in self._unsettled:
             self._unsettled.remove(pending)
+
+    def _accept_grammars(self, pending: PendingStep, epochs: np.ndarray,
+                         counts: np.ndarray | None = None) -> None:
+        """Advance the constrained rows' matchers by the tokens the step kept (counts: per
+        entry, after a verify)."""
+        if self.grammars is not None and pending.table is self.table and len(pending.rows):
+            on = pending.table.constrained[pending.rows]
+            if on.any():
+                self.grammars.accept(pending.rows, epochs, pending.host_tokens, on, counts)
 
     def _sample(self, hidden: torch.Tensor, batch: StepBatch, table: SequenceTable,
                 spec: SpecStep | None = None
@@ -318,8 +315,10 @@ class ModelRunner:
                 # step's forward queued, so the device works while the masks are filled.
                 for older in list(self._unsettled):
                     self._settle(older)
-                self.grammars.mask_logits(logits, batch.sample_rows,
-                                          table.epoch[batch.sample_rows], constrained)
+                self.grammars.mask_logits(
+                    logits, batch.sample_rows, table.epoch[batch.sample_rows], constrained,
+                    None if spec is None else entry_proposals(
+                        table, batch.sample_rows, spec.num_verify[batch.sample_entries]))
             tokens, lp = self.sampler(logits, batch.sampling)
             if spec is not None and self.drafter is not None and self.drafter.resample(
                     logits, table, batch.sample_entries, batch.sample_rows,

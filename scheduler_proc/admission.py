@@ -32,11 +32,7 @@ def admission_error(
         return invalid(f"the prompt has {n} tokens, but max_model_len is {max_len}: "
                        f"shorten the prompt", "prompt")
     if config.num_speculative_tokens:
-        p = req.params
-        if p.structured_outputs is not None:
-            return invalid("params.structured_outputs is not supported with speculative "
-                           "decoding (this engine runs with --speculative)",
-                           "params.structured_outputs")
+        p = req.params  # structured outputs do go with it: the workers mask every proposal
         for name, off in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
                           ("repetition_penalty", 1.0)):
             if getattr(p, name) != off:

@@ -61,6 +61,14 @@ def prepare_proposals(table: SequenceTable, rows: np.ndarray, num_new: np.ndarra
     return SpecStep(num_verify, num_spec > 0)
 
 
+def entry_proposals(table: SequenceTable, rows: np.ndarray, num_verify: np.ndarray
+                    ) -> list[np.ndarray]:
+    """Each entry's proposals: the num_verify[i] tokens in the mirror past row i's known ones."""
+    lengths = table.num_tokens[rows]
+    return [table.tokens[r, n:n + v] for r, n, v in
+            zip(rows.tolist(), lengths.tolist(), num_verify.tolist(), strict=True)]
+
+
 def accept_lengths(draws: np.ndarray, proposals: np.ndarray, num_verify: np.ndarray
                    ) -> np.ndarray:
     """Accepted proposals per sampling entry.
@@ -92,10 +100,8 @@ def settle_verified(pending: PendingStep, batch: StepBatch, spec: SpecStep,
     pending.wait()
     table, rows = pending.table, pending.rows
     num_verify = spec.num_verify[batch.sample_entries]
-    lengths = table.num_tokens[rows]
-    proposals = np.concatenate([table.tokens[r, n:n + v] for r, n, v in
-                                zip(rows.tolist(), lengths.tolist(), num_verify.tolist(),
-                                    strict=True)] or [np.zeros(0, np.int32)])
+    proposals = np.concatenate(entry_proposals(table, rows, num_verify)
+                               or [np.zeros(0, np.int32)])
     draws = pending.host_tokens
     accepted = accept_lengths(draws, proposals, num_verify)
     counts = accepted + 1

@@ -1,0 +1,123 @@
+"""Structured outputs under speculative decoding, in one process: the real Scheduler and
+ModelRunner on the tiny qwen3 (CPU float32), its real BPE tokenizer compiling the grammars.
+
+Every verified position is masked by the grammar after the proposals before it, so greedy and
+seeded constrained output is the same token for token with and without speculation (n-gram or
+a draft model), beside an unconstrained request in the same batch; unseeded draws from a draft
+go through rejection sampling against the masked target and still obey their grammar."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from spec_helpers import generate, truncate_model
+
+from protocol import AddRequest, FinishReason, SamplingParams
+from protocol.structured_outputs import structured_from_user
+
+REGEX = r"[a-z]{2,6}( [a-z]{2,6}){2,5}\."
+CHOICES = ["alpha", "beta gamma"]
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "color"],
+          "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}}}
+# Prompts that already hold text of each grammar's language, so n-gram proposals are accepted.
+CASES = [({"regex": REGEX}, "alpha beta gamma. alpha beta gamma. alpha beta"),
+         ({"choice": CHOICES}, "say beta gamma or alpha: beta gamma"),
+         ({"json": SCHEMA}, '{"ok": true, "color": "red"} {"ok": false, "color": "green"} {"ok"'),
+         (None, "hello hello hello hello")]
+EOS = 2  # the tiny model's <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tiny_qwen3_dir, tmp_path_factory) -> str:
+    return str(truncate_model(tiny_qwen3_dir, tmp_path_factory.mktemp("draft_trunc"), 1))
+
+
+def _requests(tokenizer, temperature: float = 0.0, seed: int | None = None):
+    reqs = []
+    for rid, (spec, text) in enumerate(CASES):
+        extra = {} if spec is None else {"structured_outputs": spec}
+        params = SamplingParams(temperature=temperature, seed=seed, max_tokens=40, **extra)
+        reqs.append(AddRequest(rid, tokenizer.encode(text), params, [EOS]))
+    return reqs
+
+
+def _check_grammars(tokenizer, out) -> None:
+    texts = {rid: tokenizer.decode([t for t in ids if t != EOS]) for rid, (ids, _) in out.items()}
+    assert all(out[rid][1] is FinishReason.STOP for rid in range(3)), out
+    assert re.fullmatch(REGEX, texts[0]), texts[0]
+    assert texts[1] in CHOICES
+    jsonschema.validate(json.loads(texts[2]), SCHEMA)
+
+
+def test_greedy_and_seeded_output_is_the_same_with_speculation(tiny_qwen3_dir, tokenizer,
+                                                               draft_dir):
+    for temperature, seed in ((0.0, None), (0.9, 11)):
+        reqs = _requests(tokenizer, temperature, seed)
+        base, _, _ = generate(tiny_qwen3_dir, reqs)
+        _check_grammars(tokenizer, base)
+        for how in (dict(k=4, ngram=2), dict(k=4, ngram=2, overlap=True),
+                    dict(k=3, draft=draft_dir)):
+            spec, sched, _ = generate(tiny_qwen3_dir, reqs, **how)
+            assert spec == base, (how, temperature)
+            stats = sched.stats()
+            assert stats.spec_proposed_tokens > 0 and stats.spec_accepted_tokens > 0, how
+
+
+def test_draws_from_a_draft_obey_their_grammar(tiny_qwen3_dir, tokenizer, draft_dir):
+    """Unseeded sampling: the draft's proposals are drawn from its own q, unaware of the
+    grammar; rejection sampling against the masked target refuses the ones it forbids."""
+    out, sched, _ = generate(tiny_qwen3_dir, _requests(tokenizer, 0.9), k=3, draft=draft_dir)
+    _check_grammars(tokenizer, out)
+    assert sched.stats().spec_proposed_tokens > 0
+
+
+def test_verify_masks_follow_the_proposals_and_leave_the_matcher_where_it_was(
+        tiny_qwen3_dir, tokenizer):
+    import xgrammar as xgr
+
+    from gpu_workers.grammar_book import GrammarBook
+
+    spec = structured_from_user({"choice": CHOICES})
+    book = GrammarBook(tiny_qwen3_dir, len(tokenizer))
+    book.add(0, 5, spec, [])
+    beta, gamma = tokenizer.encode("beta"), tokenizer.encode(" gamma")
+    good = np.array(beta + gamma[:1])
+    bad = np.array(beta[:1] + tokenizer.encode("x") + gamma[:1])  # "x" breaks it at 1
+    vocab = len(tokenizer)
+    logits = torch.zeros(len(good) + 1 + len(bad) + 1, vocab)
+    one = np.array([True, True])
+    book.mask_logits(logits, np.array([0, 0]), np.array([5, 5]), one, [good, bad])
+
+    def allowed(prefix: list[int]) -> torch.Tensor:
+        m = xgr.GrammarMatcher(book.compiled(spec).result())
+        for t in prefix:
+            assert m.accept_token(t)
+        mask = xgr.allocate_token_bitmask(1, vocab)
+        m.fill_next_token_bitmask(mask)
+        row = torch.zeros(1, vocab)
+        xgr.apply_token_bitmask_inplace(row, mask, vocab_size=vocab)
+        return row[0] == 0
+
+    for j in range(len(good) + 1):
+        assert torch.equal(logits[j] == 0, allowed(list(good[:j]))), j
+    second = len(good) + 1
+    assert torch.equal(logits[second] == 0, allowed([]))
+    for j in range(1, len(bad) + 1):  # the refusal's mask, repeated to the end
+        assert torch.equal(logits[second + j] == 0, allowed(beta[:1])), j
+    assert not torch.isfinite(logits[second + 1, bad[1]])
+    # Rolled back: the next step's mask is the empty prefix's again.
+    again = torch.zeros(1, vocab)
+    book.mask_logits(again, np.array([0]), np.array([5]), one[:1])
+    assert torch.equal(again[0] == 0, allowed([]))
