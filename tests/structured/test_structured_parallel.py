@@ -1,7 +1,7 @@
 """Constrained requests under every way the engine runs a step: overlap off and on, worker
-lookahead with two plans ahead, tensor parallelism (gloo, CPU) and data parallelism give the
-same greedy tokens, each obeying its grammar, beside unconstrained requests; speculative
-decoding refuses them with an error naming the field."""
+lookahead with two plans ahead, tensor parallelism (gloo, CPU), data parallelism and
+speculative decoding (n-gram, or the model as its own draft) give the same greedy tokens, each
+obeying its grammar, beside unconstrained requests."""
 
 from __future__ import annotations
 
@@ -45,17 +45,12 @@ def reference(tiny_qwen3_dir) -> list[dict]:
     dict(overlap=True, worker_lookahead=True, plans_ahead=2),
     dict(tensor_parallel_size=2),
     dict(data_parallel_size=2),
-], ids=["overlap", "lookahead", "tp2", "dp2"])
+    dict(speculative="ngram", num_speculative_tokens=4, ngram_size=1),
+    dict(speculative="ngram", num_speculative_tokens=4, ngram_size=1, tensor_parallel_size=2),
+    dict(speculative="draft", num_speculative_tokens=3),
+], ids=["overlap", "lookahead", "tp2", "dp2", "ngram", "ngram-tp2", "draft"])
 def test_same_tokens_however_the_step_runs(tiny_qwen3_dir, reference, options):
+    if options.get("speculative") == "draft":
+        options = dict(options, draft_model=tiny_qwen3_dir)
     out = _run(tiny_qwen3_dir, **options)
     assert [o["token_ids"] for o in out] == [o["token_ids"] for o in reference]
-
-
-def test_speculative_decoding_refuses_structured_outputs(tiny_qwen3_dir):
-    from frontend import RequestRejected
-
-    with LLM(tiny_qwen3_dir, **ENGINE, speculative="ngram") as llm:
-        with pytest.raises(RequestRejected, match="structured_outputs") as info:
-            llm.generate(PROMPTS[:1], PARAMS[:1], use_tqdm=False)
-        assert info.value.field == "params.structured_outputs"
-        assert llm.generate(PROMPTS[3:], PARAMS[3:], use_tqdm=False)[0]["token_ids"]
