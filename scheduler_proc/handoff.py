@@ -15,8 +15,8 @@ the prefill replica is released.
 
 Faults: a transfer not landed `transfer_timeout_s` after the accept fails the request (the
 decode side gives up and says why; the prefill side, as a backstop for a silent peer, after
-twice that). Requests fail; nothing is recomputed. The loop sends `peer_out` (to other
-schedulers) and `worker_out` (to its ranks, ordered with the plans) after each call.
+twice that); a peer's death: handoff_faults. The loop sends `peer_out` (to other schedulers)
+and `worker_out` (to its ranks, ordered with the plans) after each call.
 """
 
 from __future__ import annotations
@@ -70,8 +70,7 @@ class Handoffs:
         self.exported_ended: OrderedDict[int, int] = OrderedDict()
         """Prefill side: blocks of requests that ended here after their export went out; the
         transfer may still land, and its release is counted then."""
-        self.dead_peers: dict[int, RequestError] = {}
-        """Replicas of the other role that died (handoff_faults), with their requests' error."""
+        self.dead_peers: dict[int, RequestError] = {}  # died: their error (handoff_faults)
 
     @property
     def waiting(self) -> int:
@@ -152,21 +151,15 @@ class Handoffs:
         if entry is None:
             ended_blocks = self.exported_ended.pop(msg.request_id, None)
             if ended_blocks is not None and msg.landed:
-                self._count_out(ended_blocks, msg.num_bytes)
+                self.counters.count_out(ended_blocks, msg.num_bytes)
             return
         seq = entry.seq
         if not msg.landed:
             self._fail(seq, msg.error)
             return
-        self._count_out(entry.num_blocks, msg.num_bytes)
+        self.counters.count_out(entry.num_blocks, msg.num_bytes)
         # The decode replica owns the request now: free silently, no end of ours.
         self._free(seq)
-
-    def _count_out(self, num_blocks: int, num_bytes: int) -> None:
-        c = self.counters
-        c.handoffs_out += 1
-        c.blocks_out += num_blocks
-        c.bytes_out += num_bytes
 
     def _free(self, seq: Sequence) -> None:
         bm = self.state.block_manager
@@ -175,6 +168,13 @@ class Handoffs:
         seq.status = FINISHED
         del self.seqs[seq.seq_id]
         self.client_keys.pop(seq.seq_id, None)
+
+    def take_back(self, seq: Sequence) -> None:
+        """Decode an unexported offer here after all (its decode replica died), as landed."""
+        self._end_out(seq.seq_id)
+        seq.decode_replica = -1
+        self.client_keys[seq.seq_id] = seq.client.key
+        self.landed.append(seq)
 
     def end(self, seq: Sequence, reason: FinishReason, error: RequestError | None) -> None:
         """End a request this side owns while it is in a hand-off: its final delta and

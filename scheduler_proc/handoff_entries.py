@@ -45,6 +45,11 @@ class HandoffCounters:
     bytes_in: int = 0
     transfer_s: float = 0.0
 
+    def count_out(self, num_blocks: int, num_bytes: int) -> None:
+        self.handoffs_out += 1
+        self.blocks_out += num_blocks
+        self.bytes_out += num_bytes
+
     def stats_fields(self, role: str, waiting: int) -> dict[str, int | float]:
         """EngineStats.kv_* fields; `waiting` is the gauge of the replica's role."""
         gauge = "kv_handoffs_out_waiting" if role == "prefill" else "kv_handoffs_in_waiting"

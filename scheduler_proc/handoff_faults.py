@@ -7,10 +7,15 @@ replica after).
 Decode side, its prefill replica died: a request whose KV landed here goes on untouched (it
 no longer needs the prefill replica); one still prefilling there, offered or in transfer
 ends with the error, and its blocks here are freed (frames still on their way are dropped).
+A request that goes on gets an empty row marked as its hand-off (TokenDeltas.handoff_ids):
+should the prefill replica's own last rows have died with it, the detokenizer holds no row
+of it waiting for them (frontend.actors.handoff_order).
 
-Prefill side, its decode replica died: a request not offered yet is served whole here, as if
-it had been given no decode replica; one offered (its KV not landed) ends with the error,
-freeing its blocks; one the decode replica owned (unknown here) ends with the error too.
+Prefill side, its decode replica died: a request not offered yet, or offered but not yet
+exported, is served whole here (its KV is here and none of it left), as if it had been given
+no decode replica; one exported ends with the error, freeing its blocks (its KV may have
+landed there, and the stream gone on from it before the release came back); one the decode
+replica owned (unknown here) ends with the error too.
 
 Nothing is recomputed. The error is the router's for every request a replica's death fails
 ("engine dead: replica R: why"), so the client reads the same words wherever it was failed;
@@ -45,8 +50,12 @@ def on_peer_down(handoffs: Handoffs, msg: HandoffPeerDown) -> None:
 
 
 def _prefill_lost(handoffs: Handoffs, msg: HandoffPeerDown) -> list[int]:
-    dead = msg.replica
+    dead, deltas = msg.replica, handoffs.state.deltas
     failed = dict.fromkeys(rid for rid in msg.request_ids if not _owned(handoffs, rid))
+    for rid in msg.request_ids:
+        if rid not in failed:  # its prefill part is over: rows waiting for it may go on
+            deltas.add(rid, [], None, None)
+            deltas.handoff_ids.append(rid)
     for entry in list(handoffs.incoming.values()):  # whatever the router named or not
         if entry.prefill_replica == dead:
             failed[entry.seq.seq_id] = None
@@ -80,7 +89,11 @@ def _decode_lost(handoffs: Handoffs, msg: HandoffPeerDown, error: RequestError) 
         if rid not in state.seqs and rid not in handoffs.seqs:
             failed.append(rid)  # the decode replica owned it (or it finished)
     for entry in list(handoffs.out.values()):
-        if entry.decode_replica == dead:
+        if entry.decode_replica != dead:
+            continue
+        if entry.exported:  # its KV may have landed there, and its stream gone on
             handoffs.counters.failures += 1
             handoffs.end(entry.seq, ERROR, error)
+        else:  # none of its KV left: it decodes here
+            handoffs.take_back(entry.seq)
     return failed

@@ -48,6 +48,10 @@ class Outbox:
             if not queued:
                 del self._waiting[sock]
 
+    def forget(self, sock: MessageSocket) -> None:
+        """Drop what waits for a socket whose peer is gone for good (a dead replica)."""
+        self._waiting.pop(sock, None)
+
     def drain(self, timeout_s: float) -> bool:
         """Flush until nothing waits or `timeout_s` passes (at shutdown); True when empty."""
         deadline = time.monotonic() + timeout_s

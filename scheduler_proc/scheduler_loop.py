@@ -153,6 +153,8 @@ class SchedulerLoop:
             self.shutdown = True
         elif isinstance(msg, HANDOFF_MESSAGES) and self.dead_reason is None:
             sched.on_handoff(msg)
+            if isinstance(msg, HandoffPeerDown) and msg.replica in self.to_peers:
+                self.outbox.forget(self.to_peers.pop(msg.replica))  # nothing goes there now
         self._pump_handoffs()
         self._emit(sched.pop_deltas())
 

@@ -4,7 +4,8 @@ A request's first token comes from its prefill replica, the rest from its decode
 two schedulers, two links into the detokenizer, so nothing orders them. The decode replica
 marks the moment a request's stream goes on there (TokenDeltas.continued_ids, before any of
 its rows), the prefill replica marks its last rows (TokenDeltas.handoff_ids). A request
-continued before its hand-off rows arrived has its rows held until they do.
+continued before its hand-off rows arrived has its rows held until they do, or until the
+decode replica says they never will (an empty hand-off row: the prefill replica died).
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ class HandoffOrder:
             self._forget(rid)
             return [row]
         if is_handoff:
+            # An empty one is a decode replica's word that the prefill replica died: its
+            # last rows came or never will (scheduler_proc.handoff_faults).
+            shown = [row] if row[1] or finish is not None else []
             if held is None:
                 self._handed_off.add(rid)
-                return [row]
+                return shown
             del self._held[rid]
-            return [row, *held]
+            return [*shown, *held]
         if held is not None:
             held.append(row)
             return []

@@ -64,6 +64,10 @@ BENCHMARKS: dict[str, Entry] = {
         "frontend.bench.workloads.constrained",
         "structured outputs: W1 with a JSON schema per request vs without, mask time per step",
         "constrained_ratio"),
+    "kv-accuracy": Entry(
+        "frontend.bench.workloads.kv_accuracy",
+        "fp8 KV cache vs the model's dtype: greedy token agreement and logprob drift",
+        "agree_until_first_diff"),
     "report": Entry(
         "frontend.bench.report",
         "regenerate docs/benchmarks.md's latest table and plots from the records"),

@@ -15,6 +15,7 @@ from typing import Any
 
 from frontend.engine.options import ConfigError
 from frontend.engine.startup import replica_env
+from frontend.openai_server.health import NoNewRequests
 from protocol import Endpoints
 from protocol.actor_start import to_plain
 from protocol.endpoints import _free_ports
@@ -63,6 +64,16 @@ def replica_links(cfg: EngineConfig, replicas: list[Endpoints]) -> list[dict[str
                     "ranks": [{"kv_links": to_plain(replace(links, transfer=tuple(transfer[r])))}
                               for r in range(tp)]})
     return out
+
+
+def replicas_down(cfg: EngineConfig, down: dict[int, str]) -> str:
+    """/health's reason for the replicas that are down (index -> why). With every prefill
+    replica among them it is a NoNewRequests: no new request can be served."""
+    why = "; ".join(f"replica {i} is down: {reason}" for i, reason in sorted(down.items()))
+    if cfg.prefill_replicas and all(i in down for i in range(cfg.prefill_replicas)):
+        return NoNewRequests(f"{why}; no prefill replica is alive: new requests are "
+                             f"refused, the decode replicas finish the requests they hold")
+    return why
 
 
 def _transfer_address(ep: Endpoints, replica: int, rank: int) -> str:

@@ -33,7 +33,7 @@ import zmq
 
 from frontend.engine.children import Child, stop_children, tell_once, wait_for_any_exit
 from frontend.engine.config import EngineConfig
-from frontend.engine.disagg import replica_links, scheduler_role, worker_env
+from frontend.engine.disagg import replica_links, replicas_down, scheduler_role, worker_env
 from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
 from frontend.engine.options import ConfigError
 from frontend.engine.ray_launch import RayPlacement
@@ -251,8 +251,7 @@ class Pipeline:
         """Why some data-parallel replicas are gone while the others serve, or None."""
         if not self.down_replicas or self.dead_reason is not None:
             return None
-        return "; ".join(f"replica {i} is down: {why}"
-                         for i, why in sorted(self.down_replicas.items()))
+        return replicas_down(self.config, self.down_replicas)
 
     def _serving_children(self) -> list[Child]:
         return [c for c in self._children if c.replica not in self.down_replicas]

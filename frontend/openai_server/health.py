@@ -1,9 +1,11 @@
-"""What /health says: one of four states, with the reason for anything but ready.
+"""What /health says: one of these states, with the reason for anything but ready.
 
     starting (503): the engine is not ready yet (reason: what start-up is doing)
     ready    (200): requests are served
     degraded (200): requests are served, but some data-parallel replicas are down (reason:
                     which, and why); a load balancer keeps sending, an operator is told
+    unavailable (503): the engine runs but takes no new request: every prefill replica is
+                    down (disaggregation); the decode replicas finish the requests they hold
     reconnecting (503): the connection to the engine dropped (it stalled past the heartbeat
                     timeout); the server reconnects by itself and is ready again once it answers
     dead     (503): the engine is gone (reason: what the engine said)
@@ -26,9 +28,15 @@ class HealthStatus(enum.Enum):
     STARTING = "starting"
     READY = "ready"
     DEGRADED = "degraded"
+    UNAVAILABLE = "unavailable"
     RECONNECTING = "reconnecting"
     DEAD = "dead"
     SHUTTING_DOWN = "shutting_down"
+
+
+class NoNewRequests(str):
+    """A reason for lost replicas under which no new request can be served (every prefill
+    replica is down): /health is then `unavailable`, so a load balancer sends no more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,5 +79,7 @@ def health_of(client: Connection, degraded: str | None = None,
     if client.welcome is None:
         return Health(HealthStatus.STARTING, "connecting to the engine")
     if degraded is not None:
-        return Health(HealthStatus.DEGRADED, degraded)
+        unavailable = isinstance(degraded, NoNewRequests)
+        return Health(HealthStatus.UNAVAILABLE if unavailable else HealthStatus.DEGRADED,
+                      str(degraded))
     return Health(HealthStatus.READY)

@@ -55,6 +55,23 @@ def test_a_handoff_never_continued_is_forgotten_when_the_request_ends():
     assert len(order) == 0
 
 
+def test_an_empty_handoff_row_releases_rows_whose_prefill_replica_died():
+    """The decode replica's word that the prefill replica died: held rows go on, in order,
+    and the empty row itself shows nothing."""
+    order = HandoffOrder()
+    order.continued([1])
+    assert order.rows(row(1, [6]), False) == []
+    assert order.rows(row(1, []), True) == [row(1, [6])]
+    assert order.rows(row(1, [7], LENGTH), False) == [row(1, [7], LENGTH)]
+    assert len(order) == 0
+    # After the usual order (nothing held) it shows nothing either, and leaves nothing.
+    assert order.rows(row(2, [5]), True) == [row(2, [5])]
+    order.continued([2])
+    assert order.rows(row(2, []), True) == []
+    assert order.rows(row(2, [8], LENGTH), False) == [row(2, [8], LENGTH)]
+    assert len(order) == 0
+
+
 @pytest.mark.parametrize("decode_first", [True, False])
 def test_the_client_gets_one_stream_whichever_replica_arrives_first(fresh_pipe,
                                                                    decode_first):

@@ -59,3 +59,26 @@ def test_dead_outranks_degraded_and_degraded_is_still_served():
                            lost_reason=None)
     assert health_of(dead, why).http_status == 503
     assert health_of(dead, why).body()["status"] == "dead"
+
+
+def test_no_prefill_replica_left_is_unavailable_not_degraded():
+    """Disaggregation with every prefill replica down: the decode replicas still finish what
+    they hold, but no new request can be served, so a load balancer must look elsewhere."""
+    from types import SimpleNamespace
+
+    from frontend.engine.disagg import replicas_down
+    from frontend.openai_server.health import health_of
+
+    cfg = SimpleNamespace(prefill_replicas=2)
+    serving = SimpleNamespace(welcome=object(), dead_reason=None, lost_reason=None)
+    one = replicas_down(cfg, {1: "replica 1 scheduler 0 was killed by SIGKILL"})
+    assert health_of(serving, one).body() == {
+        "status": "degraded", "reason": "replica 1 is down: replica 1 scheduler 0 was killed "
+                                        "by SIGKILL"}
+    both = replicas_down(cfg, {0: "gone", 1: "gone too"})
+    state = health_of(serving, both)
+    assert state.http_status == 503 and state.status.value == "unavailable"
+    assert state.reason.startswith("replica 0 is down: gone; replica 1 is down: gone too; no "
+                                   "prefill replica is alive")
+    decode_lost = replicas_down(cfg, {2: "gone"})  # replicas 0-1 prefill, 2+ decode
+    assert health_of(serving, decode_lost).http_status == 200

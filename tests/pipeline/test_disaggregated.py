@@ -88,7 +88,7 @@ class StatsWatch:
             self._subs.append(sub)
         self._decoder = Decoder(EngineStats)
 
-    def wait_for(self, test, timeout: float = 20.0) -> list[EngineStats]:
+    def wait_for(self, test, timeout: float = 60.0) -> list[EngineStats]:
         latest: list[EngineStats | None] = [None] * len(self._subs)
         end = time.monotonic() + timeout
         while time.monotonic() < end:

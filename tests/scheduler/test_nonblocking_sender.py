@@ -46,3 +46,17 @@ def test_a_socket_that_fails_drops_the_frame_instead_of_stalling_the_loop(tmp_pa
     finally:
         sock.close()
         ctx.term()
+
+
+def test_what_waits_for_a_dead_peer_is_forgotten_and_the_loop_may_rest(tmp_path):
+    ctx = zmq.Context()
+    dead = MessageSocket(ctx, zmq.PUSH, f"ipc://{tmp_path}/dead", bind=True)  # no peer
+    outbox = Outbox()
+    try:
+        outbox.send((dead,), Shutdown("to a replica that died"))
+        assert outbox.has_waiting  # the loop would retry every millisecond
+        outbox.forget(dead)
+        assert not outbox.has_waiting and outbox.drain(0.0)
+    finally:
+        dead.close()
+        ctx.term()

@@ -53,14 +53,16 @@ class Pair:
         self.placed.append(req.request_id)
         self.p.add_request(dataclasses.replace(req, decode_replica=1))
 
-    def kill(self, sched: Scheduler) -> None:
+    def kill(self, sched: Scheduler):
         """`sched`'s replica dies: the router tells the other one which requests they
         shared (every one placed so far)."""
         self.down = sched
         self.results[id(sched)].clear()
         other, dead = (self.d, 0) if sched is self.p else (self.p, 1)
         other.on_handoff(HandoffPeerDown(dead, "killed", sorted(self.placed)))
-        self._collect(other.pop_deltas())
+        deltas = other.pop_deltas()
+        self._collect(deltas)
+        return deltas
 
     def _collect(self, deltas) -> None:
         if deltas is None:
@@ -333,7 +335,10 @@ def test_a_dead_prefill_replica_fails_only_what_had_not_landed(phase):
     decoding = {rid for rid in pair.placed if rid in pair.d.seqs or (
         rid in pair.d.handoffs.seqs and rid not in pair.d.handoffs.incoming)}
     assert (1 in decoding) == (phase in ("landed", "decoding"))
-    pair.kill(pair.p)
+    told = pair.kill(pair.p)
+    # Those that go on are marked for the detokenizer: no row of theirs waits for the
+    # prefill replica's any longer.
+    assert set(told.handoff_ids) == decoding
     pair.run()
     for req in reqs:
         out = pair.outputs[req.request_id]
@@ -354,26 +359,29 @@ def test_a_dead_prefill_replica_fails_only_what_had_not_landed(phase):
 
 @pytest.mark.parametrize("phase", SHARED_PHASES)
 def test_a_dead_decode_replica_fails_only_what_it_held(phase):
-    """Request 1 is in `phase` when the decode replica dies: one not offered yet is served
-    whole by the prefill replica; one offered, in transfer or owned by the decode replica
-    fails naming it; the prefill replica holds no block for them."""
+    """Request 1 is in `phase` when the decode replica dies: one not offered yet, or offered
+    with none of its KV sent, is served whole by the prefill replica; one in transfer or
+    owned by the decode replica fails naming it; the prefill replica holds no block for
+    them."""
     pair = Pair()
     reqs = [make_request(i, 13, max_tokens=12, ignore_eos=True) for i in range(3)]
     for req in reqs:
         pair.add(req)
     pair.run(until=lambda: _phase(pair, 1, phase))
-    prefilling = {rid for rid in pair.placed if rid in pair.p.seqs}
-    assert (1 in prefilling) == (phase == "prefilling")
-    offered = set(pair.p.handoffs.out)  # the release of one landed may be on its way
+    out = pair.p.handoffs.out  # the release of one landed may still be on its way
+    kept = {rid for rid in pair.placed if rid in pair.p.seqs or (
+        rid in out and not out[rid].exported)}
+    exported = {rid for rid in out if out[rid].exported}
+    assert (1 in kept) == (phase in ("prefilling", "offered"))
     pair.kill(pair.d)
     pair.run()
     for req in reqs:
-        out = pair.outputs[req.request_id]
-        if req.request_id in prefilling:
-            assert (out["tokens"], out["reason"]) == expected(req)
+        got = pair.outputs[req.request_id]
+        if req.request_id in kept:
+            assert (got["tokens"], got["reason"]) == expected(req)
         else:
-            assert _dead_error(out, 1), out
-    assert pair.p.handoffs.counters.failures == len(offered)  # its hand-offs, given up
+            assert _dead_error(got, 1), got
+    assert pair.p.handoffs.counters.failures == len(exported)  # its hand-offs, given up
     pair.assert_all_free()
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from frontend.bench.common.random_model import SHAPES, make_random
+from protocol.limits import KV_CACHE_DTYPES
 from protocol.model_config import has_model_config
 
 
@@ -51,6 +52,13 @@ def add_w1_shape(ap: argparse.ArgumentParser, *, batched_tokens: bool = True) ->
     if batched_tokens:
         ap.add_argument("--max-num-batched-tokens", type=int, default=16384,
                         help="tokens in one step at most (default: %(default)s)")
+
+
+def add_kv_cache_dtype(ap: argparse.ArgumentParser) -> None:
+    """--kv-cache-dtype as `nanopipe serve` takes it."""
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                    help="what the KV cache stores: auto (the model's dtype) or fp8 "
+                    "(default: %(default)s)")
 
 
 def add_plans_ahead(ap: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from frontend.bench.common.drive import run
+from frontend.bench.common.model_source import add_kv_cache_dtype
 from frontend.bench.common.workloads import W1_WARMUP_PROMPT, w1_params, w1_workload
 from gpu_workers import ModelRunner, WorkerConfig
 from protocol import AddRequest
@@ -15,14 +16,16 @@ from scheduler_proc import Scheduler, SchedulerConfig
 def w1_runtime(args: argparse.Namespace, model_dir: str, device: str
                ) -> tuple[Scheduler, ModelRunner]:
     """A runner and a scheduler sized by the W1 options (model_source.add_w1_shape, plus --dtype,
-    --block-size, --kv-cache-bytes and --enforce-eager), warmed up on one request,
+    --block-size, --kv-cache-bytes, --kv-cache-dtype and --enforce-eager), warmed up on one
+    request,
     with W1's requests added and none of them stepped yet."""
     max_model_len = args.max_input_len + args.max_output_len
     config = WorkerConfig(
         model=model_dir, device=device, dtype=args.dtype, max_model_len=max_model_len,
         block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=max(args.max_num_batched_tokens, max_model_len),
-        kv_cache_bytes=args.kv_cache_bytes, enforce_eager=args.enforce_eager)
+        kv_cache_bytes=args.kv_cache_bytes, kv_cache_dtype=args.kv_cache_dtype,
+        enforce_eager=args.enforce_eager)
     runner = ModelRunner(config)
     scheduler = Scheduler(SchedulerConfig(
         num_kv_blocks=runner.num_kv_blocks, block_size=args.block_size,
@@ -42,4 +45,5 @@ def add_runtime_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--kv-cache-bytes", type=int, default=None)
+    add_kv_cache_dtype(ap)
     ap.add_argument("--enforce-eager", action="store_true")

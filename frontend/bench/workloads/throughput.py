@@ -36,7 +36,11 @@ from frontend.bench.common import (
     timed_w1_busy,
     w1_workload,
 )
-from frontend.bench.common.model_source import add_w1_shape, resolve_model_dir
+from frontend.bench.common.model_source import (
+    add_kv_cache_dtype,
+    add_w1_shape,
+    resolve_model_dir,
+)
 from frontend.bench.common.peer import check_checkout, run_nano_vllm
 from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
@@ -56,6 +60,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-model-len", type=int, default=None,
                     help="the engine's max_model_len (default: the longest W1 sequence); a "
                     "larger one measures what the limit alone costs a step")
+    add_kv_cache_dtype(ap)
     ap.add_argument("--kv-cache-bytes", type=int, default=None,
                     help="KV cache size (default: sized from free memory)")
     ap.add_argument("--plot", metavar="OUT.png", help="a figure of the modes (needs matplotlib)")
@@ -76,7 +81,8 @@ def run_pipeline(model_dir: str, args: argparse.Namespace, mode: str, work) -> d
               max_num_seqs=args.max_num_seqs,
               max_model_len=w1_max_model_len(args),
               max_num_batched_tokens=args.max_num_batched_tokens,
-              enforce_eager=args.enforce_eager, kv_cache_bytes=args.kv_cache_bytes)
+              enforce_eager=args.enforce_eager, kv_cache_bytes=args.kv_cache_bytes,
+              kv_cache_dtype=args.kv_cache_dtype)
     try:
         produced, elapsed, busy = timed_w1_busy(llm, work)
     finally:
@@ -102,7 +108,8 @@ def run_runtime(model_dir: str, args: argparse.Namespace, work) -> dict:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=max(args.max_num_batched_tokens,
                                    args.max_input_len + args.max_output_len),
-        kv_cache_bytes=args.kv_cache_bytes, enforce_eager=args.enforce_eager)
+        kv_cache_bytes=args.kv_cache_bytes, kv_cache_dtype=args.kv_cache_dtype,
+        enforce_eager=args.enforce_eager)
     runner = ModelRunner(config)
     scheduler = Scheduler(SchedulerConfig(
         num_kv_blocks=runner.num_kv_blocks, block_size=config.block_size,
