@@ -71,8 +71,7 @@ def build_batch(table: SequenceTable, rows: np.ndarray, num_new: np.ndarray, blo
     staged = None if into is None else into.stage()
     if prefill_pad is not None and block_width is None:  # the padding entry's keys too
         pad = prefill_pad[1] - int(num_new.sum())
-        block_width = min(table.max_blocks, max(needed_width(end, block_size),
-                                                needed_width(np.array([pad]), block_size)))
+        block_width = min(table.max_blocks, needed_width(max(int(end.max()), pad), block_size))
     layout = lay_out(table, rows, start, num_new, block_size, block_width, pad_to, q_per_seq,
                      staged)
     if prefill_pad is not None:

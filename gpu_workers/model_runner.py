@@ -218,7 +218,7 @@ class ModelRunner:
             # Block tables as wide as the longest context needs, in buckets: Triton
             # specialises on the row stride and sizes the decode split grid from the width.
             # A graph's step takes the exact width (gpu_workers.graph_tables).
-            width = bucket_width(needed_width(start + run_new, self.config.block_size),
+            width = bucket_width(needed_width(int((start + run_new).max()), self.config.block_size),
                                  self.config.max_blocks_per_seq)
         layout = {} if graphs is None else graphs.layout(key)
         drawn = None if spec is not None else graph_sample_inputs(graphs, table, rows,

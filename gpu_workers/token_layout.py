@@ -53,9 +53,9 @@ def bucket_width(needed: int, max_width: int) -> int:
     return min(width, max_width)
 
 
-def needed_width(ends: np.ndarray, block_size: int) -> int:
-    """Columns that cover contexts of `ends` tokens (at least one)."""
-    return max(1, -(-int(ends.max()) // block_size)) if len(ends) else 1
+def needed_width(longest: int, block_size: int) -> int:
+    """Columns that cover a context of `longest` tokens (at least one)."""
+    return max(1, -(-longest // block_size))
 
 
 def entry_offsets(num_new: np.ndarray, q_per_seq: int | None = None) -> np.ndarray:
@@ -113,13 +113,13 @@ def lay_out(table: SequenceTable, rows: np.ndarray, start: np.ndarray, num_new: 
     inputs (PART_NAMES; staged.lengths then names them); other layouts leave it alone."""
     if pad_to is not None and q_per_seq == 1 and (num_new == 1).all():
         assert pad_to >= len(rows)
-        width = width or needed_width(start + 1, block_size)
+        width = width or needed_width(int(start.max()) + 1, block_size)
         return _lay_out_decode(table, rows, start, block_size, width, pad_to, staged)
     n = len(rows)
     end = start + num_new
     # A padded entry attends over start + q_per_seq keys (its padding queries included).
-    width = width or min(needed_width(end if pad_to is None else start + q_per_seq,
-                                      block_size), table.max_blocks)
+    longest = int(end.max()) if pad_to is None else int(start.max()) + q_per_seq
+    width = width or min(needed_width(longest, block_size), table.max_blocks)
     tables = table.block_tables[rows, :width]
     if pad_to is None:
         cu_q = np.zeros(n + 1, np.int64)

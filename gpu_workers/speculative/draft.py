@@ -166,7 +166,7 @@ class DraftProposer:
         bs = None if graphs is None else graphs.bucket(len(rows))
         width = None  # a graph's step: as wide as needed (gpu_workers.graph_tables)
         if graphs is None and self.device.type == "cuda":
-            width = bucket_width(needed_width(start + n, self.config.block_size),
+            width = bucket_width(needed_width(int((start + n).max()), self.config.block_size),
                                  self.config.max_blocks_per_seq)
         layout = lay_out(table, rows, start, n, self.config.block_size, width, pad_to=bs,
                          q_per_seq=1 if graphs is None else graphs.q_per_seq)
