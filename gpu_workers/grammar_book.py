@@ -89,6 +89,9 @@ class GrammarBook:
         self._entries: dict[int, _Entry] = {}
         self._batch: Any = None
         self._host_mask: torch.Tensor | None = None
+        self._walked: dict[int, int] = {}
+        """Per row, the draft proposals its matcher accepted this step (walk, unwind)."""
+        self._stuck: set[int] = set()
         self.times = MaskTimes()
 
     def _make_compiler(self) -> Any:
@@ -222,6 +225,28 @@ class GrammarBook:
                 m.rollback(walked)
             first += len(props) + 1
         return indices
+
+    def walk(self, rows: np.ndarray, epochs: np.ndarray, tokens: np.ndarray,
+             on: np.ndarray) -> None:
+        """Accept one draft proposal per entry `on` selects, so that the draft's next step is
+        masked by the grammar after it; unwind() takes every walked token back before the
+        target verifies. A refused proposal (never expected: the draft drew it under the
+        mask) stops that row's walk."""
+        for i in np.flatnonzero(on).tolist():
+            row = int(rows[i])
+            m = self._matcher(row, int(epochs[i]))
+            if m is None or m.is_terminated() or row in self._stuck:
+                continue
+            if m.accept_token(int(tokens[i])):
+                self._walked[row] = self._walked.get(row, 0) + 1
+            else:
+                self._stuck.add(row)
+
+    def unwind(self) -> None:
+        for row, n in self._walked.items():
+            self._entries[row].matcher.rollback(n)
+        self._walked.clear()
+        self._stuck.clear()
 
     def accept(self, rows: np.ndarray, epochs: np.ndarray, tokens: np.ndarray,
                on: np.ndarray, counts: np.ndarray | None = None) -> None:

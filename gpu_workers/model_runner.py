@@ -202,7 +202,8 @@ class ModelRunner:
                 self._settle(in_flight)
         spec, run_new = None, num_new
         if self.drafter is not None and table is self.table:
-            spec = self.drafter.propose(table, rows, num_new, table.step_spec, self.sampler)
+            spec = self.drafter.propose(table, rows, num_new, table.step_spec, self.sampler,
+                                        self.grammars)
             if spec is not None:
                 run_new = num_new + spec.num_verify
         elif self.config.speculative == "ngram" and table.step_spec.any():

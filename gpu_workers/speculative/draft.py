@@ -17,6 +17,12 @@ holds rejected proposals and is overwritten at the next catch-up, which starts a
 minimum of the two counts. When every proposal is accepted the draft lags the target by one
 position (the last proposal was never fed to it), which the next catch-up computes.
 
+Structured outputs: rank 0 masks each draft step of a constrained entry by its grammar after
+the proposals drawn before it (GrammarBook.walk, then unwind before the target verifies), so
+the draft proposes only what the grammar allows; its q is the masked one, which is the
+distribution the proposal was drawn from, as rejection sampling requires. Unmasked, a draft
+that agrees with the target would still lose most proposals of a constrained entry.
+
 Sampling: greedy requests and seeded ones get the draft's argmax (for a seeded request the
 target's seeded draw is compared with it as for an n-gram proposal, so its output is the same
 as without speculation); other requests draw from the draft's distribution q (their own
@@ -39,6 +45,7 @@ import torch.distributed as dist
 
 from gpu_workers.config import ModelConfig, WorkerConfig
 from gpu_workers.decode_graphs import DecodeGraphs
+from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.kv_cache import KVCache, bytes_per_block
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.cpu_linear import use_onednn_weights
@@ -95,10 +102,12 @@ class DraftProposer:
     # ----------------------------------------------------------------- proposing
 
     def propose(self, table: SequenceTable, rows: np.ndarray, num_new: np.ndarray,
-                caps: np.ndarray, sampler: Sampler) -> SpecStep | None:
+                caps: np.ndarray, sampler: Sampler, grammars: GrammarBook | None = None
+                ) -> SpecStep | None:
         """Catch the draft up on this step's tokens, then write each speculating entry's
         proposals into the mirror past its known tokens (num_tokens unchanged). Call before
-        the target's batch is built; None when no entry may speculate."""
+        the target's batch is built; None when no entry may speculate. grammars: rank 0's
+        matchers, which guide the proposals of constrained entries."""
         self._track(table, rows)
         self.q = {}
         done = table.num_computed[rows]
@@ -108,11 +117,13 @@ class DraftProposer:
         k = np.where(end == length, np.minimum(caps, table.max_tokens - length), 0)
         k = np.maximum(k, 0)
         picked = np.flatnonzero(k > 0)
+        guide = grammars if grammars is not None and table.constrained[rows[picked]].any() \
+            else None
         hidden, last = self._forward(table, rows, start, end - start)
         self.computed[rows] = end
         drawn: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
         if len(picked):
-            tokens = self._sample(hidden, last[picked], table, rows, picked, sampler)
+            tokens = self._sample(hidden, last[picked], table, rows, picked, sampler, guide)
             drawn.append((rows[picked], length[picked], tokens))
         for j in range(1, int(k.max(initial=0))):
             # The proposal drawn at step j - 1 goes in, straight from the device.
@@ -123,8 +134,10 @@ class DraftProposer:
             hidden, last = self._forward(table, rows[picked], pos,
                                          np.ones(len(picked), np.int64), ids=prev)
             self.computed[rows[picked]] = pos + 1
-            tokens = self._sample(hidden, last, table, rows, picked, sampler)
+            tokens = self._sample(hidden, last, table, rows, picked, sampler, guide)
             drawn.append((rows[picked], length[picked] + j, tokens))
+        if guide is not None:
+            guide.unwind()
         if drawn:  # one wait for the host, after every draft step is queued
             values = torch.cat([t for _, _, t in drawn]).cpu().numpy()
             table.tokens[np.concatenate([r for r, _, _ in drawn]),
@@ -178,10 +191,14 @@ class DraftProposer:
         return self.model(input_ids, positions, attn), layout.last
 
     def _sample(self, hidden: torch.Tensor, index: np.ndarray, table: SequenceTable,
-                rows: np.ndarray, picked: np.ndarray, sampler: Sampler) -> torch.Tensor:
-        """Draw one proposal per picked entry from hidden[index] (on the device, every rank)."""
+                rows: np.ndarray, picked: np.ndarray, sampler: Sampler,
+                guide: GrammarBook | None = None) -> torch.Tensor:
+        """Draw one proposal per picked entry from hidden[index] (on the device, every rank);
+        guide (rank 0): masks constrained entries by their grammar and walks it on."""
         logits = self.model.compute_logits(hidden.index_select(0, to_device(index, self.device)))
         prow = rows[picked]
+        if guide is not None:
+            guide.mask_logits(logits, prow, table.epoch[prow], table.constrained[prow])
         if self.tp.rank == 0:
             tokens = logits.argmax(dim=-1)
             drawn = np.flatnonzero((table.temperature[prow] > 0) & (table.seed[prow] < 0))
@@ -196,6 +213,8 @@ class DraftProposer:
             tokens = torch.empty(len(picked), dtype=torch.int64, device=self.device)
         if self.tp.size > 1:
             dist.broadcast(tokens, src=0)
+        if guide is not None:  # the next step's masks need this proposal: one host copy
+            guide.walk(prow, table.epoch[prow], tokens.cpu().numpy(), table.constrained[prow])
         return tokens
 
     # ----------------------------------------------------------------- verifying

@@ -75,6 +75,17 @@ def test_greedy_and_seeded_output_is_the_same_with_speculation(tiny_qwen3_dir, t
             assert stats.spec_proposed_tokens > 0 and stats.spec_accepted_tokens > 0, how
 
 
+def test_a_draft_proposes_under_the_grammar(tiny_qwen3_dir, tokenizer):
+    """The target as its own draft: masked by the same grammar, every proposal of a greedy
+    constrained request is the target's own choice, so (nearly) all are accepted."""
+    reqs = _requests(tokenizer)[:3]
+    base, _, _ = generate(tiny_qwen3_dir, reqs)
+    spec, sched, _ = generate(tiny_qwen3_dir, reqs, k=3, draft=tiny_qwen3_dir)
+    assert spec == base
+    stats = sched.stats()
+    assert stats.spec_accepted_tokens > 0.9 * stats.spec_proposed_tokens > 0, stats
+
+
 def test_draws_from_a_draft_obey_their_grammar(tiny_qwen3_dir, tokenizer, draft_dir):
     """Unseeded sampling: the draft's proposals are drawn from its own q, unaware of the
     grammar; rejection sampling against the masked target refuses the ones it forbids."""
