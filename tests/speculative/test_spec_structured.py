@@ -132,3 +132,21 @@ def test_verify_masks_follow_the_proposals_and_leave_the_matcher_where_it_was(
     again = torch.zeros(1, vocab)
     book.mask_logits(again, np.array([0]), np.array([5]), one[:1])
     assert torch.equal(again[0] == 0, allowed([]))
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_with_cuda_graphs(tiny_qwen3_dir, tokenizer, draft_dir):
+    """Verify steps replay CUDA graphs there; the masks are applied on the device."""
+    free, total = torch.cuda.mem_get_info()
+    cuda = dict(device="cuda", dtype="float32",
+                gpu_memory_utilization=min(0.95, (total - free) / total + 0.05))
+    for temperature, seed in ((0.0, None), (0.9, 11)):
+        reqs = _requests(tokenizer, temperature, seed)
+        base, _, _ = generate(tiny_qwen3_dir, reqs, **cuda)
+        _check_grammars(tokenizer, base)
+        for how in (dict(k=4, ngram=2), dict(k=3, draft=draft_dir),
+                    dict(k=3, draft=tiny_qwen3_dir)):
+            spec, sched, _ = generate(tiny_qwen3_dir, reqs, **how, **cuda)
+            assert spec == base, (how, temperature)
+            assert sched.stats().spec_accepted_tokens > 0, how
+        torch.cuda.empty_cache()

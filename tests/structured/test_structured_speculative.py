@@ -1,7 +1,8 @@
 """Structured outputs under `--speculative ngram` on the embedded SmolLM2 (CPU), through LLM:
 greedy constrained answers (JSON schemas, a regex, a choice) are the tokens an engine without
 speculation gives, beside an unconstrained request in the same batch; seeded sampled answers
-validate; the requests' metrics count proposed and accepted tokens."""
+validate; a required tool call is one; the requests' metrics count proposed and accepted
+tokens."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ NAMES = ["person", "array_of_ints", "nested_address"]
 EXAMPLES = {"person": '{"name": "Ann", "age": 31}', "array_of_ints": '{"numbers": [4, 8, 15]}',
             "nested_address": '{"name": "Bo", "address": {"city": "Oslo", "zip": "01234"}}'}
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+    "required": ["city"]}}}
 
 
 def _messages() -> list[list[dict[str, str]]]:
@@ -62,3 +66,9 @@ def test_ngram_speculation_keeps_constrained_answers(smollm2_dir, reference):
         assert 0 < accepted <= proposed
         sampled = llm.chat(_messages(), _params(0.8), use_tqdm=False)
         _check(sampled)
+        asked = [{"role": "user", "content": "What is the weather in Oslo? Oslo, Norway."}]
+        called = llm.chat(asked, SamplingParams(temperature=0, max_tokens=64), tools=[WEATHER],
+                          tool_choice="required", use_tqdm=False)[0]
+        call = called["tool_calls"][0]["function"]
+        assert call["name"] == "get_weather"
+        assert isinstance(json.loads(call["arguments"])["city"], str)
