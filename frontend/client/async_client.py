@@ -127,6 +127,8 @@ class AsyncClient(ConnectionInfo):
         frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream,
                              client_key)
         q: asyncio.Queue = asyncio.Queue()
+        while wait := self._core.explaining_s(time.monotonic()):
+            await asyncio.sleep(min(wait, 0.05))
         self._core.submit(request_id, q.put_nowait)
         self._conn.send(frame)
         return request_id, q

@@ -275,6 +275,14 @@ class ClientCore:
 
     # ---------------------------------------------------------- what the caller does
 
+    def explaining_s(self, now: float) -> float:
+        """How long a new request should wait before `submit`: a dropped connection whose
+        EngineDead may still come (DISCONNECT_GRACE_S) decides between "the engine died,
+        because ..." and "lost the connection"; 0 when nothing is pending."""
+        if self.lost_at is None or self.dead is not None:
+            return 0.0
+        return max(0.0, self.lost_at + DISCONNECT_GRACE_S - now)
+
     def submit(self, request_id: str, sink: Sink) -> None:
         """Track a request about to be sent; refuses once the client is closed or dead."""
         if self.closed:

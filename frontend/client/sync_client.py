@@ -133,8 +133,13 @@ class Client(ConnectionInfo):
         frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream,
                              client_key)
         q: queue.SimpleQueue = queue.SimpleQueue()
-        with self._conn.lock:
-            self._core.submit(request_id, q.put)
+        while True:
+            with self._conn.lock:
+                wait = self._core.explaining_s(time.monotonic())
+                if not wait:
+                    self._core.submit(request_id, q.put)
+                    break
+            time.sleep(min(wait, 0.05))
         self._conn.command(frame)
         return request_id, q
 

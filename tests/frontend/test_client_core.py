@@ -294,6 +294,26 @@ def test_the_engine_dead_reason_wins_within_the_grace():
     assert core.dead == "worker 0 was killed"
 
 
+def test_a_new_request_waits_within_the_grace_for_the_reason():
+    """A request made while a dropped connection's EngineDead may still come is held back
+    (the clients wait `explaining_s`), so it fails with the engine's reason, not with "lost
+    the connection", when the engine died; after the grace it fails as lost."""
+    core = ready_core()
+    assert core.explaining_s(now=5.0) == 0.0
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_DISCONNECTED, now=10.0)
+    assert core.explaining_s(now=10.5) == pytest.approx(DISCONNECT_GRACE_S - 0.5)
+    core.on_frame(Link.RESULTS, encode(EngineDead("tokenizer 0 was killed by SIGKILL")))
+    assert core.explaining_s(now=10.6) == 0.0
+    with pytest.raises(EngineDeadError, match="tokenizer 0 was killed by SIGKILL") as err:
+        submit(core, "b")
+    assert type(err.value) is EngineDeadError
+    stalled = ready_core()
+    stalled.on_monitor(Link.REQUESTS, zmq.EVENT_DISCONNECTED, now=10.0)
+    assert stalled.explaining_s(now=10.0 + DISCONNECT_GRACE_S) == 0.0
+    with pytest.raises(ConnectionLostError):
+        submit(stalled, "c")
+
+
 def test_a_lost_connection_during_the_handshake_fails_it():
     core = ClientCore(ADDRESS)
     core.start()
