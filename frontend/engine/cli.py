@@ -88,7 +88,10 @@ def serve(command: ServeCommand) -> int:
     if http.serve_http or http.metrics_port is not None:
         from frontend.metrics import EngineMetrics, MetricsServer, StatsSubscriber
 
-        metrics = EngineMetrics()
+        metrics = EngineMetrics(cache_config={
+            "block_size": str(config.resolved_block_size),
+            "cache_dtype": config.kv_cache_label,
+            "kv_offloading_gib": str(config.resolved_kv_offloading_size)})
     try:
         if http.serve_http:
             http_sock = _bind_http(http.host, http.port)

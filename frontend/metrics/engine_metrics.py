@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -140,9 +140,16 @@ def _kv_transfer(s: EngineStats | None, g, c) -> Iterator[Metric]:
 class EngineMetrics:
     """Prometheus metrics of one pipeline; feed it every EngineStats (`update`)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 cache_config: dict[str, str] | None = None) -> None:
+        """`cache_config`: labels of the `cache_config_info` gauge (always 1), the KV cache's
+        settings a dashboard shows beside its usage (block size, dtype)."""
         self._clock = clock
         self.registry = CollectorRegistry()
+        if cache_config:
+            info = Gauge(PREFIX + "cache_config_info", "The KV cache's settings, as labels.",
+                         sorted(cache_config), registry=self.registry)
+            info.labels(**cache_config).set(1)
         self._latest: dict[int, tuple[EngineStats, float]] = {}
         """Per source (a replica): its latest stats and when they arrived (by `clock`)."""
         self._lock = threading.Lock()

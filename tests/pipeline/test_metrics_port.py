@@ -82,6 +82,11 @@ def test_metrics_port_serves_what_the_requests_did(tiny_qwen3_dir):
         for name in ("time_to_first_token_seconds", "time_per_output_token_seconds",
                      "e2e_request_latency_seconds", "request_queue_time_seconds"):
             assert got[f"nanopipe:{name}_count[]"] == 3
+        info = [(s.labels, s.value) for family in text_string_to_metric_families(
+            httpx.get(url, timeout=30).text) for s in family.samples
+            if s.name == "nanopipe:cache_config_info"]
+        assert info == [({"block_size": "16", "cache_dtype": "float32",
+                          "kv_offloading_gib": "0.0"}, 1.0)]
         head = httpx.head(url, timeout=30)  # an uptime probe's check
         assert head.status_code == 200 and head.content == b""
         assert head.headers["content-type"].startswith("text/plain")
