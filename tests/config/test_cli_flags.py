@@ -87,7 +87,7 @@ def test_each_field_round_trips_through_its_flag(prefix, name):
             value = extra[name]
         if name in ("num_speculative_tokens", "ngram_size"):  # they tune the ngram proposer
             extra = {"speculative": "ngram"}
-        if name in ("prefill_replicas", "decode_replicas"):  # disaggregation needs both
+        if name in ("prefill_replicas", "decode_replicas", "kv_transfer_timeout"):  # both
             extra = {"prefill_replicas": 1, "decode_replicas": 1}
         if name in DEVICE_FLAGS:  # read by one device only
             extra = {"device": DEVICE_FLAGS[name]}
@@ -141,6 +141,8 @@ def test_help_shows_each_fields_own_default():
     (["--num-speculative-tokens", "4"], "--num-speculative-tokens applies to --speculative "
                                         "ngram or draft"),
     (["--ngram-size", "5"], "--ngram-size applies to --speculative ngram"),
+    (["--kv-transfer-timeout", "5"], "--kv-transfer-timeout applies to --prefill-replicas "
+                                     "and --decode-replicas"),
     (["--speculative", "draft", "--draft-model", "/d", "--ngram-size", "5"],
      "--ngram-size applies to --speculative ngram"),
     (["--device", "cuda", "--block-size", "12"],
