@@ -27,8 +27,10 @@ def test_kv_accuracy_records_its_figures(tiny_qwen3_dir, tmp_path):
     rec = tmp_path / "r.jsonl"
     nanopipe("bench", "kv-accuracy", "--model", tiny_qwen3_dir, "--device", "cpu",
              "--num-prompts", "3", "--new-tokens", "6", "--dtype", "bfloat16",
-             "--record", str(rec))
+             "--reference-dtype", "float32", "--record", str(rec))
     figures = recorded(rec, "kv-accuracy")
     assert 0 <= figures["agree_until_first_diff"] <= figures["agree_overall"] <= 1
     assert figures["mean_abs_logprob_diff"] >= 0
     assert figures["kv_blocks_ratio"] == 2  # bf16 -> fp8: twice the blocks in the same bytes
+    assert 0 <= figures["agree_until_first_diff[float32]"] <= 1  # the scale reference
+    assert figures["mean_abs_logprob_diff[float32]"] >= 0

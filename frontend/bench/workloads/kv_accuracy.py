@@ -16,6 +16,11 @@ engine at a time. Figures:
   same token, so the two numbers measure the same thing);
 - prompts_identical: the share of requests whose tokens are all equal;
 - kv_blocks_ratio: the fp8 pool's blocks over the auto pool's, from the same memory.
+
+For scale, --reference-dtype D also compares the auto run with one whose weights and KV are
+in D (no fp8), printed and recorded as the same figures with a "[D]" suffix: how far a change
+of the model's dtype alone moves the same requests (e.g. --dtype bfloat16 --reference-dtype
+float32: what bf16 rounding costs next to what fp8 KV costs).
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="chat questions to run, at most %(default)s (default: all)")
     ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                     help="the model's dtype, and the auto KV cache's (default: the checkpoint's)")
+    ap.add_argument("--reference-dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                    help="also compare the auto run with the model in this dtype (no fp8): "
+                         "the drift of a dtype change alone, for scale")
 
 
 def compare(auto: list[dict], fp8: list[dict]) -> dict[str, float]:
@@ -57,10 +65,11 @@ def compare(auto: list[dict], fp8: list[dict]) -> dict[str, float]:
             "prompts_identical": identical / len(auto)}
 
 
-def _generate(model_dir: str, kv: str, prompts: list[list[int]], args) -> tuple[list, int]:
+def _generate(model_dir: str, kv: str, prompts: list[list[int]], args,
+              dtype: str | None = None) -> tuple[list, int]:
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True,
                             logprobs=True)
-    with LLM(model_dir, device=args.device, dtype=args.dtype, kv_cache_dtype=kv,
+    with LLM(model_dir, device=args.device, dtype=dtype or args.dtype, kv_cache_dtype=kv,
              max_model_len=max(map(len, prompts)) + args.new_tokens,
              max_num_seqs=len(prompts)) as llm:
         outs = llm.generate(prompts, [params] * len(prompts), use_tqdm=False)
@@ -86,10 +95,18 @@ def run(args: argparse.Namespace) -> list[Figure]:
           f"tokens, {args.new_tokens} greedy tokens each", flush=True)
     auto, auto_blocks = _generate(model_dir, "auto", prompts, args)
     fp8, fp8_blocks = _generate(model_dir, "fp8", prompts, args)
-    figures = compare(auto, fp8)
-    return [Figure("agree_until_first_diff", figures["agree_until_first_diff"], "share"),
-            Figure("agree_overall", figures["agree_overall"], "share"),
-            Figure("mean_abs_logprob_diff", figures["mean_abs_logprob_diff"], "nats",
+    out = _agreement(compare(auto, fp8), "")
+    out.append(Figure("kv_blocks_ratio", fp8_blocks / auto_blocks, "x"))
+    if args.reference_dtype:
+        reference, _ = _generate(model_dir, "auto", prompts, args, args.reference_dtype)
+        out += _agreement(compare(auto, reference), f"[{args.reference_dtype}]")
+    return out
+
+
+def _agreement(figures: dict[str, float], suffix: str) -> list[Figure]:
+    return [Figure("agree_until_first_diff" + suffix, figures["agree_until_first_diff"],
+                   "share"),
+            Figure("agree_overall" + suffix, figures["agree_overall"], "share"),
+            Figure("mean_abs_logprob_diff" + suffix, figures["mean_abs_logprob_diff"], "nats",
                    higher_is_better=False),
-            Figure("prompts_identical", figures["prompts_identical"], "share"),
-            Figure("kv_blocks_ratio", fp8_blocks / auto_blocks, "x")]
+            Figure("prompts_identical" + suffix, figures["prompts_identical"], "share")]
