@@ -27,7 +27,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
 
-    config = EngineConfig(model=args.model, device=args.device, max_model_len=2048)
+    # No periodic stats line: on stderr it would land in the middle of a streamed answer.
+    config = EngineConfig(model=args.model, device=args.device, max_model_len=2048,
+                          log_stats_interval=0)
     print("starting the pipeline (the first run converts the model once)...", flush=True)
     with Pipeline(config) as pipeline, Client(pipeline.address) as client:
         print(f"{config.model_name} on {config.resolved_device}, "
