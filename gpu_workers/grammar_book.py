@@ -22,6 +22,7 @@ those. xgrammar's rollback is unlimited from 0.2 (no max_rollback_tokens at crea
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from gpu_workers.sequence_table import SequenceTable
+from gpu_workers.token_bitmask import TokenBitmask
 from protocol import StepPlan
 from protocol import model_config as hf
 from protocol.structured_outputs import StructuredOutputs, build_grammar
@@ -42,6 +44,11 @@ CACHE_SIZE = 128
 """Compiled grammars kept (by spec); the least recently used beyond this are dropped."""
 COMPILE_THREADS = 4
 """xgrammar's own threads per compile (the token-mask precomputation is parallel)."""
+FILL_THREADS = 4
+"""At most this many threads fill one step's masks."""
+FILL_ROWS_PER_THREAD = 64
+"""Rows a fill thread must have to be worth starting (a row takes microseconds)."""
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass(slots=True)
@@ -87,8 +94,9 @@ class GrammarBook:
         """Made with the first compile: an engine that never sees a grammar never loads it."""
         self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self._entries: dict[int, _Entry] = {}
-        self._batch: Any = None
-        self._host_mask: torch.Tensor | None = None
+        self._batches: dict[int, Any] = {}
+        """xgrammar batch fillers by thread count."""
+        self.bitmask = TokenBitmask(vocab_size)
         self._walked: dict[int, int] = {}
         """Per row, the draft proposals its matcher accepted this step (walk, unwind)."""
         self._stuck: set[int] = set()
@@ -158,11 +166,7 @@ class GrammarBook:
         Without proposals an entry owns one row of logits; with them (a speculative step)
         entry i owns 1 + len(proposals[i]) consecutive rows, row j predicting the token after
         proposals[i][:j], each masked by the grammar after those proposals (_fill_verify)."""
-        import xgrammar as xgr
-
         start = time.perf_counter()
-        width = xgr.get_bitmask_shape(1, self.vocab_size)[1]
-        mask = self._host(logits.shape[0], width, logits.device)
         if proposals is None:
             matchers, indices = [], []
             for i in np.flatnonzero(constrained).tolist():
@@ -170,28 +174,28 @@ class GrammarBook:
                 if m is not None and not m.is_terminated():
                     matchers.append(m)
                     indices.append(i)
-            if matchers:
-                if self._batch is None:
-                    self._batch = xgr.BatchGrammarMatcher()
-                self._batch.batch_fill_next_token_bitmask(matchers, mask, indices)
+            if matchers:  # one compact row per matcher (gpu_workers.token_bitmask)
+                self._fill(matchers, self.bitmask.rows(len(matchers), logits.device))
         else:
+            mask = self.bitmask.rows(logits.shape[0], logits.device)
             indices = self._fill_verify(mask, rows, epochs, constrained, proposals)
         if indices:
-            device_mask = mask.to(logits.device, non_blocking=True)
-            xgr.apply_token_bitmask_inplace(logits, device_mask, vocab_size=self.vocab_size,
-                                            indices=indices)
+            self.bitmask.apply(logits, indices, compact=proposals is None)
         self.times.seconds += time.perf_counter() - start
         self.times.steps += 1
         self.times.rows += len(indices)
 
-    def _host(self, n: int, width: int, device: torch.device) -> torch.Tensor:
-        """The host bitmask buffer's first n rows (grown, pinned on CUDA, as needed)."""
-        host = self._host_mask
-        if host is None or host.shape[0] < n:
-            host = torch.full((max(n, 64), width), -1, dtype=torch.int32,
-                              pin_memory=device.type == "cuda")
-            self._host_mask = host
-        return host[:n]
+    def _fill(self, matchers: list[Any], mask: torch.Tensor) -> None:
+        """Fill mask[i] from matchers[i]. xgrammar's batch fill starts a thread pool of its
+        own at every call (hundreds of microseconds on a many-core host, for any batch), and
+        a row costs microseconds: threads only for many rows, a few of them."""
+        import xgrammar as xgr
+
+        threads = max(1, min(FILL_THREADS, _CORES // 2, len(matchers) // FILL_ROWS_PER_THREAD))
+        batch = self._batches.get(threads)
+        if batch is None:
+            batch = self._batches[threads] = xgr.BatchGrammarMatcher(threads)
+        batch.batch_fill_next_token_bitmask(matchers, mask)
 
     def _fill_verify(self, mask: torch.Tensor, rows: np.ndarray, epochs: np.ndarray,
                      constrained: np.ndarray, proposals: list[np.ndarray]) -> list[int]:

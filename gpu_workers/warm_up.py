@@ -1,6 +1,7 @@
 """Scratch steps a CUDA runner takes at start-up, on tables of their own: one that measures
 the peak activation memory (the KV cache gets what is left), one per shape the Triton kernels
-specialise on (so the first requests do not pay seconds of JIT compilation).
+specialise on (so the first requests do not pay seconds of JIT compilation); on rank 0 also
+the kernel that applies structured outputs' token bitmask (gpu_workers.token_bitmask).
 
 They take the runner as a ScratchRunner, what they use of it, so this module needs nothing of
 gpu_workers.model_runner, which calls them while it starts.
@@ -13,6 +14,7 @@ from typing import Protocol
 import torch
 
 from gpu_workers.config import ModelConfig, WorkerConfig
+from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.kv_cache import KVCache
 from gpu_workers.models import CausalLM
 from gpu_workers.sequence_table import SequenceTable
@@ -28,6 +30,7 @@ class ScratchRunner(Protocol):
     device: torch.device
     world_size: int
     num_kv_blocks: int
+    grammars: GrammarBook | None
 
     def new_table(self, num_blocks: int | None = None) -> SequenceTable: ...
 
@@ -88,4 +91,7 @@ def warm_up_kernels(runner: ScratchRunner) -> None:
         ids = [s.seq_id for s in seqs]
         runner.run_on(StepPlan(1, [], [], CachedSequences(ids, [1] * len(ids),
                                                           [[] for _ in ids])), table)
+    if runner.grammars is not None:  # the logits' dtype and row stride (the padded vocab)
+        stride = runner.model.lm_head.shard * runner.world_size
+        runner.grammars.bitmask.warm_up(runner.device, runner.model_config.dtype, stride)
     torch.cuda.synchronize()

@@ -11,8 +11,9 @@ then asks each request for exactly the tokens its constrained twin produced (ign
 both batches do the same work but for the masks. Temperature 0.6 as W1.
 
 The mask time per step is measured in this process on the same device: GrammarBook (the
-worker's own code) fills and applies the bitmask of B constrained rows of [B, vocab] logits,
-then each row's matcher accepts the token sampled under it, for B in --mask-batches.
+worker's own code) fills and applies the bitmask of B constrained rows of [B, vocab] logits
+in the model's dtype, then each row's matcher accepts the token sampled under it, for B in
+--mask-batches; a steady-state mean (the first step of each size is printed apart).
 
 --make-random writes a tokenizer that can spell JSON (every printable ASCII character is a
 token of its own, the rest of the vocabulary random lowercase words): the usual synthetic one
@@ -131,7 +132,9 @@ def _parses(text: str) -> bool:
 
 def mask_times(model_dir: str, device: str, batches: list[int], steps: int) -> dict[int, float]:
     """Milliseconds per step to fill, copy and apply the bitmask of B rows and advance their
-    matchers, on `device` (synchronized: the whole cost a step pays before sampling)."""
+    matchers, on `device` (synchronized: the whole cost a step pays before sampling), in
+    steady state: the apply kernel is warmed as the worker warms it at start-up, and each
+    size's first steps (its buffers, its matchers' first masks) are left out of the mean."""
     import numpy as np
     import torch
 
@@ -139,10 +142,12 @@ def mask_times(model_dir: str, device: str, batches: list[int], steps: int) -> d
     from gpu_workers.grammar_book import GrammarBook
     from protocol.structured_outputs import structured_from_user
 
-    vocab = ModelConfig.from_dir(model_dir).vocab_size
+    mc = ModelConfig.from_dir(model_dir)
+    vocab = mc.vocab_size
     book = GrammarBook(model_dir, vocab)
     spec = structured_from_user({"json": SCHEMA})
     book.compiled(spec).result()
+    book.bitmask.warm_up(torch.device(device), mc.dtype, vocab)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     gen = torch.Generator(device=device).manual_seed(0)
     out = {}
@@ -153,14 +158,17 @@ def mask_times(model_dir: str, device: str, batches: list[int], steps: int) -> d
             book.add(r, 7, spec, [])
         total = 0.0
         for step in range(steps + WARMUP_STEPS):
-            logits = torch.randn(b, vocab, device=device, generator=gen)
+            logits = torch.randn(b, vocab, device=device, generator=gen).to(mc.dtype)
             sync()
             start = time.perf_counter()
             book.mask_logits(logits, rows, epochs, on)
             tokens = logits.argmax(dim=-1).cpu().numpy()
-            book.accept(rows, epochs, tokens)
+            book.accept(rows, epochs, tokens, on)
             sync()
-            if step >= WARMUP_STEPS:  # the first steps compile the apply kernel
+            if step == 0:
+                print(f"mask at batch {b}, first step: "
+                      f"{1e3 * (time.perf_counter() - start):.3f} ms", flush=True)
+            if step >= WARMUP_STEPS:
                 total += time.perf_counter() - start
         out[b] = 1e3 * total / steps
     return out

@@ -1,0 +1,94 @@
+"""GrammarBook's masks land on the constrained rows alone, wherever those rows sit in the
+batch (the compact host rows are scattered on the device when they are not the first ones),
+whatever the number of fill threads, and on the GPU as on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from frontend.bench.workloads.constrained import SCHEMA, write_json_tokenizer
+from gpu_workers import grammar_book
+from gpu_workers.grammar_book import GrammarBook
+from protocol.structured_outputs import structured_from_user
+
+VOCAB = 700
+SPEC = structured_from_user({"json": SCHEMA})
+PREFIXES = ['', '{"title": "ab', '{"title": "x", "rating": ',
+            '{"title": "x", "rating": 3, "tags": [']
+
+
+@pytest.fixture(scope="module")
+def json_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("json_tokenizer")
+    write_json_tokenizer(path, VOCAB)
+    return str(path)
+
+
+def _token_ids(book: GrammarBook, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(book.model_dir)
+    return [tok.convert_tokens_to_ids(ch) for ch in text]  # one token per character
+
+
+def _allowed(book: GrammarBook, prefix: str) -> torch.Tensor:
+    """The reference: one matcher, one row, xgrammar's own fill and apply."""
+    import xgrammar as xgr
+
+    m = xgr.GrammarMatcher(book.compiled(SPEC).result())
+    for t in _token_ids(book, prefix):
+        assert m.accept_token(t)
+    mask = xgr.allocate_token_bitmask(1, VOCAB)
+    m.fill_next_token_bitmask(mask)
+    row = torch.zeros(1, VOCAB)
+    xgr.apply_token_bitmask_inplace(row, mask, vocab_size=VOCAB)
+    return row[0] == 0
+
+
+def _masked(book: GrammarBook, constrained: list[bool], device: str = "cpu",
+            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Row i of a batch is constrained (an entry whose grammar has read PREFIXES[i % 4])."""
+    n = len(constrained)
+    for i, on in enumerate(constrained):
+        if on:
+            book.add(i, 3, SPEC, _token_ids(book, PREFIXES[i % len(PREFIXES)]))
+    logits = torch.zeros(n, VOCAB, dtype=dtype, device=device)
+    book.mask_logits(logits, np.arange(n), np.full(n, 3), np.array(constrained))
+    return logits.cpu() == 0
+
+
+@pytest.mark.parametrize("constrained", [
+    [True, True, False, False],  # the first rows: no scatter
+    [False, True, False, True, False],  # scattered
+    [True] * 9,
+])
+def test_masks_land_on_the_constrained_rows_alone(json_dir, constrained):
+    book = GrammarBook(json_dir, VOCAB)
+    allowed = _masked(book, constrained)
+    for i, on in enumerate(constrained):
+        free = torch.ones(VOCAB, dtype=torch.bool)
+        expected = _allowed(book, PREFIXES[i % len(PREFIXES)]) if on else free
+        assert torch.equal(allowed[i], expected), i
+    assert book.times.rows == sum(constrained)
+
+
+def test_a_large_batch_filled_by_threads_masks_as_one_thread(json_dir, monkeypatch):
+    pattern = [i % 3 != 1 for i in range(40)]
+    serial = _masked(GrammarBook(json_dir, VOCAB), pattern)
+    monkeypatch.setattr(grammar_book, "FILL_ROWS_PER_THREAD", 4)
+    monkeypatch.setattr(grammar_book, "_CORES", 8)
+    book = GrammarBook(json_dir, VOCAB)
+    assert torch.equal(_masked(book, pattern), serial)
+    assert list(book._batches) == [4]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 40])
+def test_on_the_gpu_as_on_the_cpu(json_dir, n):
+    pattern = [i % 4 != 2 for i in range(n)]
+    book = GrammarBook(json_dir, VOCAB)
+    book.bitmask.warm_up(torch.device("cuda"), torch.bfloat16, VOCAB)
+    on_gpu = _masked(book, pattern, "cuda", torch.bfloat16)
+    assert torch.equal(on_gpu, _masked(GrammarBook(json_dir, VOCAB), pattern))
