@@ -307,15 +307,15 @@ class ModelRunner:
         alternatives ([R, k] ids and logprobs), all on the device. Draft proposals drawn
         from q are settled by rejection sampling (gpu_workers.speculative.rejection)."""
         logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
-        n = len(batch.logits_indices)
         lp = top = None
         if self.rank == 0:
             constrained = table.constrained[batch.sample_rows]
             if self.grammars is not None and table is self.table and constrained.any():
-                # Matchers need the step in flight's tokens: waited for here, with this
-                # step's forward queued, so the device works while the masks are filled.
-                for older in list(self._unsettled):
-                    self._settle(older)
+                # Matchers need their rows' tokens in flight: waited for here, with this
+                # step's forward queued (the device works while the masks are filled).
+                if (table.pending_pos[batch.sample_rows[constrained]] >= 0).any():
+                    for older in list(self._unsettled):
+                        self._settle(older)
                 self.grammars.mask_logits(
                     logits, batch.sample_rows, table.epoch[batch.sample_rows], constrained,
                     None if spec is None else entry_proposals(
@@ -328,7 +328,7 @@ class ModelRunner:
             if batch.sampling.top_logprobs:
                 top = top_logprobs(logits, batch.sampling.top_logprobs)
         else:
-            tokens = torch.empty(n, dtype=torch.int64, device=self.device)
+            tokens = torch.empty(len(batch.logits_indices), dtype=torch.int64, device=self.device)
         if self.world_size > 1:
             dist.broadcast(tokens, src=0)
         return tokens, lp, top
