@@ -14,12 +14,12 @@ the server prints on stderr gives the phases, which add up to the engine's own t
 command's total adds the launcher's imports before the engine starts and the HTTP server's
 start after it.
 
-Cold runs point TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and NANOPIPE_CACHE at new empty
-folders in the child's environment only; the warm runs reuse the first cold run's (with
---cold 0, the user's own caches, as they are). The folders are removed at the end; the user's
-caches are never touched. Each figure is the median of its runs. The goals (docs/startup.md:
-a Qwen3-0.6B shape on an H200 ready in 10 s warm and 25 s cold; the embedded model on the
-CPU in 5 s) are printed as ratios: above 1 is faster than the goal.
+Cold runs point Triton's, torch inductor's and nanopipe's caches at new empty folders in
+the child's environment only (frontend/bench/common/cold_caches.py); the warm runs reuse the
+first cold run's (with --cold 0, the user's own caches, as they are). The folders are removed
+at the end; the user's caches are never touched. Each figure is the median of its runs. The
+goals (docs/startup.md: a Qwen3-0.6B shape on an H200 ready in 10 s warm and 25 s cold; the
+embedded model on the CPU in 5 s warm) are printed as ratios: above 1 beats the goal.
 """
 
 from __future__ import annotations
