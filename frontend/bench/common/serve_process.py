@@ -9,6 +9,7 @@ still kills any of the processes it saw under the launcher that outlive it.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -17,13 +18,15 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections import deque
 from pathlib import Path
 
 POLL_S = 0.05
 """How often /health is asked while the server starts."""
+
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Requests to the server on loopback, never through a proxy the environment names."""
 
 STOP_GRACE_S = 30.0
 """How long a SIGINT'ed server may take to stop before its process group is killed."""
@@ -108,7 +111,8 @@ class ServeProcess:
         path = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(command, env=dict(env, PYTHONPATH=path),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     encoding="utf-8", errors="replace",
                                      start_new_session=True)
         self.seen: dict[int, str] = {}
         """The launcher's descendants as last looked at (the stop's list of what to end)."""
@@ -135,11 +139,11 @@ class ServeProcess:
         polls = 0
         while True:
             try:
-                with urllib.request.urlopen(url, timeout=1.0) as resp:
+                with _LOCAL.open(url, timeout=1.0) as resp:
                     if resp.status == 200:
                         return time.perf_counter() - self.started
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass  # not listening yet, or 503 while it starts
+            except (OSError, http.client.HTTPException):
+                pass  # not listening yet, 503 while it starts, or cut off
             if polls % 10 == 0:  # the launcher's actors, should it die and orphan them
                 self.seen.update(process_tree(self.proc.pid))
             polls += 1
@@ -158,7 +162,7 @@ class ServeProcess:
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
-        with urllib.request.urlopen(req, timeout=120) as resp:
+        with _LOCAL.open(req, timeout=120) as resp:
             answer = json.loads(resp.read())
         return time.perf_counter() - t0, answer["choices"][0]["text"]
 
