@@ -106,18 +106,20 @@ def attn_tile(
         off = n % BLOCK_SIZE
         k_rows = blk * stride_kb + off * stride_ks
         v_rows = blk * stride_vb + off * stride_vs
+    # An fp8 cache's tiles are converted to q's dtype as loaded, before K's transpose: a
+    # transposed 8-bit tile has no fast path into the matrix units, a 16-bit one does (the
+    # conversion is a no-op for a cache of q's dtype). The scales are applied outside:
+    # k_scale in qk_scale, v_scale on the output.
     if MASKED:
         kv_mask = n < kv_end
-        kt = tl.trans(tl.load(k_cache_ptr + kv_head_off_k + k_rows[:, None] + d[None, :],
-                              mask=kv_mask[:, None], other=0.0))
+        k = tl.load(k_cache_ptr + kv_head_off_k + k_rows[:, None] + d[None, :],
+                    mask=kv_mask[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_head_off_v + v_rows[:, None] + d[None, :],
                     mask=kv_mask[:, None], other=0.0)
     else:
-        kt = tl.trans(tl.load(k_cache_ptr + kv_head_off_k + k_rows[:, None] + d[None, :]))
+        k = tl.load(k_cache_ptr + kv_head_off_k + k_rows[:, None] + d[None, :])
         v = tl.load(v_cache_ptr + kv_head_off_v + v_rows[:, None] + d[None, :])
-    # An fp8 cache's tiles in q's dtype (a no-op for a cache of q's dtype); the scales are
-    # applied outside: k_scale in qk_scale, v_scale on the output.
-    kt = kt.to(q.dtype)
+    kt = tl.trans(k.to(q.dtype))
     v = v.to(q.dtype)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
     if MASKED:

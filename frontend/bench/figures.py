@@ -25,6 +25,8 @@ class Figure:
     higher_is_better: bool = True
     peer_name: str | None = None
     """Who `peer` is, where the workload itself runs it (W5's transformers); else --peer's."""
+    bound_name: str | None = None
+    """What `bound` is where it is no hardware bound (start-up's goal); recorded as NAME/bound."""
 
     def _ratio(self, other: float | None) -> float | None:
         if other is None or other <= 0 or self.value <= 0:
@@ -43,7 +45,7 @@ class Figure:
         text = f"{self.name}: {fmt(self.value)} {self.unit}".rstrip()
         notes = []
         if self.ratio_to_bound is not None:
-            notes.append(f"{self.ratio_to_bound:.4g} of the hardware bound "
+            notes.append(f"{self.ratio_to_bound:.4g} of {self.bound_name or 'the hardware bound'} "
                          f"({fmt(self.bound)} {self.unit})".replace(" )", ")"))
         if self.ratio_to_peer is not None:
             notes.append(f"{self.ratio_to_peer:.3f}x {self.peer_name or peer_name or 'the peer'} "

@@ -68,6 +68,10 @@ BENCHMARKS: dict[str, Entry] = {
         "frontend.bench.workloads.kv_accuracy",
         "fp8 KV cache vs the model's dtype: greedy token agreement and logprob drift",
         "agree_until_first_diff"),
+    "startup": Entry(
+        "frontend.bench.workloads.startup",
+        "nanopipe serve to /health 200, cold and warm caches, by phase of its ready line",
+        "ready_s[warm]"),
     "report": Entry(
         "frontend.bench.report",
         "regenerate docs/benchmarks.md's latest table and plots from the records"),

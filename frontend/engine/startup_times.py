@@ -11,6 +11,7 @@ detokenizer, which load their tokenizers while the workers start).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from frontend.engine.children import Child
@@ -73,3 +74,23 @@ def startup_times(began: float, children: list[Child], end: float) -> StartupTim
         phases += [StartupPhase(name, slowest.phase(name)) for name in WORKER_PHASES]
     phases.append(StartupPhase("frontend", end - workers_ready))
     return StartupTimes(end - began, tuple(phases), tuple(p for _, p in procs))
+
+
+_READY_LINE = re.compile(r"ready in (\d+(?:\.\d+)?) s \(([^()]*)\)")
+
+
+def parse_ready_line(text: str) -> StartupTimes | None:
+    """The total and phases of the first ready line (as StartupTimes.line() writes it) in
+    `text`, e.g. a server's stderr; None when there is none. For tools that time a server
+    from outside it: the line keeps one decimal, and names no processes."""
+    found = _READY_LINE.search(text)
+    if found is None:
+        return None
+    phases = []
+    for part in found.group(2).split(","):
+        name, _, seconds = part.strip().rpartition(" ")
+        try:
+            phases.append(StartupPhase(name, float(seconds)))
+        except ValueError:
+            return None
+    return StartupTimes(float(found.group(1)), tuple(phases), ())

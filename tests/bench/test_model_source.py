@@ -61,13 +61,19 @@ def test_optional_source_out_and_device_default(cli):
 
 def test_make_random_builds_a_model_dir_in_a_temp_dir(cli, tmp_path, capsys):
     from gpu_workers import ModelConfig
+    from protocol.model_config import max_position_embeddings, read_model_config
 
     args = parser(cli).parse_args(["--make-random", "smollm2-135m"])
+    args.max_model_len = 16384  # as the throughput and latency workloads take it
     model_dir = Path(cli.resolve_model_dir(args, "cpu", tokenizer=True))
     assert model_dir.parent == tmp_path and model_dir.name.startswith("nanopipe-smollm2-135m-")
     assert ModelConfig.from_dir(str(model_dir)).num_layers == 30
     assert (model_dir / "tokenizer.json").is_file()
-    assert "random smollm2-135m weights built in " in capsys.readouterr().out
+    # The shape's own limit is 8192: a longer --max-model-len raises the config's, and says so.
+    assert max_position_embeddings(read_model_config(str(model_dir))) == 16384
+    out = capsys.readouterr().out
+    assert "random smollm2-135m weights built in " in out
+    assert "max_position_embeddings raised from 8192 to 16384" in out
 
 
 _RESOLVE = """

@@ -168,11 +168,16 @@ def test_gpu_qk_norm_rope_store_fp8_matches_the_reference(qk_norm):
         q = fn(qkv, h, hkv, positions, cos_sin, qw, kw, 1e-6, kc, vc, slots, 0.05, 0.1)
         outs.append((q, kc, vc))
     (qt, kt, vt), (qr, kr, vr) = outs
-    torch.testing.assert_close(qt, qr)
-    torch.testing.assert_close(vt.float(), vr.float(), atol=0, rtol=0)
-    # k comes from the fused norm/rotary (bf16 roundings may differ by one bf16 ulp, so the
-    # fp8 value by at most one fp8 step).
-    torch.testing.assert_close(kt.float(), kr.float(), atol=0.05, rtol=0.13)
+    # q: the bf16 tolerance of the unquantized fused test, scaled with the inputs (x30
+    # without the norm); the fused and op-by-op roundings differ by a bf16 ulp here and there.
+    torch.testing.assert_close(qt, qr, atol=2e-2 * (1 if qk_norm else 30), rtol=2e-2)
+    # k and v: within one fp8 step of the reference (3 mantissa bits: 1/8 of the value, or
+    # the subnormal step 2**-9). k comes from the fused norm/rotary, whose bf16 roundings
+    # may differ by an ulp, and the kernel's fp32 division is not IEEE-exact: a value near
+    # the middle of two fp8 steps may round the other way.
+    one_step = dict(atol=2.0**-9, rtol=0.13)
+    torch.testing.assert_close(kt.float(), kr.float(), **one_step)
+    torch.testing.assert_close(vt.float(), vr.float(), **one_step)
 
 
 @pytest.mark.gpu

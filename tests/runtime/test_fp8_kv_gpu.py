@@ -35,16 +35,22 @@ def _runner(model_dir, **kw):
                                      "kv_cache_bytes": 8 << 20, "kv_cache_dtype": "fp8", **kw})
 
 
-def test_fp8_kv_with_cuda_graphs_gives_the_eager_and_reference_tokens(tiny_qwen3_dir):
+def test_fp8_kv_with_cuda_graphs_gives_the_eager_tokens(tiny_qwen3_dir):
     graphed = _runner(tiny_qwen3_dir)
     assert graphed.graphs is not None
     assert graphed.kv_cache.storage.dtype == torch.float8_e4m3fn
-    tokens = _generate(graphed)
-    assert tokens == _generate(_runner(tiny_qwen3_dir, enforce_eager=True))
-    reference = _generate(_runner(tiny_qwen3_dir, attention_backend="torch",
-                                  enforce_eager=True))
-    same = sum(a == b for s in tokens for a, b in zip(tokens[s], reference[s]))
-    assert same >= 0.9 * sum(map(len, tokens.values())), (tokens, reference)
+    assert _generate(graphed) == _generate(_runner(tiny_qwen3_dir, enforce_eager=True))
+
+
+def test_fp8_kv_triton_kernels_give_the_torch_reference_tokens(tiny_qwen3_dir):
+    """In float32 both paths store the same fp8 values and differ only in summation order.
+    (In bf16 they also round k and v at different points before quantizing; a random tiny
+    model's near-ties then flip greedy tokens, and one flip changes the rest of a sequence.)"""
+    kw = dict(dtype="float32", enforce_eager=True)
+    tokens = _generate(_runner(tiny_qwen3_dir, **kw))
+    reference = _generate(_runner(tiny_qwen3_dir, attention_backend="torch", **kw))
+    pairs = [(a, b) for s in tokens for a, b in zip(tokens[s], reference[s], strict=True)]
+    assert sum(a == b for a, b in pairs) / len(pairs) > 0.95, (tokens, reference)
 
 
 def test_fp8_holds_twice_the_bf16_blocks(tiny_qwen3_dir):

@@ -76,7 +76,8 @@ def resolve_model_dir(args: argparse.Namespace, device: str, out: str | Path | N
     with --make-random, random weights built on `device` into `out` (default: a new temp dir
     nanopipe-SHAPE-..., removed when the process exits: random weights of the 8B shape fill
     16 GB), with a synthetic tokenizer when `tokenizer`. On cuda the allocator's cache is
-    emptied after the build: engines size their KV cache from the free memory."""
+    emptied after the build: engines size their KV cache from the free memory. A
+    --max-model-len beyond the shape's own limit raises the random config's to it."""
     shape = args.make_random
     if not shape:
         if args.model is not None and not has_model_config(args.model):
@@ -88,7 +89,13 @@ def resolve_model_dir(args: argparse.Namespace, device: str, out: str | Path | N
     if temp:
         atexit.register(shutil.rmtree, target, ignore_errors=True)
     t0 = time.perf_counter()
-    make_random(shape, target, device, tokenizer=tokenizer)
+    longest = getattr(args, "max_model_len", None)
+    make_random(shape, target, device, tokenizer=tokenizer, max_positions=longest)
+    limit = SHAPES[shape]["max_position_embeddings"]
+    if longest is not None and longest > limit:
+        print(f"random {shape}: max_position_embeddings raised from {limit} to {longest} "
+              "for --max-model-len (the weights are random; the speed does not depend on it)",
+              flush=True)
     if device == "cuda":
         import torch
 

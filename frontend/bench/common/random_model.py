@@ -57,15 +57,21 @@ def param_shapes(c: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def make_random(shape: str, out_dir: Path, device: str, tokenizer: bool = False) -> Path:
+def make_random(shape: str, out_dir: Path, device: str, tokenizer: bool = False,
+                max_positions: int | None = None) -> Path:
     """Random bf16 weights of a real model shape in out_dir; with `tokenizer`, also a
-    synthetic one, for runs through the whole pipeline."""
+    synthetic one, for runs through the whole pipeline. `max_positions` above the shape's
+    own limit raises the config's max_position_embeddings to it: a step's cost at a long
+    max_model_len can then be measured on a shape whose real checkpoint reaches that length
+    only through rope scaling (Qwen3's YaRN to 131,072), which the speed does not depend on."""
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
     c = SHAPES[shape]
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in c.items() if k != "model_type"}
+    if max_positions is not None and max_positions > config["max_position_embeddings"]:
+        config["max_position_embeddings"] = max_positions
     AutoConfig.for_model(c["model_type"], **config, dtype="bfloat16").save_pretrained(out_dir)
     g = torch.Generator(device=device).manual_seed(0)
     tensors = {}

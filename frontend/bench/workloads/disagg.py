@@ -91,8 +91,10 @@ MODEL = "optional"
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--modes", default="colocated,dp2,disagg",
-                    type=lambda s: s.split(","), help=f"comma-separated, of {list(MODES)}")
+    ap.add_argument("--modes", default=None, type=lambda s: s.split(","),
+                    help=f"comma-separated, of {list(MODES)} (default: all three; on cuda "
+                    "with one GPU, dp2 is left out: its replicas each need a GPU, while the "
+                    "prefill and decode replicas share one)")
     ap.add_argument("--rate", type=float, default=2.0, help="arrivals per second")
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--long-share", type=float, default=0.2,
@@ -108,7 +110,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seed", type=int, default=0)
 
 
+def default_modes(device: str) -> list[str]:
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            print("one GPU visible: dp2 left out (each of its replicas needs a GPU)", flush=True)
+            return ["colocated", "disagg"]
+    return list(MODES)
+
+
 def run(args: argparse.Namespace) -> list[Figure]:
+    if args.modes is None:
+        args.modes = default_modes(args.device)
     unknown = [m for m in args.modes if m not in MODES]
     if unknown or not 0 <= args.long_share <= 1 or args.rate <= 0 or args.num_requests < 1:
         raise BenchUsageError(f"--modes of {list(MODES)}, --long-share in [0, 1], a positive "
