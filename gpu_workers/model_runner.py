@@ -144,9 +144,9 @@ class ModelRunner:
         sampling: that token's value is copied on the device into this step's inputs, so the
         two steps run back to back with no host round trip between them.
 
-        `meanwhile` runs once the step's work is queued, before the host's bookkeeping for
-        it (its placeholders in the mirror, the copy of its tokens): the worker finishes the
-        step in flight there, so that step's result leaves as early as it can."""
+        `meanwhile` runs once the step's work is queued (a constrained step's: its forward,
+        before the masks), ahead of its host bookkeeping: the worker finishes the step in
+        flight there, so that step's result leaves as early as it can."""
         once = _Once(meanwhile)
         pending = self._launch(plan, self.table, once)
         once()  # a step with nothing to queue
@@ -244,11 +244,10 @@ class ModelRunner:
         if len(batch.sample_rows) == 0:
             self.busy.stop(timer)
             return PendingStep.empty(plan.step_id, table, failures)
+        logprobs = top = None
         tokens = None if drawn is None else graphs.sample_step(key, len(rows))
-        if tokens is not None:
-            logprobs = top = None
-        else:
-            tokens, logprobs, top = self._sample(hidden, batch, table, spec)
+        if tokens is None:
+            tokens, logprobs, top = self._sample(hidden, batch, table, spec, meanwhile)
         self.busy.stop(timer)
         meanwhile()
         if spec is not None:
@@ -301,7 +300,7 @@ class ModelRunner:
                 self.grammars.accept(pending.rows, epochs, pending.host_tokens, on, counts)
 
     def _sample(self, hidden: torch.Tensor, batch: StepBatch, table: SequenceTable,
-                spec: SpecStep | None = None
+                spec: SpecStep | None, meanwhile: Callable[[], None]
                 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None]:
         """Sampled ids [R] int64, on rank 0 their logprobs and the requested top
         alternatives ([R, k] ids and logprobs), all on the device. Draft proposals drawn
@@ -311,9 +310,10 @@ class ModelRunner:
         if self.rank == 0:
             constrained = table.constrained[batch.sample_rows]
             if self.grammars is not None and table is self.table and constrained.any():
-                # Matchers need their rows' tokens in flight: waited for here, with this
-                # step's forward queued (the device works while the masks are filled).
+                # Matchers need their rows' tokens in flight: waited for here, with this step's
+                # forward queued; that step's result leaves first, then the masks are made.
                 if (table.pending_pos[batch.sample_rows[constrained]] >= 0).any():
+                    meanwhile()
                     for older in list(self._unsettled):
                         self._settle(older)
                 self.grammars.mask_logits(
