@@ -259,12 +259,13 @@ class GrammarBook:
         the draw after them), in order."""
         if counts is None:
             counts = np.ones(len(rows), np.int64)
-        ends = np.cumsum(counts)
+        ends, counts = np.cumsum(counts).tolist(), counts.tolist()
+        rows, epochs, tokens = rows.tolist(), epochs.tolist(), tokens.tolist()  # item by item
         for i in np.flatnonzero(on).tolist():
-            entry = self._entries.get(int(rows[i]))
-            if entry is None or entry.epoch != int(epochs[i]) or entry.broken:
+            entry = self._entries.get(rows[i])
+            if entry is None or entry.epoch != epochs[i] or entry.broken:
                 continue
-            for token in tokens[ends[i] - counts[i]:ends[i]].tolist():
+            for token in tokens[ends[i] - counts[i]:ends[i]]:
                 if entry.matcher is None:  # not sampled under its mask yet (never expected)
                     entry.replay.append(token)
                     continue
