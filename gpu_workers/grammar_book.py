@@ -169,8 +169,9 @@ class GrammarBook:
         start = time.perf_counter()
         if proposals is None:
             matchers, indices = [], []
+            row_list, epoch_list = rows.tolist(), epochs.tolist()  # item by item
             for i in np.flatnonzero(constrained).tolist():
-                m = self._matcher(int(rows[i]), int(epochs[i]))
+                m = self._matcher(row_list[i], epoch_list[i])
                 if m is not None and not m.is_terminated():
                     matchers.append(m)
                     indices.append(i)
