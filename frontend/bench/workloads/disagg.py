@@ -49,8 +49,10 @@ def schedule(args: argparse.Namespace, vocab: int) -> list[tuple[Trace, list[int
     return out
 
 
-async def run_mode(config: EngineConfig, args: argparse.Namespace) -> dict:
+async def run_mode(config: EngineConfig, args: argparse.Namespace, mode: str) -> dict:
+    print(f"{mode}: starting", flush=True)  # so that a run cut short says where it was
     with Pipeline(config) as pipeline:
+        print(f"{mode}: {pipeline.startup.line() if pipeline.startup else 'ready'}", flush=True)
         followers = [StatsFollower(r.deltas_pub, r.keys) for r in pipeline.replicas]
         try:
             async with AsyncClient(pipeline.address) as client:
@@ -141,7 +143,7 @@ def run(args: argparse.Namespace) -> list[Figure]:
                               dtype="float32" if args.device == "cpu" else None,
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               log_stats_interval=0, **MODES[mode])
-        r = asyncio.run(run_mode(config, args))
+        r = asyncio.run(run_mode(config, args, mode))
         transfer = "" if not r["handoffs"] else (
             f"; {r['handoffs']} hand-offs, {r['transfer_mib']} MiB at "
             f"{r['transfer_gib_s']} GiB/s, {r['transfer_ms_p50']} ms p50 / "
