@@ -48,7 +48,7 @@ def test_bad_flags_are_one_line_usage_errors(flags, says, tiny_qwen3_dir, capsys
     assert exc.value.code == 2 and says in capsys.readouterr().err
 
 
-def _left_behind() -> dict[int, str]:
+def _left_behind() -> list:
     """This process's live descendants: the servers and their actors must all be gone."""
     return process_tree(os.getpid())
 

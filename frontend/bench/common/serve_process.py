@@ -22,6 +22,8 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
+import psutil
+
 POLL_S = 0.05
 """How often /health is asked while the server starts."""
 
@@ -32,60 +34,39 @@ STOP_GRACE_S = 30.0
 """How long a SIGINT'ed server may take to stop before its process group is killed."""
 
 
-def _stat(pid: int | str) -> list[str]:
-    """/proc/PID/stat's fields after the command name: state, ppid, ..., starttime (19)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def process_tree(pid: int) -> dict[int, str]:
-    """The live descendants of `pid` (Linux /proc; empty elsewhere), each with its start
-    time, so that a pid the kernel reused later is never taken for one of them."""
-    children: dict[int, list[tuple[int, str]]] = {}
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The live descendants of `pid`. psutil keeps each one's start time, so a pid the kernel
+    reuses later is never taken for one of them."""
     try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return {}
-    for entry in entries:
-        try:
-            fields = _stat(entry)
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append((int(entry), fields[19]))
-    found: dict[int, str] = {}
-    todo = [pid]
-    while todo:
-        for child, started in children.get(todo.pop(), []):
-            found[child] = started
-            todo.append(child)
-    return found
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
 
 
-def _kill_survivors(seen: dict[int, str]) -> int:
+def _alive(proc: psutil.Process) -> bool:
+    """Still running as the same process, and not a zombie."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _kill_survivors(seen: dict[int, psutil.Process]) -> int:
     """SIGKILL each process of `seen` still alive as the same process; how many were."""
     killed = 0
-    for pid, started in seen.items():
-        if _alive_as(pid, started):
+    for proc in seen.values():
+        if _alive(proc):
             try:
-                os.kill(pid, signal.SIGKILL)
+                proc.kill()
                 killed += 1
-            except OSError:
+            except psutil.Error:
                 pass
     return killed
 
 
-def _alive_as(pid: int, started: str) -> bool:
-    """Whether `pid` is alive (no zombie) and still the process that started at `started`."""
-    try:
-        fields = _stat(pid)
-    except (OSError, IndexError):
-        return False
-    return fields[0] != "Z" and fields[19] == started
-
-
-def process_alive(seen: dict[int, str]) -> bool:
+def process_alive(seen: dict[int, psutil.Process]) -> bool:
     """Whether any process of `seen` is still alive as the same process."""
-    return any(_alive_as(pid, started) for pid, started in seen.items())
+    return any(_alive(proc) for proc in seen.values())
 
 
 def free_port() -> int:
@@ -114,7 +95,7 @@ class ServeProcess:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      encoding="utf-8", errors="replace",
                                      start_new_session=True)
-        self.seen: dict[int, str] = {}
+        self.seen: dict[int, psutil.Process] = {}
         """The launcher's descendants as last looked at (the stop's list of what to end)."""
         self.stderr: list[str] = []
         self.tail: deque[str] = deque(maxlen=40)
@@ -145,7 +126,7 @@ class ServeProcess:
             except (OSError, http.client.HTTPException):
                 pass  # not listening yet, 503 while it starts, or cut off
             if polls % 10 == 0:  # the launcher's actors, should it die and orphan them
-                self.seen.update(process_tree(self.proc.pid))
+                self.seen.update((p.pid, p) for p in process_tree(self.proc.pid))
             polls += 1
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited ({self.proc.returncode}) before it was "
@@ -180,7 +161,7 @@ class ServeProcess:
         """SIGINT (the server's own Ctrl-C stop), then SIGKILL past STOP_GRACE_S; then every
         process seen under the launcher that is still there is killed too."""
         try:
-            self.seen.update(process_tree(self.proc.pid))
+            self.seen.update((p.pid, p) for p in process_tree(self.proc.pid))
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGINT)
                 try:

@@ -25,6 +25,7 @@ embedded model on the CPU in 5 s warm) are printed as ratios: above 1 beats the 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import shutil
@@ -37,7 +38,6 @@ from pathlib import Path
 
 from frontend.bench.common.cold_caches import empty_caches
 from frontend.bench.common.model_source import resolve_model_dir
-from frontend.bench.common.serve_process import ServeProcess, free_port, serve_command
 from frontend.bench.errors import BenchFailed, BenchUsageError
 from frontend.bench.figures import Figure
 from frontend.engine.startup_times import StartupTimes, parse_ready_line
@@ -80,6 +80,8 @@ class StartupRun:
 def measure(kind: str, command: list[str], port: int, env: dict[str, str],
             args: argparse.Namespace) -> StartupRun:
     """Start the server, time it to healthy and to its first answer, stop it."""
+    from frontend.bench.common.serve_process import ServeProcess
+
     with ServeProcess(command, env) as server:
         try:
             ready_s = server.wait_healthy(port, args.ready_timeout)
@@ -126,6 +128,10 @@ def _stop_on_sigterm(signum, frame) -> None:
 def run(args: argparse.Namespace) -> list[Figure]:
     if args.cold < 0 or args.warm < 0 or args.cold + args.warm == 0:
         raise BenchUsageError("--cold and --warm must be >= 0, and one of them >= 1")
+    if importlib.util.find_spec("psutil") is None:  # follows the server's processes
+        raise BenchUsageError("needs psutil: pip install \"nanopipe[bench]\"")
+    from frontend.bench.common.serve_process import free_port, serve_command
+
     if args.answer_tokens < 1 or args.ready_timeout <= 0:
         raise BenchUsageError("--answer-tokens and --ready-timeout must be positive")
     try:
