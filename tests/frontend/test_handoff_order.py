@@ -7,10 +7,12 @@ from __future__ import annotations
 import threading
 
 import pytest
+import zmq
 
 from frontend import Client
 from frontend.actors.handoff_order import HandoffOrder
 from protocol import ErrorKind, FinishReason, RequestError, SamplingParams, TokenDeltas
+from protocol.codec import encode
 
 LENGTH = FinishReason.LENGTH
 
@@ -89,8 +91,17 @@ def test_the_client_gets_one_stream_whichever_replica_arrives_first(fresh_pipe,
         decode = [TokenDeltas(1, [], [], [], [], None, continued_ids=[rid]),
                   TokenDeltas(2, [rid], [[22, 23]], [None], [None], None),
                   TokenDeltas(3, [rid], [[24]], [LENGTH], [None], None)]
-        for msg in (decode + [prefill]) if decode_first else ([prefill] + decode):
-            pipe.send(pipe.endpoints.detok_in, msg)
+        # One link per replica, as the schedulers have: each keeps its own order, and
+        # nothing orders the two (a socket per message would not even keep the first).
+        links = {}
+        for name in ("prefill", "decode"):
+            links[name] = zmq.Context.instance().socket(zmq.PUSH)
+            links[name].connect(pipe.endpoints.detok_in)
+        sends = [("decode", m) for m in decode] + [("prefill", prefill)]
+        for name, msg in sends if decode_first else sends[-1:] + sends[:-1]:
+            links[name].send(encode(msg))
         asker.join(30)
+        for link in links.values():
+            link.close(linger=2000)
     assert outputs and outputs[0].token_ids == [21, 22, 23, 24]
     assert outputs[0].finish_reason == "length" and outputs[0].completion_tokens == 4
