@@ -157,17 +157,25 @@ class FrontendPipeline:
     scheduler: FakeScheduler
     processes: dict[str, mp.process.BaseProcess]
     ready: dict[str, Ready]
+    links: dict[str, zmq.Socket] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
         return self.endpoints.tokenizer
 
     def send(self, address: str, msg) -> None:
-        """Push one control message (e.g. EngineDead) to a process's PULL socket."""
-        sock = zmq.Context.instance().socket(zmq.PUSH)
-        sock.connect(address)
+        """Push one message (e.g. EngineDead) to a process's PULL socket, on one link per
+        address, as a real sender has: messages to one address arrive in the order sent."""
+        sock = self.links.get(address)
+        if sock is None:
+            sock = self.links[address] = zmq.Context.instance().socket(zmq.PUSH)
+            sock.connect(address)
         sock.send(encode(msg))
-        sock.close(linger=2000)
+
+    def close_links(self) -> None:
+        for sock in self.links.values():
+            sock.close(linger=0)
+        self.links.clear()
 
 
 def start_frontend(model_dir: str, step_s: float = 0.001,
@@ -215,6 +223,7 @@ def stop_frontend(pipeline: FrontendPipeline) -> None:
             proc.kill()
             proc.join()
     pipeline.scheduler.close()
+    pipeline.close_links()  # the processes are gone: nothing left to deliver
     run_dir = pipeline.endpoints.run_dir
     pipeline.endpoints.cleanup()
     assert run_dir is None or not os.path.exists(run_dir)
