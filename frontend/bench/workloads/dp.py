@@ -5,7 +5,8 @@ same run, and the router's own speed.
     nanopipe bench dp --model DIR --device cpu        # e.g. a tiny model
 
 Per routing mode a fresh pipeline (LLM, data_parallel_size=2) gets the first request of each
-group, then all the others at once (as `nanopipe bench prefix` does with one group). Measured from
+group, then (once every replica has published stats saying so, as the router learns it) all the
+others at once (as `nanopipe bench prefix` does with one group). Measured from
 the EngineStats each replica publishes: prompt tokens computed and served from the prefix
 cache; from the client side: wall time and output tok/s. Then the router alone
 (frontend.router.Router) places the same prompts in a loop: decisions per second, and the
@@ -49,8 +50,16 @@ def run_mode(args: argparse.Namespace, routing: str, groups: list[list[list[int]
             rest = [p for g in groups for p in g[1:]]
             start = time.perf_counter()
             out = llm.generate(firsts, params, use_tqdm=False)
-            out += llm.generate(rest, params, use_tqdm=False)
             elapsed = time.perf_counter() - start
+            # The router learns that the first requests finished from the stats the replicas
+            # publish (every half second); until then it counts them as work ahead, and a
+            # burst placed on stale figures measures the staleness, not the routing.
+            warmed = time.monotonic()
+            for f in followers:
+                f.after(warmed)
+            start = time.perf_counter()
+            out += llm.generate(rest, params, use_tqdm=False)
+            elapsed += time.perf_counter() - start
             done = time.monotonic()
             after = [f.after(done) for f in followers]
         finally:
