@@ -215,3 +215,13 @@ def test_constrained_steps_sample_in_cuda_graphs_as_without_them(tiny_qwen3_dir,
     eager = out[True, SyncWorker]
     _check_grammars(tokenizer, eager)
     assert all(o == eager for o in out.values())
+
+
+@pytest.mark.parametrize("in_graph", [False, True], ids=["eager", "graph_buffer"])
+def test_the_benchmarks_mask_time_runs_either_path(tiny_qwen3_dir, in_graph):
+    """`nanopipe bench constrained` times the path decode steps take on its device: the
+    decode graphs' buffer on CUDA (forced here on the CPU), the eager rows elsewhere."""
+    from frontend.bench.workloads.constrained import mask_times
+
+    times = mask_times(tiny_qwen3_dir, "cpu", [1, 3], 2, in_graph=in_graph)
+    assert list(times) == [1, 3] and all(ms > 0 for ms in times.values())
