@@ -21,8 +21,11 @@ the first only and samples as before.
 Given also a `masked` function, a step with constrained rows replays a third graph of its
 size: the same, with the token bitmask (gpu_workers.graph_bitmask) applied between the LM
 head and the sampler. Unconstrained steps keep the graph without the apply, so they pay
-nothing for it; the constrained one is captured at its size's first constrained step (into
-the same pool, from the same inputs), so start-up captures nothing more.
+nothing for it. The constrained graphs of every size are captured at the first constrained
+step (into the same pool, from the same inputs; their kernels were compiled at start-up):
+start-up captures nothing more, an engine that never sees a grammar never captures them, and
+the first structured request pays once, as it pays for loading the tokenizer, rather than
+each batch size's first constrained step in the middle of serving.
 """
 
 from __future__ import annotations
@@ -179,6 +182,12 @@ class DecodeGraphs:
             (self.sample_graphs, self.tokens)
         graphs[bs], tokens[bs] = record(partial(fn, *args), pool)
 
+    def capture_masked(self) -> None:
+        """Capture every size's constrained sampling graph, largest first (as capture)."""
+        for bs in reversed(self.sizes):
+            self._capture_sampling(bs, self.pool, masked=True)
+        torch.cuda.synchronize()
+
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, a: AttentionBatch,
             bs: int) -> torch.Tensor:
         """Replay the graph of size bs on inputs already padded to bs entries: built into
@@ -198,12 +207,12 @@ class DecodeGraphs:
         inputs) is queued before that replay, in stream order.
 
         masked: the step's bitmask rows were sent (self.bitmask) and its constrained graph
-        draws under them; that graph is captured here at its size's first use."""
+        draws under them; the first such step captures them (capture_masked)."""
         if not masked:
             self.sample_graphs[bs].replay()
             return self.tokens[bs][:n]
-        if bs not in self.masked_graphs:
-            self._capture_sampling(bs, self.pool, masked=True)
+        if not self.masked_graphs:
+            self.capture_masked()
         self.masked_graphs[bs].replay()
         self.masked_steps += 1
         return self.masked_tokens[bs][:n]

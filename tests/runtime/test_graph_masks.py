@@ -126,12 +126,17 @@ def _requests(tokenizer, temperature: float, seed: int | None) -> list[AddReques
     return reqs
 
 
-def _check_grammars(tokenizer, out) -> None:
+def _check_grammars(tokenizer, out, all_stop: bool = True) -> None:
+    """The constrained requests' texts are of their grammars' languages: all of them ended
+    by their grammar (all_stop), or those that were (another device's numbers may draw a
+    longer text that max_tokens cuts)."""
     texts = {rid: tokenizer.decode([t for t in ids if t != EOS]) for rid, (ids, _) in out.items()}
-    assert all(out[rid][1] is FinishReason.STOP for rid in range(len(SPECS))), out
-    assert json.loads(texts[0]).keys() == {"ok", "color"}
-    assert re.fullmatch(REGEX, texts[1]), texts[1]
-    assert texts[2] in CHOICES
+    stopped = [out[rid][1] is FinishReason.STOP for rid in range(len(SPECS))]
+    assert all(stopped) or not all_stop, out
+    checks = [lambda t: json.loads(t).keys() == {"ok", "color"},
+              lambda t: re.fullmatch(REGEX, t), lambda t: t in CHOICES]
+    for rid, check in enumerate(checks):
+        assert not stopped[rid] or check(texts[rid]), texts[rid]
 
 
 @pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.9, 17)], ids=["greedy", "seeded"])
@@ -175,7 +180,8 @@ def test_constrained_steps_sample_in_the_graph_on_the_cpu(tiny_qwen3_dir, monkey
     assert sync == plain and ahead == plain
     for runner in runners:
         decode = runner.graphs.decode
-        assert decode.masks and decode.masked_steps > 0 and decode.masked_graphs
+        assert decode.masks and decode.masked_steps > 0
+        assert set(decode.masked_graphs) == set(decode.sizes)  # all at the first one
         assert runner.grammars.times.steps >= decode.masked_steps
 
 
@@ -184,8 +190,9 @@ def test_constrained_steps_sample_in_the_graph_on_the_cpu(tiny_qwen3_dir, monkey
 def test_constrained_steps_sample_in_cuda_graphs_as_without_them(tiny_qwen3_dir, temperature,
                                                                  seed):
     """On a GPU: JSON-schema, regex and choice requests beside unconstrained ones, with CUDA
-    graphs (constrained decode steps replay their size's masked sampling graph, captured at
-    its first use) and with enforce_eager, step by step and with lookahead: the same tokens."""
+    graphs (constrained decode steps replay their size's masked sampling graph, every size
+    captured at the first) and with enforce_eager, step by step and with lookahead: the same
+    tokens."""
     import gc
 
     from transformers import AutoTokenizer
@@ -205,15 +212,9 @@ def test_constrained_steps_sample_in_cuda_graphs_as_without_them(tiny_qwen3_dir,
             out[enforce_eager, worker_cls] = generate(
                 tiny_qwen3_dir, reqs, worker_cls, None, attach=runners.append, device="cuda",
                 gpu_memory_utilization=util, enforce_eager=enforce_eager)[0]
-            runner = runners[-1]
-            if enforce_eager:
-                assert runner.graphs is None
-            else:
-                decode = runner.graphs.decode
-                assert decode.masks and decode.masked_steps > 0, "no step masked in a graph"
-                assert set(decode.masked_graphs) <= set(decode.sizes)
+            _check_path(runners.pop(), in_graph=not enforce_eager)
     eager = out[True, SyncWorker]
-    _check_grammars(tokenizer, eager)
+    _check_grammars(tokenizer, eager, all_stop=False)
     assert all(o == eager for o in out.values())
 
 
@@ -225,3 +226,13 @@ def test_the_benchmarks_mask_time_runs_either_path(tiny_qwen3_dir, in_graph):
 
     times = mask_times(tiny_qwen3_dir, "cpu", [1, 3], 2, in_graph=in_graph)
     assert list(times) == [1, 3] and all(ms > 0 for ms in times.values())
+
+
+def _check_path(runner, in_graph: bool) -> None:
+    """Constrained decode steps were sampled in their graphs (in_graph), or none ran."""
+    if not in_graph:
+        assert runner.graphs is None
+        return
+    decode = runner.graphs.decode
+    assert decode.masks and decode.masked_steps > 0, "no step masked in a graph"
+    assert set(decode.masked_graphs) == set(decode.sizes)
