@@ -183,6 +183,11 @@ def test_constrained_steps_sample_in_the_graph_on_the_cpu(tiny_qwen3_dir, monkey
         assert decode.masks and decode.masked_steps > 0
         assert set(decode.masked_graphs) == set(decode.sizes)  # all at the first one
         assert runner.grammars.times.steps >= decode.masked_steps
+    # Without a constrained request nothing of it runs: no masked graph, no mask.
+    generate(tiny_qwen3_dir, reqs[len(SPECS):], SyncWorker, 1 << 20, attach=with_graphs, **kw)
+    decode = runners[-1].graphs.decode
+    assert decode.samples and not decode.masked_graphs and decode.masked_steps == 0
+    assert runners[-1].grammars.times.steps == 0
 
 
 @pytest.mark.gpu
