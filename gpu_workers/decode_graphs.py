@@ -17,6 +17,15 @@ inverse temperature and noise seed from segments of the same static inputs. A st
 rows need nothing more (no penalties, top-k/p, min-p or logprobs) replays both, so the host
 launches two graphs instead of a dozen ops and two Triton kernels; any other step replays
 the first only and samples as before.
+
+Given also a `masked` function, a step with constrained rows replays a third graph of its
+size: the same, with the token bitmask (gpu_workers.graph_bitmask) applied between the LM
+head and the sampler. Unconstrained steps keep the graph without the apply, so they pay
+nothing for it. The constrained graphs of every size are captured at the first constrained
+step (into the same pool, from the same inputs; their kernels were compiled at start-up):
+start-up captures nothing more, an engine that never sees a grammar never captures them, and
+the first structured request pays once, as it pays for loading the tokenizer, rather than
+each batch size's first constrained step in the middle of serving.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from functools import partial
 import numpy as np
 import torch
 
+from gpu_workers.graph_bitmask import GraphBitmask, MaskedSampleFn
 from gpu_workers.graph_tables import WideTables, copy_in
 from gpu_workers.layers.attention import AttentionBatch
 from gpu_workers.static_inputs import StaticInputs
@@ -66,10 +76,13 @@ def input_capacities(bs: int, q_per_seq: int, block_width: int) -> dict[str, int
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, max_bs: int, block_width: int,
                  max_model_len: int, device: torch.device, q_per_seq: int = 1,
-                 sample: SampleFn | None = None) -> None:
+                 sample: SampleFn | None = None, masked: MaskedSampleFn | None = None,
+                 vocab_size: int = 0) -> None:
+        """masked (with sample): sampling under a bitmask of vocab_size tokens per row."""
         assert sample is None or q_per_seq == 1, "sampling graphs are for decode steps"
         self.model = model
         self.sample_fn = sample
+        self.masked_fn = masked if sample is not None else None
         self.sizes = bucket_sizes(max_bs)
         self.block_width = block_width
         self.max_model_len = max_model_len
@@ -85,11 +98,23 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         self.sample_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.tokens: dict[int, torch.Tensor] = {}
+        self.bitmask = None if self.masked_fn is None else \
+            GraphBitmask(self.sizes[-1], vocab_size, device)
+        """The constrained graphs' token bitmask (rows filled by the grammar matchers)."""
+        self.masked_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.masked_tokens: dict[int, torch.Tensor] = {}
+        self.masked_steps = 0
+        """Steps sampled under their bitmask in a graph (tests and profiles read it)."""
 
     @property
     def samples(self) -> bool:
         """Whether sizes have a sampling graph (sample_step)."""
         return bool(self.sample_graphs)
+
+    @property
+    def masks(self) -> bool:
+        """Whether steps with constrained rows can sample in a graph (sample_step masked)."""
+        return self.samples and self.bitmask is not None
 
     @property
     def max_bs(self) -> int:
@@ -144,13 +169,24 @@ class DecodeGraphs:
                 self._capture_sampling(bs, pool)
         torch.cuda.synchronize()
 
-    def _capture_sampling(self, bs: int, pool) -> None:
+    def _capture_sampling(self, bs: int, pool, masked: bool = False) -> None:
         v = self.inputs[bs].views
         args = (self.outputs[bs][:bs], v["inv_temperature"].view(torch.float32),
                 v["seeds"].view(torch.int64))
-        self.sample_fn(*args)  # warm-up: compile the sampler for this size
+        fn = self.sample_fn
+        if masked:
+            fn, args = self.masked_fn, args + (self.bitmask.rows[:bs], self.bitmask.indices(bs))
+        fn(*args)  # warm-up: compile the sampler for this size
         torch.cuda.synchronize()
-        self.sample_graphs[bs], self.tokens[bs] = record(partial(self.sample_fn, *args), pool)
+        graphs, tokens = (self.masked_graphs, self.masked_tokens) if masked else \
+            (self.sample_graphs, self.tokens)
+        graphs[bs], tokens[bs] = record(partial(fn, *args), pool)
+
+    def capture_masked(self) -> None:
+        """Capture every size's constrained sampling graph, largest first (as capture)."""
+        for bs in reversed(self.sizes):
+            self._capture_sampling(bs, self.pool, masked=True)
+        torch.cuda.synchronize()
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, a: AttentionBatch,
             bs: int) -> torch.Tensor:
@@ -162,12 +198,21 @@ class DecodeGraphs:
         self.graphs[bs].replay()
         return self.outputs[bs]
 
-    def sample_step(self, bs: int, n: int) -> torch.Tensor:
+    def sample_step(self, bs: int, n: int, masked: bool = False) -> torch.Tensor:
         """After run(bs) on a batch that also sent "inv_temperature" (float32 bits, 0:
         greedy) and "seeds" (int64) for its n rows: their tokens, drawn on the device.
 
         The tensor is the graph's output, which the next replay of size bs overwrites; not
         copied, since whatever reads it (the copy to the host, the next step's patch of its
-        inputs) is queued before that replay, in stream order."""
-        self.sample_graphs[bs].replay()
-        return self.tokens[bs][:n]
+        inputs) is queued before that replay, in stream order.
+
+        masked: the step's bitmask rows were sent (self.bitmask) and its constrained graph
+        draws under them; the first such step captures them (capture_masked)."""
+        if not masked:
+            self.sample_graphs[bs].replay()
+            return self.tokens[bs][:n]
+        if not self.masked_graphs:
+            self.capture_masked()
+        self.masked_graphs[bs].replay()
+        self.masked_steps += 1
+        return self.masked_tokens[bs][:n]

@@ -1,5 +1,6 @@
 """Rank 0's grammar matchers: one xgrammar GrammarMatcher per constrained sequence, the
-compiled grammars they come from, and the token bitmask applied to the logits.
+compiled grammars they come from, and the token bitmask applied to the logits (after the
+forward, or inside a decode graph: fill_graph_rows).
 
 Compiling a grammar (the token masks of a JSON schema over the whole vocabulary) takes
 milliseconds to seconds, so it runs on a thread of its own and is cached by spec (bounded,
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpu_workers.graph_bitmask import GraphBitmask
 from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.token_bitmask import TokenBitmask
 from protocol import StepPlan
@@ -168,13 +170,7 @@ class GrammarBook:
         proposals[i][:j], each masked by the grammar after those proposals (_fill_verify)."""
         start = time.perf_counter()
         if proposals is None:
-            matchers, indices = [], []
-            row_list, epoch_list = rows.tolist(), epochs.tolist()  # item by item
-            for i in np.flatnonzero(constrained).tolist():
-                m = self._matcher(row_list[i], epoch_list[i])
-                if m is not None and not m.is_terminated():
-                    matchers.append(m)
-                    indices.append(i)
+            matchers, indices = self._live(rows, epochs, constrained)
             if matchers:  # one compact row per matcher (gpu_workers.token_bitmask)
                 self._fill(matchers, self.bitmask.rows(len(matchers), logits.device))
         else:
@@ -186,17 +182,47 @@ class GrammarBook:
         self.times.steps += 1
         self.times.rows += len(indices)
 
-    def _fill(self, matchers: list[Any], mask: torch.Tensor) -> None:
-        """Fill mask[i] from matchers[i]. xgrammar's batch fill starts a thread pool of its
-        own at every call (hundreds of microseconds on a many-core host, for any batch), and
-        a row costs microseconds: threads only for many rows, a few of them."""
+    def fill_graph_rows(self, bitmask: GraphBitmask, bs: int, rows: np.ndarray,
+                        epochs: np.ndarray, constrained: np.ndarray) -> None:
+        """Fill the decode graphs' bitmask for a step of entries rows (mirror rows) padded
+        to bs: row i from entry i's matcher where it holds one, all ones elsewhere; then send
+        its first bs rows. The graph applies them (gpu_workers.graph_bitmask)."""
+        start = time.perf_counter()
+        matchers, indices = self._live(rows, epochs, constrained)
+        host = bitmask.host()
+        if matchers:
+            self._fill(matchers, host, indices)
+        bitmask.send(bs, indices)
+        self.times.seconds += time.perf_counter() - start
+        self.times.steps += 1
+        self.times.rows += len(indices)
+
+    def _live(self, rows: np.ndarray, epochs: np.ndarray, constrained: np.ndarray
+              ) -> tuple[list[Any], list[int]]:
+        """The matchers of the constrained entries whose grammar has not ended, and those
+        entries' indices."""
+        matchers, indices = [], []
+        row_list, epoch_list = rows.tolist(), epochs.tolist()  # item by item
+        for i in np.flatnonzero(constrained).tolist():
+            m = self._matcher(row_list[i], epoch_list[i])
+            if m is not None and not m.is_terminated():
+                matchers.append(m)
+                indices.append(i)
+        return matchers, indices
+
+    def _fill(self, matchers: list[Any], mask: torch.Tensor,
+              indices: list[int] | None = None) -> None:
+        """Fill mask[i] from matchers[i] (mask[indices[i]], given indices). xgrammar's batch
+        fill starts a thread pool of its own at every call (hundreds of microseconds on a
+        many-core host, for any batch), and a row costs microseconds: threads only for many
+        rows, a few of them."""
         import xgrammar as xgr
 
         threads = max(1, min(FILL_THREADS, _CORES // 2, len(matchers) // FILL_ROWS_PER_THREAD))
         batch = self._batches.get(threads)
         if batch is None:
             batch = self._batches[threads] = xgr.BatchGrammarMatcher(threads)
-        batch.batch_fill_next_token_bitmask(matchers, mask)
+        batch.batch_fill_next_token_bitmask(matchers, mask, indices)
 
     def _fill_verify(self, mask: torch.Tensor, rows: np.ndarray, epochs: np.ndarray,
                      constrained: np.ndarray, proposals: list[np.ndarray]) -> list[int]:

@@ -19,7 +19,7 @@ from gpu_workers.batch import StepBatch, build_batch
 from gpu_workers.block_mover import make_host_tier
 from gpu_workers.config import ModelConfig, WorkerConfig
 from gpu_workers.grammar_book import GrammarBook
-from gpu_workers.graph_sampling import graph_sample_fn, graph_sample_inputs
+from gpu_workers.graph_sampling import graph_sample_inputs, graph_samplers, graph_tokens
 from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks, cuda_num_blocks
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.cpu_linear import use_onednn_weights
@@ -27,7 +27,7 @@ from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.layers.peer_all_reduce import create_peer_all_reduce
 from gpu_workers.loader import load_weights
 from gpu_workers.models import CausalLM
-from gpu_workers.pending_step import PendingStep, patch_in_flight, pending_patch
+from gpu_workers.pending_step import Once, PendingStep, listed, patch_in_flight, pending_patch
 from gpu_workers.sampler import Sampler, sampled_logprobs, top_logprobs
 from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.speculative import SpecStep, entry_proposals, prepare_proposals, settle_verified
@@ -98,8 +98,9 @@ class ModelRunner:
             clock.mark("warm-up")
         if self.device.type == "cuda" and not config.enforce_eager:
             with torch.inference_mode():
-                self.graphs = StepGraphs(self.model, config, self.device, progress,
-                                         graph_sample_fn(self.model, self.sampler, world_size))
+                samplers = graph_samplers(self.model, self.sampler, world_size,
+                                          masks=self.grammars is not None)
+                self.graphs = StepGraphs(self.model, config, self.device, progress, **samplers)
                 if self.drafter is not None:
                     progress("capturing CUDA graphs for the draft model")
                     self.drafter.capture_graphs(pool=self.graphs.pool)
@@ -147,7 +148,7 @@ class ModelRunner:
         `meanwhile` runs once the step's work is queued (a constrained step's: its forward,
         before the masks), ahead of its host bookkeeping: the worker finishes the step in
         flight there, so that step's result leaves as early as it can."""
-        once = _Once(meanwhile)
+        once = Once(meanwhile)
         pending = self._launch(plan, self.table, once)
         once()  # a step with nothing to queue
         return pending
@@ -162,11 +163,11 @@ class ModelRunner:
         if self.rank == 0:
             failed = pending.failures
             result = StepResult(
-                pending.step_id, pending.seq_ids, _listed(pending.host_tokens) or [],
-                _listed(pending.host_logprobs), _listed(pending.host_top_ids),
-                _listed(pending.host_top_logprobs), failed_seq_ids=[sid for sid, _ in failed],
+                pending.step_id, pending.seq_ids, listed(pending.host_tokens) or [],
+                listed(pending.host_logprobs), listed(pending.host_top_ids),
+                listed(pending.host_top_logprobs), failed_seq_ids=[sid for sid, _ in failed],
                 failed_errors=[error for _, error in failed],
-                num_tokens=_listed(pending.counts), num_proposed=_listed(pending.num_proposed),
+                num_tokens=listed(pending.counts), num_proposed=listed(pending.num_proposed),
                 gpu_busy_s=self.busy.take())
             if deliver is not None:
                 deliver(result)
@@ -245,8 +246,10 @@ class ModelRunner:
             self.busy.stop(timer)
             return PendingStep.empty(plan.step_id, table, failures)
         logprobs = top = None
-        tokens = None if drawn is None else graphs.sample_step(key, len(rows))
-        if tokens is None:
+        if drawn is not None:
+            tokens = graph_tokens(graphs, key, batch.sample_rows, table, self.grammars,
+                                  self._grammars_ready(table, batch.sample_rows, meanwhile))
+        else:
             tokens, logprobs, top = self._sample(hidden, batch, table, spec, meanwhile)
         self.busy.stop(timer)
         meanwhile()
@@ -308,14 +311,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         lp = top = None
         if self.rank == 0:
-            constrained = table.constrained[batch.sample_rows]
-            if self.grammars is not None and table is self.table and constrained.any():
-                # Matchers need their rows' tokens in flight: waited for here, with this step's
-                # forward queued; that step's result leaves first, then the masks are made.
-                if (table.pending_pos[batch.sample_rows[constrained]] >= 0).any():
-                    meanwhile()
-                    for older in list(self._unsettled):
-                        self._settle(older)
+            constrained = self._grammars_ready(table, batch.sample_rows, meanwhile)
+            if constrained is not None:
                 self.grammars.mask_logits(
                     logits, batch.sample_rows, table.epoch[batch.sample_rows], constrained,
                     None if spec is None else entry_proposals(
@@ -333,18 +330,18 @@ class ModelRunner:
             dist.broadcast(tokens, src=0)
         return tokens, lp, top
 
-
-class _Once:
-    """Calls fn the first time it is called, never again (nothing when fn is None)."""
-
-    def __init__(self, fn: Callable[[], None] | None) -> None:
-        self.fn = fn
-
-    def __call__(self) -> None:
-        fn, self.fn = self.fn, None
-        if fn is not None:
-            fn()
-
-
-def _listed(a: np.ndarray | None) -> list | None:
-    return None if a is None else a.tolist()
+    def _grammars_ready(self, table: SequenceTable, rows: np.ndarray,
+                        meanwhile: Callable[[], None]) -> np.ndarray | None:
+        """Which entries a grammar holds (None: none), once their matchers have accepted
+        their tokens in flight: waited for here, with this step's forward queued; that step's
+        result leaves first, then the masks are made."""
+        if self.grammars is None or table is not self.table:
+            return None
+        constrained = table.constrained[rows]
+        if not constrained.any():
+            return None
+        if (table.pending_pos[rows[constrained]] >= 0).any():
+            meanwhile()
+            for older in list(self._unsettled):
+                self._settle(older)
+        return constrained

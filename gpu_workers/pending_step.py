@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,3 +96,19 @@ def patch_in_flight(batch: StepBatch, in_flight: PendingStep) -> None:
         return
     values = in_flight.tokens.index_select(0, batch.extra["patch_from"])
     batch.input_ids.index_put_((batch.extra["patch_to"],), values.to(batch.input_ids.dtype))
+
+
+class Once:
+    """Calls fn the first time it is called, never again (nothing when fn is None)."""
+
+    def __init__(self, fn: Callable[[], None] | None) -> None:
+        self.fn = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+
+
+def listed(a: np.ndarray | None) -> list | None:
+    return None if a is None else a.tolist()

@@ -77,7 +77,7 @@ class SequenceTable:
         self.penalized = np.zeros(0, bool)
         """Whether any penalty applies (the sampler then reads the token history)."""
         self.plain_draw = np.zeros(0, bool)
-        """Needs only a temperature and a seed: no penalty, grammar, logprobs or filtered draw."""
+        """Temperature and seed suffice (a grammar's mask aside): no penalty, logprobs, filter."""
         self.inv_temperature = np.zeros(0, np.float32)
         """1 / temperature, 0 for greedy rows."""
         self.epoch = np.zeros(0, np.int64)
@@ -299,7 +299,7 @@ class SequenceTable:
         filtered = self.top_k[row] > 0 or self.top_p[row] < 1 or self.min_p[row] > 0
         self.penalized[row] = penalized
         self.plain_draw[row] = not (penalized or (random and filtered) or self.logprobs[row]
-                                    or self.top_logprobs[row] > 0 or self.constrained[row])
+                                    or self.top_logprobs[row] > 0)
         self.inv_temperature[row] = np.float32(1) / self.temperature[row] if random else 0
 
     def _append_blocks(self, row: int, blocks: list[int] | np.ndarray) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from gpu_workers.config import WorkerConfig
 from gpu_workers.decode_graphs import DecodeGraphs, SampleFn
+from gpu_workers.graph_bitmask import MaskedSampleFn
 from gpu_workers.prefill_graphs import PrefillGraphs
 
 GraphKey = int | tuple[int, int]
@@ -24,13 +25,16 @@ GraphKey = int | tuple[int, int]
 
 class StepGraphs:
     def __init__(self, model: torch.nn.Module, config: WorkerConfig, device: torch.device,
-                 progress: Callable[[str], None], sample: SampleFn | None = None) -> None:
+                 progress: Callable[[str], None], sample: SampleFn | None = None,
+                 masked: MaskedSampleFn | None = None, vocab_size: int = 0) -> None:
         """sample: how decode steps' rows become tokens, captured after each decode graph
-        (gpu_workers.decode_graphs); None keeps sampling out of the graphs."""
+        (gpu_workers.decode_graphs); None keeps sampling out of the graphs. masked: the
+        same under a token bitmask of vocab_size tokens (steps with constrained rows)."""
         c = config
         progress("capturing CUDA graphs for decode")
         self.decode = DecodeGraphs(model, c.max_num_seqs, c.max_blocks_per_seq,
-                                   c.max_model_len, device, sample=sample)
+                                   c.max_model_len, device, sample=sample, masked=masked,
+                                   vocab_size=vocab_size)
         self.decode.capture()
         self.pool = self.decode.pool
         self.verify: DecodeGraphs | None = None

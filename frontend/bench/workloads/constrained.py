@@ -13,7 +13,9 @@ both batches do the same work but for the masks. Temperature 0.6 as W1.
 The mask time per step is measured in this process on the same device: GrammarBook (the
 worker's own code) fills and applies the bitmask of B constrained rows of [B, vocab] logits
 in the model's dtype, then each row's matcher accepts the token sampled under it, for B in
---mask-batches; a steady-state mean (the first step of each size is printed apart).
+--mask-batches; a steady-state mean (the first step of each size is printed apart). On a GPU
+the fill and copy are those of a decode step, into the decode graphs' bitmask
+(gpu_workers.graph_bitmask), and the apply the graph's, here launched eagerly.
 
 --make-random writes a tokenizer that can spell JSON (every printable ASCII character is a
 token of its own, the rest of the vocabulary random lowercase words): the usual synthetic one
@@ -130,16 +132,20 @@ def _parses(text: str) -> bool:
     return True
 
 
-def mask_times(model_dir: str, device: str, batches: list[int], steps: int) -> dict[int, float]:
+def mask_times(model_dir: str, device: str, batches: list[int], steps: int,
+               in_graph: bool | None = None) -> dict[int, float]:
     """Milliseconds per step to fill, copy and apply the bitmask of B rows and advance their
     matchers, on `device` (synchronized: the whole cost a step pays before sampling), in
     steady state: the apply kernel is warmed as the worker warms it at start-up, and each
-    size's first steps (its buffers, its matchers' first masks) are left out of the mean."""
+    size's first steps (its buffers, its matchers' first masks) are left out of the mean.
+    in_graph (default: on CUDA, where decode steps sample in graphs): through the decode
+    graphs' bitmask, else the eager path's."""
     import numpy as np
     import torch
 
     from gpu_workers import ModelConfig
     from gpu_workers.grammar_book import GrammarBook
+    from gpu_workers.graph_bitmask import GraphBitmask, apply_rows
     from protocol.structured_outputs import structured_from_user
 
     mc = ModelConfig.from_dir(model_dir)
@@ -150,6 +156,8 @@ def mask_times(model_dir: str, device: str, batches: list[int], steps: int) -> d
     book.bitmask.warm_up(torch.device(device), mc.dtype, vocab)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     gen = torch.Generator(device=device).manual_seed(0)
+    in_graph = device == "cuda" if in_graph is None else in_graph
+    graph = GraphBitmask(max(batches), vocab, torch.device(device)) if in_graph else None
     out = {}
     for b in batches:
         rows, epochs = np.arange(b), np.full(b, 7)
@@ -161,7 +169,11 @@ def mask_times(model_dir: str, device: str, batches: list[int], steps: int) -> d
             logits = torch.randn(b, vocab, device=device, generator=gen).to(mc.dtype)
             sync()
             start = time.perf_counter()
-            book.mask_logits(logits, rows, epochs, on)
+            if graph is None:
+                book.mask_logits(logits, rows, epochs, on)
+            else:
+                book.fill_graph_rows(graph, b, rows, epochs, on)
+                apply_rows(logits, graph.rows[:b], graph.indices(b), vocab)
             tokens = logits.argmax(dim=-1).cpu().numpy()
             book.accept(rows, epochs, tokens, on)
             sync()
