@@ -52,6 +52,9 @@ class WorkerConfig:
     gpu_share: bool = False
     """Other replicas share this GPU (disaggregation on too few GPUs): the KV budget counts
     this process's own memory against its gpu_memory_utilization share, not the device's."""
+    kv_pool_mappable: bool = False
+    """KV moves between replicas through shared pools: a CPU pool is allocated where another
+    process can map it (gpu_workers.kv_shared_pool)."""
     kv_cache_dtype: str = "auto"
     """"auto": the KV cache in the model's dtype; "fp8": float8_e4m3fn with scales."""
     kv_offloading_size: float = 0.0

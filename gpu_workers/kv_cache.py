@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from gpu_workers.config import DEFAULT_CPU_KV_BYTES, ModelConfig, WorkerConfig
+from gpu_workers.kv_shared_pool import memfd_pool
 from protocol.process_runtime import ExplainedStartupError
 
 
@@ -71,16 +72,20 @@ class KVCache:
     """One rank's pool. Its KV-head count is the one of the attention layers it is bound to:
     under tensor parallelism ranks may hold different numbers of KV heads (see
     protocol.head_partition), so the storage is allocated by bind(). The block count is the same
-    on every rank (the runner agrees on it, sizing by the rank that holds the most heads), so
-    world_size is not needed here any more; it stays in the signature the runner calls."""
+    on every rank (the runner agrees on it, sizing by the rank that holds the most heads)."""
 
-    def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, world_size: int,
-                 device: torch.device | str) -> None:
+    def __init__(self, model: ModelConfig, num_blocks: int, block_size: int,
+                 device: torch.device | str, mappable: bool = False) -> None:
         self.model = model
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.device = device
+        self.mappable = mappable
+        """Allocate a CPU pool where another process can map it (gpu_workers.kv_shared_pool;
+        a CUDA pool needs nothing special)."""
         self.storage: torch.Tensor | None = None
+        self.memfd = -1
+        """The memfd holding a mappable CPU pool."""
 
     def bind(self, attention_layers) -> None:
         layers = list(attention_layers)
@@ -88,8 +93,11 @@ class KVCache:
         assert len(hkv) == 1, f"attention layers disagree on their KV heads: {sorted(hkv)}"
         m = self.model
         # One allocation; zeros so a never-written slot cannot inject NaNs through masked lanes.
-        self.storage = torch.zeros(2, m.num_layers, self.num_blocks, self.block_size, hkv.pop(),
-                                   m.head_dim, dtype=m.kv_dtype, device=self.device)
+        shape = (2, m.num_layers, self.num_blocks, self.block_size, hkv.pop(), m.head_dim)
+        if self.mappable and torch.device(self.device).type == "cpu":
+            self.storage, self.memfd = memfd_pool(shape, m.kv_dtype)
+        else:
+            self.storage = torch.zeros(shape, dtype=m.kv_dtype, device=self.device)
         for i, layer in enumerate(layers):
             layer.k_cache = self.storage[0, i]
             layer.v_cache = self.storage[1, i]

@@ -84,8 +84,8 @@ class ModelRunner:
         """Launched steps of self.table whose tokens are not in the mirror yet, oldest first."""
         progress("profiling memory to size the KV cache" if self.device.type == "cuda"
                  else "sizing the KV cache")
-        self.num_kv_blocks = self._size_kv_cache()
-        self.kv_cache = KVCache(mc, self.num_kv_blocks, config.block_size, world_size, self.device)
+        blocks = self.num_kv_blocks = self._size_kv_cache()
+        self.kv_cache = KVCache(mc, blocks, config.block_size, self.device, config.kv_pool_mappable)
         self.kv_cache.bind(self.model.attention_layers())
         self.mover, self.num_host_slots = make_host_tier(
             self.kv_cache.storage, config.kv_offloading_size, self.world_size, self.drafter)

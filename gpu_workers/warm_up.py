@@ -51,8 +51,7 @@ def measure_peak_memory(runner: ScratchRunner) -> None:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    kv = KVCache(runner.model_config, sum(blocks_needed), c.block_size, runner.world_size,
-                 runner.device)
+    kv = KVCache(runner.model_config, sum(blocks_needed), c.block_size, runner.device)
     kv.bind(runner.model.attention_layers())
     seqs, next_block = [], 0
     # The costliest sampling path, so its transient memory is part of the measured peak.

@@ -112,7 +112,7 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
                     f"dtype={runner.model_config.dtype} kv_blocks={runner.num_kv_blocks}")
             served = served_by(runner)  # itself unless NANOPIPE_PROFILE_DIR is set
             timeline = host_timeline("worker", rank)  # NANOPIPE_HOST_TIMELINE
-            kv = KVLink.make(rt, links, rank, runner.kv_cache.storage, endpoints)
+            kv = KVLink.make(rt, links, rank, runner.kv_cache, endpoints)
 
             def serve() -> None:
                 try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
-from protocol.codec import message
+from protocol.codec import message, struct
 from protocol.packed_ints import int32_array
 from protocol.sampling_params import SamplingParams
 
@@ -158,6 +158,59 @@ class HandoffPeerDown:
     request_ids: list[int]
 
 
+@struct
+@dataclass(frozen=True, slots=True)
+class CudaPoolHandle:
+    """A CUDA KV pool's storage as torch describes it for another process on the same GPU
+    (the fields of `UntypedStorage._share_cuda_()`, opened by `_new_shared_cuda`)."""
+
+    device: int
+    handle: bytes
+    size_bytes: int
+    offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+
+
+@message(0x59)
+@dataclass(frozen=True, slots=True)
+class KVPoolShare:
+    """Prefill rank -> decode rank of the same index, the first message on their transfer link
+    when KV moves through shared pools (--kv-transfer shared): where the decode rank maps the
+    prefill rank's pool from. On CUDA the IPC handle (`cuda`); on the CPU the memfd holding
+    it, which the decode rank opens as /proc/`pid`/fd/`fd`."""
+
+    prefill_replica: int
+    dtype: str
+    shape: list[int]
+    """The pool's shape: [2, layers, blocks, block_size, kv_heads, head_dim]."""
+    pid: int
+    fd: int
+    """The memfd's descriptor in process `pid` (-1 on CUDA)."""
+    cuda: CudaPoolHandle | None = None
+
+
+@message(0x5A)
+@dataclass(frozen=True, slots=True)
+class KVBlocksReady:
+    """Prefill rank -> decode rank (shared pools): `block_ids` of the prefill rank's pool hold
+    the request's KV (every step that wrote them is done). The decode rank copies them into
+    `dest_block_ids` and reports KVLanded once the copy is done; the prefill replica keeps the
+    blocks until the hand-off is released."""
+
+    request_id: int
+    prefill_replica: int
+    block_ids: list[int]
+    dest_block_ids: list[int]
+
+
+KV_TRANSFER_MODES = ("frames", "shared")
+"""How KV blocks move: raw ZeroMQ frames through host memory, or copies out of the prefill
+rank's pool mapped into the decode rank (gpu_workers.kv_shared_pool)."""
+
+
 @dataclass(frozen=True)
 class KVLinks:
     """What a replica's processes need to take part in hand-offs (sent in their start spec).
@@ -170,3 +223,5 @@ class KVLinks:
     replica: int = 0
     peer_schedulers: tuple[str, ...] = ()
     transfer: tuple[str, ...] = field(default=())
+    mode: str = "frames"
+    """One of KV_TRANSFER_MODES."""

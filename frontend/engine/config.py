@@ -20,6 +20,7 @@ from frontend.engine.disagg import check_disaggregation
 from frontend.engine.options import ConfigError, check_options, option, resolve_auto_words
 from frontend.router.config import ROUTING_POLICIES, RouterConfig
 from protocol import model_config as hf
+from protocol.kv_handoff import KV_TRANSFER_MODES
 from protocol.limits import (
     ATTENTION_BACKENDS,
     BLOCK_SIZE,
@@ -73,6 +74,12 @@ class EngineConfig:
         30.0, "prefill/decode disaggregation: seconds a request's KV may take to land on its "
         "decode replica after the blocks were offered; past it the request fails naming both "
         "replicas", above=0, metavar="SECONDS")
+    kv_transfer: str | None = option(
+        None, "prefill/decode disaggregation: how KV moves between replicas: frames (raw "
+        "ZeroMQ frames through host memory) or shared (the decode rank copies out of the "
+        "prefill rank's pool mapped into its process: a memfd on the CPU, CUDA IPC on a GPU "
+        "the replicas share); auto: shared on the CPU, frames on cuda",
+        choices=KV_TRANSFER_MODES, auto="auto")
     nnodes: int = option(
         1, "hosts one tensor-parallel group spans, torchrun-style: run the same command on "
         "each with its own --node-rank; node 0 runs the front and its share of the ranks "
@@ -383,13 +390,14 @@ class EngineConfig:
         return cls(**{name: self.resolved(name) for name in shared}, **own)
 
     def worker_config(self, dist_init_method: str):
-        from frontend.engine.disagg import gpus_shared
+        from frontend.engine.disagg import gpus_shared, kv_transfer_mode
         from gpu_workers.config import WorkerConfig
 
         shared, depth = gpus_shared(self), self.plan_depth
         cfg = self._derive(WorkerConfig, dist_init_method=dist_init_method,
                            lookahead=depth.worker_lookahead,
-                           max_plans_in_flight=depth.plans_in_flight, gpu_share=shared)
+                           max_plans_in_flight=depth.plans_in_flight, gpu_share=shared,
+                           kv_pool_mappable=kv_transfer_mode(self) == "shared")
         if shared:  # one GPU for prefill and decode: each replica its share of the memory
             cfg = dataclasses.replace(
                 cfg, gpu_memory_utilization=self.gpu_memory_utilization / self.num_replicas)

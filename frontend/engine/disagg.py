@@ -44,6 +44,20 @@ def check_disaggregation(cfg: EngineConfig) -> None:
         if bad:
             raise ConfigError(owner, field, f"is not supported with prefill/decode "
                               f"disaggregation yet ({what}); drop one of them")
+    if cfg.kv_transfer == "shared" and cfg.resolved_device == "cuda" and not gpus_shared(cfg):
+        raise ConfigError(owner, "kv_transfer", "shared needs the prefill and decode replicas "
+                          "on one GPU (CUDA IPC within a device), and each has GPUs of its "
+                          "own here; use frames (--kv-transfer frames)")
+
+
+def kv_transfer_mode(cfg: EngineConfig) -> str:
+    """--kv-transfer resolved: auto is shared on the CPU and frames on cuda (shared pools on
+    a GPU need the replicas on the same one, and are not yet the default there)."""
+    if not cfg.prefill_replicas:
+        return "frames"
+    if cfg.kv_transfer is not None:
+        return cfg.kv_transfer
+    return "shared" if cfg.resolved_device == "cpu" else "frames"
 
 
 def replica_links(cfg: EngineConfig, replicas: list[Endpoints]) -> list[dict[str, Any]]:
@@ -59,7 +73,7 @@ def replica_links(cfg: EngineConfig, replicas: list[Endpoints]) -> list[dict[str
     for i in range(len(replicas)):
         peers = tuple(other.scheduler_in if roles[j] != roles[i] else ""
                       for j, other in enumerate(replicas))
-        links = KVLinks(roles[i], i, peers)
+        links = KVLinks(roles[i], i, peers, mode=kv_transfer_mode(cfg))
         out.append({"scheduler": {"kv_links": to_plain(links)},
                     "ranks": [{"kv_links": to_plain(replace(links, transfer=tuple(transfer[r])))}
                               for r in range(tp)]})

@@ -184,10 +184,11 @@ def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
         if name in engine and engine.get("speculative") not in kinds:
             raise UsageError(f"{flag_for('engine', name)} applies to "
                              f"{flag_for('engine', 'speculative')} {' or '.join(kinds)}")
-    if "kv_transfer_timeout" in engine and not engine.get("prefill_replicas"):
-        raise UsageError(f"{flag_for('engine', 'kv_transfer_timeout')} applies to "
-                         f"{flag_for('engine', 'prefill_replicas')} and "
-                         f"{flag_for('engine', 'decode_replicas')}")
+    for name in ("kv_transfer_timeout", "kv_transfer"):
+        if name in engine and not engine.get("prefill_replicas"):
+            raise UsageError(f"{flag_for('engine', name)} applies to "
+                             f"{flag_for('engine', 'prefill_replicas')} and "
+                             f"{flag_for('engine', 'decode_replicas')}")
     if engine.get("node_rank", 0) > 0 and "port" in http:
         raise UsageError(f"{flag_for('http', 'port')} applies to node 0, which runs the front")
     transport = engine.get("transport", _default(EngineConfig, "transport"))

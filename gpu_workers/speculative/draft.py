@@ -96,7 +96,7 @@ class DraftProposer:
 
     def bind_cache(self, num_blocks: int, world_size: int) -> None:
         self.kv_cache = KVCache(self.model_config, num_blocks, self.config.block_size,
-                                world_size, self.device)
+                                self.device)
         self.kv_cache.bind(self.model.attention_layers())
 
     # ----------------------------------------------------------------- proposing

@@ -185,11 +185,13 @@ def test_dp_records_the_prefill_affinity_saves(tiny_qwen3_dir, tmp_path):
 def test_disagg_records_short_itl_and_the_transfer(tiny_qwen3_dir, tmp_path):
     rec = tmp_path / "r.jsonl"
     nanopipe("bench", "disagg", "--model", tiny_qwen3_dir, "--device", "cpu", "--modes",
-             "colocated,disagg", "--num-requests", "6", "--rate", "8", "--long-share", "0.5",
-             "--long-len-range", "100", "120", "--record", str(rec))
+             "colocated,disagg-frames,disagg-shared", "--num-requests", "6", "--rate", "8",
+             "--long-share", "0.5", "--long-len-range", "100", "120", "--record", str(rec))
     figures = recorded(rec, "disagg")
-    assert figures["short_itl_ms_p99[colocated]"] > 0 and figures["output_tok_s[disagg]"] > 0
-    assert figures["transfer_ms_p50[disagg]"] > 0 and figures["transfer_gib_s[disagg]"] > 0
+    assert figures["short_itl_ms_p99[colocated]"] > 0
+    for mode in ("disagg-frames", "disagg-shared"):
+        assert figures[f"output_tok_s[{mode}]"] > 0
+        assert figures[f"transfer_ms_p50[{mode}]"] > 0 and figures[f"transfer_gib_s[{mode}]"] > 0
     assert "transfer_ms_p50[colocated]" not in figures
 
 

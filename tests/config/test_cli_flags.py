@@ -87,7 +87,7 @@ def test_each_field_round_trips_through_its_flag(prefix, name):
             value = extra[name]
         if name in ("num_speculative_tokens", "ngram_size"):  # they tune the ngram proposer
             extra = {"speculative": "ngram"}
-        if name in ("prefill_replicas", "decode_replicas", "kv_transfer_timeout"):  # both
+        if name in ("prefill_replicas", "decode_replicas", "kv_transfer_timeout", "kv_transfer"):
             extra = {"prefill_replicas": 1, "decode_replicas": 1}
         if name in DEVICE_FLAGS:  # read by one device only
             extra = {"device": DEVICE_FLAGS[name]}

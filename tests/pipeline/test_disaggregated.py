@@ -45,10 +45,12 @@ def generate(model_dir: str, **kw) -> list[dict]:
         return llm.generate(prompts(), GREEDY, use_tqdm=False)
 
 
-@pytest.mark.parametrize("model", ["tiny_qwen3_dir", "tiny_llama_dir"])
-def test_greedy_tokens_equal_one_colocated_pipeline(model, request):
+@pytest.mark.parametrize("model,transfer", [("tiny_qwen3_dir", "frames"),
+                                             ("tiny_qwen3_dir", "shared"),
+                                             ("tiny_llama_dir", None)])
+def test_greedy_tokens_equal_one_colocated_pipeline(model, transfer, request):
     model_dir = request.getfixturevalue(model)
-    split = generate(model_dir, prefill_replicas=1, decode_replicas=1)
+    split = generate(model_dir, prefill_replicas=1, decode_replicas=1, kv_transfer=transfer)
     one = generate(model_dir)
     assert [r["token_ids"] for r in split] == [r["token_ids"] for r in one]
     for r in split:

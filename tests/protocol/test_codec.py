@@ -18,15 +18,18 @@ from protocol.engine_messages import (
     WatchRequest,
 )
 from protocol.kv_handoff import (
+    CudaPoolHandle,
     HandoffAccept,
     HandoffCancel,
     HandoffOffer,
     HandoffPeerDown,
     HandoffRelease,
+    KVBlocksReady,
     KVCancel,
     KVExport,
     KVFrameHeader,
     KVLanded,
+    KVPoolShare,
 )
 from protocol.outcomes import FINISH_REASON_STRINGS, ErrorKind, FinishReason, RequestError
 from protocol.startup_phases import StartupPhase
@@ -95,6 +98,11 @@ EXAMPLES = [
     KVLanded(7, 0, 4096),
     KVFrameHeader(7, [5], "torch.float32", [2, 1, 1, 16, 2, 8], True),
     HandoffPeerDown(0, "replica 0 scheduler 0 was killed by SIGKILL", [7, 8]),
+    KVPoolShare(0, "torch.bfloat16", [2, 28, 4096, 16, 8, 128], 4242, 17),
+    KVPoolShare(0, "torch.bfloat16", [2, 28, 4096, 16, 8, 128], 4242, -1,
+                CudaPoolHandle(0, b"\x01" * 64, 1 << 30, 512, b"/torch_4242_1", 8, b"\x02" * 64,
+                               True)),
+    KVBlocksReady(7, 0, [3, 4], [5, 6]),
 ]
 
 

@@ -1,6 +1,7 @@
 """Prefill/decode disaggregation on W2 mixed traffic: a Poisson stream of short chats with a
 share of long prompts, served by one colocated pipeline, by `--dp 2`, and by one prefill and
-one decode replica (P=1 D=1), each at the same offered load (the same seeded schedule).
+one decode replica (P=1 D=1; disagg-frames and disagg-shared name how the KV moves, see
+--kv-transfer), each at the same offered load (the same seeded schedule).
 
     nanopipe bench disagg --model DIR --device cpu               # small, e.g. a tiny model
     nanopipe bench disagg --make-random qwen3-0.6b --rate 16 --num-requests 400 \\
@@ -33,8 +34,11 @@ from frontend.engine.config import EngineConfig
 from frontend.engine.pipeline import Pipeline
 from protocol.model_config import read_model_config, vocab_size
 
-MODES = {"colocated": {}, "dp2": {"data_parallel_size": 2},
-         "disagg": {"prefill_replicas": 1, "decode_replicas": 1}}
+SPLIT = {"prefill_replicas": 1, "decode_replicas": 1}
+MODES = {"colocated": {}, "dp2": {"data_parallel_size": 2}, "disagg": SPLIT,
+         "disagg-frames": {**SPLIT, "kv_transfer": "frames"},
+         "disagg-shared": {**SPLIT, "kv_transfer": "shared"}}
+"""disagg takes --kv-transfer auto (shared on the CPU, frames on cuda); the others name it."""
 
 
 def schedule(args: argparse.Namespace, vocab: int) -> list[tuple[Trace, list[int]]]:
@@ -94,9 +98,10 @@ MODEL = "optional"
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--modes", default=None, type=lambda s: s.split(","),
-                    help=f"comma-separated, of {list(MODES)} (default: all three; on cuda "
-                    "with one GPU, dp2 is left out: its replicas each need a GPU, while the "
-                    "prefill and decode replicas share one)")
+                    help=f"comma-separated, of {list(MODES)} (default: colocated, dp2 and "
+                    "disagg; on cuda with one GPU, colocated, disagg-frames and disagg-shared: "
+                    "dp2's replicas each need a GPU, while the prefill and decode replicas "
+                    "share one)")
     ap.add_argument("--rate", type=float, default=2.0, help="arrivals per second")
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--long-share", type=float, default=0.2,
@@ -118,8 +123,8 @@ def default_modes(device: str) -> list[str]:
 
         if torch.cuda.device_count() < 2:
             print("one GPU visible: dp2 left out (each of its replicas needs a GPU)", flush=True)
-            return ["colocated", "disagg"]
-    return list(MODES)
+            return ["colocated", "disagg-frames", "disagg-shared"]
+    return ["colocated", "dp2", "disagg"]
 
 
 def run(args: argparse.Namespace) -> list[Figure]:

@@ -1,0 +1,91 @@
+"""A decode rank's landing side of KV hand-offs, whatever moves the bytes (kv_transfer).
+
+It binds the rank's transfer socket, polls it between steps and while idle, drops what
+arrives for requests whose blocks were freed (KVCancel, ordered with the plans), and reports
+each request's landing, or why it was refused, to its scheduler (KVLanded). How a message
+lands is the subclass's: raw frames (kv_frames) or a copy out of a mapped pool
+(kv_shared_copy).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+import zmq
+
+from protocol import Endpoints
+from protocol.kv_handoff import KVCancel, KVLanded, KVLinks
+from protocol.process_runtime import ProcessRuntime
+from protocol.sockets import MessageSocket
+
+MAX_CANCELLED = 4096
+
+
+class KVReceiverBase:
+    """The socket, the cancelled set and the reports; subclasses land what arrives."""
+
+    accepts: tuple[type, ...] = ()
+    max_message_bytes: int = -1
+
+    def __init__(self, rt: ProcessRuntime, links: KVLinks, pool: torch.Tensor, rank: int,
+                 endpoints: Endpoints) -> None:
+        self.pool, self.rank = pool, rank
+        options = {zmq.MAXMSGSIZE: self.max_message_bytes} if self.max_message_bytes > 0 else {}
+        self.sock = rt.adopt(MessageSocket(
+            rt.ctx, zmq.PULL, links.transfer[links.replica], bind=True,
+            accepts=self.accepts, security=endpoints.keys, options=options))
+        self.to_scheduler = rt.socket(zmq.PUSH, endpoints.scheduler_in, bind=False,
+                                      security=endpoints.keys)
+        self._cuda = pool.is_cuda
+        self._stream = torch.cuda.Stream(pool.device) if self._cuda else None
+        self._cancelled: OrderedDict[int, None] = OrderedDict()
+
+    def cancel(self, msg: KVCancel) -> None:
+        for rid in msg.request_ids:
+            self.forget(rid)
+            self._cancelled[rid] = None
+        while len(self._cancelled) > MAX_CANCELLED:
+            self._cancelled.popitem(last=False)
+
+    def cancelled(self, rid: int) -> bool:
+        return rid in self._cancelled
+
+    def forget(self, rid: int) -> None:
+        """Drop what is kept for a request that will not land (subclasses)."""
+
+    def pump(self) -> None:
+        """Land everything already here (never blocks)."""
+        while True:
+            try:
+                frames = self.sock.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self.take(frames)
+        self.settle()
+
+    def take(self, frames: list) -> None:
+        raise NotImplementedError
+
+    def settle(self) -> None:
+        """Report what finished landing since the last pump (subclasses with async copies)."""
+
+    def report(self, rid: int, num_bytes: int, error: str) -> None:
+        self.to_scheduler.send(KVLanded(rid, self.rank, num_bytes, not error, error))
+
+    def wait(self, steps: MessageSocket, timeout_ms: int) -> bool:
+        """Idle: wait for a plan (True) or transfer messages (landed here, then False)."""
+        poller = zmq.Poller()
+        poller.register(steps.socket, zmq.POLLIN)
+        poller.register(self.sock.socket, zmq.POLLIN)
+        ready = dict(poller.poll(timeout_ms))
+        if self.sock.socket in ready:
+            self.pump()
+        else:
+            self.settle()
+        return steps.socket in ready
+
+    @property
+    def busy(self) -> bool:
+        """Copies still running whose landing is not reported yet."""
+        return False

@@ -1,0 +1,155 @@
+"""KV hand-offs through shared pools (--kv-transfer shared): the decode rank copies a
+request's blocks straight out of the prefill rank's pool, mapped into its own process
+(gpu_workers.kv_shared_pool: CUDA IPC on a GPU both replicas share, a memfd on the CPU).
+
+The prefill rank describes its pool once, first on the link (KVPoolShare). Per export it waits,
+without blocking its step loop, until the steps that wrote the blocks are done (an event on
+its compute stream, checked between steps), then says where they are (KVBlocksReady). The
+decode rank gathers them from the mapped pool and scatters them into its own: on CUDA one
+gather and one scatter on a side stream after its queued steps, the compute stream waiting
+for them before the next forward. It reports KVLanded only once the copy is done: the prefill
+replica frees (and may overwrite) the blocks after that.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import torch
+import zmq
+
+from gpu_workers.block_mover import BLOCK_DIM, gather_blocks, scatter_blocks
+from gpu_workers.kv_receiver import KVReceiverBase
+from gpu_workers.kv_shared_pool import PoolMismatch, describe_pool, map_pool
+from protocol import ProtocolError
+from protocol.kv_handoff import KVBlocksReady, KVExport, KVLinks, KVPoolShare
+from protocol.process_runtime import ProcessRuntime
+from protocol.sockets import MessageSocket
+
+log = logging.getLogger("nanopipe.worker")
+
+
+class SharedSender:
+    """A prefill rank's side: its pool described once, then where each export's blocks are."""
+
+    def __init__(self, rt: ProcessRuntime, links: KVLinks, pool: torch.Tensor, memfd: int,
+                 keys) -> None:
+        self.pool, self.replica = pool, links.replica
+        self.to_decode = {r: rt.socket(zmq.PUSH, a, bind=False, security=keys)
+                          for r, a in enumerate(links.transfer) if a}
+        share = describe_pool(pool, memfd, links.replica)
+        for sock in self.to_decode.values():
+            sock.send(share)
+        self._staged: deque[tuple[torch.cuda.Event | None, MessageSocket, KVBlocksReady]] = \
+            deque()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._staged)
+
+    def export(self, msg: KVExport) -> None:
+        sock = self.to_decode.get(msg.decode_replica)
+        if sock is None:
+            log.warning("worker: export to unknown decode replica %d", msg.decode_replica)
+            return
+        written = None
+        if self.pool.is_cuda:  # the steps queued so far include every one that wrote them
+            written = torch.cuda.Event()
+            written.record(torch.cuda.current_stream(self.pool.device))
+        ready = KVBlocksReady(msg.request_id, self.replica, list(msg.block_ids),
+                              list(msg.dest_block_ids))
+        self._staged.append((written, sock, ready))
+        self.pump()
+
+    def pump(self) -> None:
+        """Say where every export's blocks are once they are written, in order."""
+        while self._staged:
+            written, sock, ready = self._staged[0]
+            if written is not None and not written.query():
+                return
+            self._staged.popleft()
+            sock.send(ready)
+
+
+class SharedReceiver(KVReceiverBase):
+    """A decode rank's side: maps each prefill rank's pool, copies blocks out of it."""
+
+    accepts = (KVPoolShare, KVBlocksReady)
+    max_message_bytes = 4 << 20
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._peers: dict[int, torch.Tensor | str] = {}
+        """Prefill replica -> its mapped pool, or why it could not be mapped."""
+        self._copying: deque[tuple[torch.cuda.Event, int, int]] = deque()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._copying)
+
+    def take(self, frames: list) -> None:
+        try:
+            if len(frames) != 1:
+                raise ProtocolError(f"expected one frame, got {len(frames)}")
+            msg = self.sock.decode(frames[0].buffer)
+        except ProtocolError as exc:
+            log.warning("worker: dropped a bad KV transfer message: %s", exc)
+            return
+        if isinstance(msg, KVPoolShare):
+            self._map(msg)
+        elif not self.cancelled(msg.request_id):
+            problem = self._check(msg)
+            if problem:
+                log.warning("worker: KV blocks of request %d refused: %s", msg.request_id,
+                            problem)
+                self.report(msg.request_id, 0, problem)
+            else:
+                self._copy(msg)
+
+    def _map(self, share: KVPoolShare) -> None:
+        try:
+            self._peers[share.prefill_replica] = map_pool(share, self.pool)
+        except (PoolMismatch, OSError, RuntimeError) as exc:
+            why = f"could not map prefill replica {share.prefill_replica}'s KV pool: {exc}"
+            log.warning("worker: %s", why)
+            self._peers[share.prefill_replica] = why
+
+    def _check(self, msg: KVBlocksReady) -> str:
+        source = self._peers.get(msg.prefill_replica)
+        if source is None:
+            return f"prefill replica {msg.prefill_replica} never described its KV pool"
+        if isinstance(source, str):
+            return source
+        if len(msg.block_ids) != len(msg.dest_block_ids):
+            return (f"{len(msg.block_ids)} source blocks for "
+                    f"{len(msg.dest_block_ids)} destination blocks")
+        for ids, pool, where in ((msg.block_ids, source, "source"),
+                                 (msg.dest_block_ids, self.pool, "destination")):
+            if any(not 0 <= b < pool.shape[BLOCK_DIM] for b in ids):
+                return f"a {where} block outside its pool"
+        return ""
+
+    def _copy(self, msg: KVBlocksReady) -> None:
+        source = self._peers[msg.prefill_replica]
+        num_bytes = len(msg.block_ids) * source[:, :, 0].numel() * source.element_size()
+        if not self._cuda:
+            scatter_blocks(self.pool, msg.dest_block_ids, gather_blocks(source, msg.block_ids))
+            self.report(msg.request_id, num_bytes, "")
+            return
+        compute = torch.cuda.current_stream(self.pool.device)
+        self._stream.wait_stream(compute)  # steps still queued that read the old blocks
+        with torch.cuda.stream(self._stream):
+            scatter_blocks(self.pool, msg.dest_block_ids, gather_blocks(source, msg.block_ids))
+            landed = torch.cuda.Event()
+            landed.record(self._stream)
+        compute.wait_event(landed)  # the next forward reads them
+        self._copying.append((landed, msg.request_id, num_bytes))
+
+    def settle(self) -> None:
+        """Report every copy that is done, in order: only then may the prefill side free the
+        source blocks."""
+        while self._copying and self._copying[0][0].query():
+            _, rid, num_bytes = self._copying.popleft()
+            if not self.cancelled(rid):
+                self.report(rid, num_bytes, "")
