@@ -86,10 +86,9 @@ def graph_sample_inputs(graphs: object, table: SequenceTable, rows: np.ndarray,
 def sample_inputs(table: SequenceTable, rows: np.ndarray, sampler: Sampler
                   ) -> dict[str, np.ndarray] | None:
     """For rows the one-pass kernel draws alone (no penalties, filters or logprobs; a grammar's
-    mask is applied before it, see graph_sample_inputs): each
-    row's inverse temperature (0: greedy) and seed (a seeded row's own, as the sampler would
-    draw it; fresh draws of the engine's generator for the others), as int32 views; None for
-    any other rows."""
+    mask is applied before it, see graph_sample_inputs): each row's inverse temperature (0:
+    greedy) and seed (a seeded row's own, as the sampler would draw it; fresh draws of the
+    engine's generator for the others), as int32 views; None for any other rows."""
     if not sampler.one_pass or not table.plain_draw[rows].all():
         return None
     inv = table.inv_temperature[rows]
