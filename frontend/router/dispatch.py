@@ -80,9 +80,11 @@ class ReplicaDispatch:
     def add(self, msg: AddRequest) -> bool:
         """Send a request to the replica the router picks; False when none is alive."""
         try:
-            replica = self.router.place(msg.prompt_token_ids).replica
+            placement = self.router.place(msg.prompt_token_ids)
+            replica = placement.replica
             if self.decode is not None:
-                decode = self.decode.choose(self.router.alive)
+                decode = self.decode.choose(self.router.alive, placement.hashes,
+                                            self.router.summaries)
                 if decode >= 0:  # none alive: served whole by its prefill replica
                     msg = replace(msg, decode_replica=decode)
                     self.paired[msg.request_id] = decode

@@ -56,6 +56,8 @@ class Placement:
     replica: int
     matched_tokens: int
     """Prompt tokens the chosen replica was already given (its likely prefix-cache hit)."""
+    hashes: tuple[int, ...] = ()
+    """The prompt's full-block hashes (affinity routing with the prefix cache on)."""
 
 
 class Router:
@@ -111,7 +113,7 @@ class Router:
         load.placed_prompt_tokens += len(token_ids) - best_matched
         if hashes:
             self.summaries[best].add(hashes)
-        return Placement(best, best_matched)
+        return Placement(best, best_matched, tuple(hashes))
 
     def on_stats(self, replica: int, stats: EngineStats) -> None:
         load = self.loads[replica]
