@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections import deque
 
 import numpy as np
 import torch
-import zmq
 
 from gpu_workers.block_mover import BLOCK_DIM, gather_blocks, scatter_blocks
-from gpu_workers.kv_receiver import KVReceiverBase
+from gpu_workers.kv_ends import KVReceiverBase, KVSenderBase
 from protocol import ProtocolError
 from protocol.codec import encode
 from protocol.kv_handoff import KVExport, KVFrameHeader, KVLinks
@@ -41,27 +39,19 @@ def _dtype(name: str) -> torch.dtype | None:
     return value if isinstance(value, torch.dtype) else None
 
 
-class FramesSender:
+class FramesSender(KVSenderBase):
     """A prefill rank's exports: gather, stage, send."""
 
     def __init__(self, rt: ProcessRuntime, links: KVLinks, pool: torch.Tensor,
                  keys) -> None:
-        self.pool = pool
-        self.to_decode = {r: rt.socket(zmq.PUSH, a, bind=False, security=keys)
-                          for r, a in enumerate(links.transfer) if a}
+        super().__init__(rt, links, pool, keys)
         self.block_bytes = pool[:, :, 0].numel() * pool.element_size()
         self._cuda = pool.is_cuda
         self._stream = torch.cuda.Stream(pool.device) if self._cuda else None
-        self._staged: deque[tuple[object, zmq.Socket, bytes, torch.Tensor]] = deque()
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._staged)
 
     def export(self, msg: KVExport) -> None:
-        sock = self.to_decode.get(msg.decode_replica)
+        sock = self.link_to(msg)
         if sock is None:
-            log.warning("worker: export to unknown decode replica %d", msg.decode_replica)
             return
         per_chunk = max(1, MAX_CHUNK_BYTES // self.block_bytes)
         ids, dest = msg.block_ids, msg.dest_block_ids
@@ -70,7 +60,7 @@ class FramesSender:
             data, done = self._gather(src)
             header = KVFrameHeader(msg.request_id, list(to), str(self.pool.dtype),
                                    list(data.shape), start + per_chunk >= len(ids))
-            self._staged.append((done, sock.socket, encode(header), data))
+            self.staged.append((done, sock.socket, encode(header), data))
         self.pump()
 
     def _gather(self, block_ids: list[int]) -> tuple[torch.Tensor, object]:
@@ -91,11 +81,11 @@ class FramesSender:
 
     def pump(self) -> None:
         """Send every staged chunk whose copy is done, in order (never blocks)."""
-        while self._staged:
-            done, sock, header, data = self._staged[0]
+        while self.staged:
+            done, sock, header, data = self.staged[0]
             if done is not None and not done.query():
                 return
-            self._staged.popleft()
+            self.staged.popleft()
             raw = data.reshape(-1).view(torch.uint8).numpy()
             sock.send_multipart([header, raw], copy=False)
 

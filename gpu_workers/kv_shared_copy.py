@@ -17,41 +17,30 @@ import logging
 from collections import deque
 
 import torch
-import zmq
 
 from gpu_workers.block_mover import BLOCK_DIM, gather_blocks, scatter_blocks
-from gpu_workers.kv_receiver import KVReceiverBase
+from gpu_workers.kv_ends import KVReceiverBase, KVSenderBase
 from gpu_workers.kv_shared_pool import PoolMismatch, describe_pool, map_pool
 from protocol import ProtocolError
 from protocol.kv_handoff import KVBlocksReady, KVExport, KVLinks, KVPoolShare
 from protocol.process_runtime import ProcessRuntime
-from protocol.sockets import MessageSocket
 
 log = logging.getLogger("nanopipe.worker")
 
 
-class SharedSender:
+class SharedSender(KVSenderBase):
     """A prefill rank's side: its pool described once, then where each export's blocks are."""
 
     def __init__(self, rt: ProcessRuntime, links: KVLinks, pool: torch.Tensor, memfd: int,
                  keys) -> None:
-        self.pool, self.replica = pool, links.replica
-        self.to_decode = {r: rt.socket(zmq.PUSH, a, bind=False, security=keys)
-                          for r, a in enumerate(links.transfer) if a}
+        super().__init__(rt, links, pool, keys)
         share = describe_pool(pool, memfd, links.replica)
         for sock in self.to_decode.values():
             sock.send(share)
-        self._staged: deque[tuple[torch.cuda.Event | None, MessageSocket, KVBlocksReady]] = \
-            deque()
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._staged)
 
     def export(self, msg: KVExport) -> None:
-        sock = self.to_decode.get(msg.decode_replica)
+        sock = self.link_to(msg)
         if sock is None:
-            log.warning("worker: export to unknown decode replica %d", msg.decode_replica)
             return
         written = None
         if self.pool.is_cuda:  # the steps queued so far include every one that wrote them
@@ -59,16 +48,16 @@ class SharedSender:
             written.record(torch.cuda.current_stream(self.pool.device))
         ready = KVBlocksReady(msg.request_id, self.replica, list(msg.block_ids),
                               list(msg.dest_block_ids))
-        self._staged.append((written, sock, ready))
+        self.staged.append((written, sock, ready))
         self.pump()
 
     def pump(self) -> None:
         """Say where every export's blocks are once they are written, in order."""
-        while self._staged:
-            written, sock, ready = self._staged[0]
+        while self.staged:
+            written, sock, ready = self.staged[0]
             if written is not None and not written.query():
                 return
-            self._staged.popleft()
+            self.staged.popleft()
             sock.send(ready)
 
 

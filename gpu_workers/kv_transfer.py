@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from gpu_workers.kv_cache import KVCache
+from gpu_workers.kv_ends import KVReceiverBase
 from gpu_workers.kv_frames import FramesReceiver, FramesSender
-from gpu_workers.kv_receiver import KVReceiverBase
 from gpu_workers.kv_shared_copy import SharedReceiver, SharedSender
 from protocol import Endpoints
 from protocol.kv_handoff import KVCancel, KVExport, KVLinks

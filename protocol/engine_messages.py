@@ -198,6 +198,9 @@ class EngineStats:
     """Gauge, prefill: hand-offs offered or exporting, not released yet."""
     kv_handoffs_in_waiting: int = 0
     """Gauge, decode: offers waiting for blocks, or blocks waiting for their KV."""
+    kv_handoff_blocks_reused: int = 0
+    """Decode: blocks of handed-off requests found in this replica's prefix cache, so not
+    transferred."""
 
 
 def _topic(cls: type) -> bytes:

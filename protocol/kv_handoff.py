@@ -69,6 +69,10 @@ class HandoffAccept:
     request_id: int
     decode_replica: int
     block_ids: list[int]
+    """Destinations of the offer's blocks after the reused ones, in order."""
+    reused_blocks: int = 0
+    """Leading blocks of the offer the decode replica holds already (its prefix cache): not
+    transferred. With every block reused the release follows at once."""
 
 
 @message(0x52)

@@ -13,10 +13,14 @@ lands outside the plan stream. When every rank has landed, the sequence waits in
 admission (step_planner: its KV counts as computed, the first token is computed there), and
 the prefill replica is released.
 
+Decode side, reuse: the offer's leading full blocks that this replica's prefix cache holds (an
+earlier turn of the conversation decoded here) are taken from it and not transferred; the
+accept says how many, and with all of them held the hand-off lands at once.
+
 Faults: a transfer not landed `transfer_timeout_s` after the accept fails the request (the
 decode side gives up and says why; the prefill side, as a backstop for a silent peer, after
-twice that); a peer's death: handoff_faults. The loop sends `peer_out` (to other schedulers)
-and `worker_out` (to its ranks, ordered with the plans) after each call.
+twice that); a peer's death and the engine's: handoff_faults. The loop sends `peer_out`
+(to other schedulers) and `worker_out` (to its ranks, ordered with the plans) after each call.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from protocol.kv_handoff import (
     KVExport,
     KVLanded,
 )
-from scheduler_proc.handoff_entries import HandoffCounters, InEntry, OutEntry
+from scheduler_proc.handoff_entries import HandoffCounters, InEntry, OutEntry, offered_sequence
 from scheduler_proc.sequence import Sequence, SequenceStatus
 from scheduler_proc.state import SchedulerState
 from scheduler_proc.stats import request_metrics
@@ -48,9 +52,7 @@ class Handoffs:
     def __init__(self, state: SchedulerState) -> None:
         config = state.config
         self.state = state
-        self.role = config.role
-        self.replica = config.replica
-        self.ranks = config.handoff_ranks
+        self.role, self.replica, self.ranks = config.role, config.replica, config.handoff_ranks
         self.timeout_s = config.transfer_timeout_s
         self.max_blocks = config.max_transfer_blocks or max(1, config.num_kv_blocks // 4)
         self.peer_out: list[tuple[int, object]] = []
@@ -77,8 +79,7 @@ class Handoffs:
         """Hand-offs not finished on this side (the stats' gauge)."""
         return len(self.out) + len(self.offers) + len(self.incoming)
 
-    def stats_fields(self) -> dict[str, int | float]:
-        """This replica's EngineStats.kv_* fields."""
+    def stats_fields(self) -> dict[str, int | float]:  # this replica's EngineStats.kv_*
         return self.counters.stats_fields(self.role, self.waiting)
 
     # ------------------------------------------------------------ prefill side
@@ -107,47 +108,54 @@ class Handoffs:
             seq.num_host_prompt, seq.num_preemptions, num_blocks, seq.client.key)))
 
     def on_accept(self, msg: HandoffAccept) -> None:
-        entry = self.out.get(msg.request_id)
-        if entry is None or entry.dest is not None or len(msg.block_ids) != entry.num_blocks:
+        entry, reused = self.out.get(msg.request_id), msg.reused_blocks
+        if (entry is None or entry.dest is not None or not 0 <= reused <= entry.num_blocks
+                or len(msg.block_ids) + reused != entry.num_blocks):
             # Ended (or given up) meanwhile, or a malformed answer: the decode side frees.
             self.peer_out.append((msg.decode_replica, HandoffCancel(msg.request_id)))
             if entry is not None and entry.dest is None:
-                self._fail(entry.seq, f"decode replica {msg.decode_replica} answered with "
-                           f"{len(msg.block_ids)} blocks, {entry.num_blocks} expected")
+                self.fail(entry.seq, f"decode replica {msg.decode_replica} answered with "
+                           f"{len(msg.block_ids)} blocks and {reused} reused, "
+                           f"{entry.num_blocks} expected")
             return
-        entry.dest = list(msg.block_ids)
+        entry.dest, entry.reused = list(msg.block_ids), reused
         entry.accepted_s = time.monotonic()
-        self.export_queue.append(msg.request_id)
-        self._export()
+        if entry.num_moved:
+            self.export_queue.append(msg.request_id)
+            self._export()
+        else:  # the decode replica held every block: its release follows
+            entry.exported = True
 
     def _export(self) -> None:
         """Exports in accept order while the blocks in flight stay under the bound (one
         export always goes, however large, so none waits forever)."""
         while self.export_queue:
             entry = self.out[self.export_queue[0]]
-            n = entry.num_blocks
+            n = entry.num_moved
             if self.blocks_exporting and self.blocks_exporting + n > self.max_blocks:
                 return
             self.export_queue.popleft()
             seq = entry.seq
-            self.worker_out.append(KVExport(seq.seq_id, seq.block_table[:n],
+            self.worker_out.append(KVExport(seq.seq_id, seq.block_table[entry.reused:
+                                                                        entry.num_blocks],
                                             entry.decode_replica, entry.dest))
             entry.exported = True
             self.blocks_exporting += n
 
-    def _end_out(self, rid: int) -> OutEntry | None:
+    def end_out(self, rid: int) -> OutEntry | None:
+        """Prefill side: take rid's hand-off out, and its blocks out of those exporting."""
         entry = self.out.pop(rid, None)
         if entry is None:
             return None
         if entry.exported:
-            self.blocks_exporting -= entry.num_blocks
+            self.blocks_exporting -= entry.num_moved
         elif entry.dest is not None:
             self.export_queue.remove(rid)
         self._export()
         return entry
 
     def on_release(self, msg: HandoffRelease) -> None:
-        entry = self._end_out(msg.request_id)
+        entry = self.end_out(msg.request_id)
         if entry is None:
             ended_blocks = self.exported_ended.pop(msg.request_id, None)
             if ended_blocks is not None and msg.landed:
@@ -155,9 +163,9 @@ class Handoffs:
             return
         seq = entry.seq
         if not msg.landed:
-            self._fail(seq, msg.error)
+            self.fail(seq, msg.error)
             return
-        self.counters.count_out(entry.num_blocks, msg.num_bytes)
+        self.counters.count_out(entry.num_moved, msg.num_bytes)
         # The decode replica owns the request now: free silently, no end of ours.
         self._free(seq)
 
@@ -168,13 +176,6 @@ class Handoffs:
         seq.status = FINISHED
         del self.seqs[seq.seq_id]
         self.client_keys.pop(seq.seq_id, None)
-
-    def take_back(self, seq: Sequence) -> None:
-        """Decode an unexported offer here after all (its decode replica died), as landed."""
-        self._end_out(seq.seq_id)
-        seq.decode_replica = -1
-        self.client_keys[seq.seq_id] = seq.client.key
-        self.landed.append(seq)
 
     def end(self, seq: Sequence, reason: FinishReason, error: RequestError | None) -> None:
         """End a request this side owns while it is in a hand-off: its final delta and
@@ -188,17 +189,9 @@ class Handoffs:
         state.deltas.add_metrics(seq.seq_id, metrics)
         state.stats.record(metrics)
 
-    def _fail(self, seq: Sequence, why: str) -> None:
+    def fail(self, seq: Sequence, why: str) -> None:
         self.counters.failures += 1
         self.end(seq, FinishReason.ERROR, RequestError(ErrorKind.REQUEST_FAILED, why))
-
-    def fail_all(self, error: RequestError) -> None:
-        self.offers.clear()
-        for seq in list(self.seqs.values()):
-            if self.owns(seq):
-                self.end(seq, FinishReason.ERROR, error)
-            else:
-                self.drop(seq)
 
     # ------------------------------------------------------------ decode side
 
@@ -218,50 +211,49 @@ class Handoffs:
     def admit_offers(self) -> None:
         """Allocate blocks for queued offers, oldest first, while the pool has room."""
         state = self.state
+        bm = state.block_manager
         while self.offers:
             msg = self.offers[0]
-            seq = Sequence(msg.request_id, msg.token_ids[:msg.num_prompt_tokens], msg.params,
-                           msg.eos_token_ids, msg.arrival_time, state.config.max_model_len)
-            if state.block_manager.allocate(seq, msg.num_computed) is None:
+            seq = offered_sequence(msg, state.config.max_model_len)
+            # Leading full blocks of the KV this replica computed already (an earlier turn
+            # of the conversation decoded here): held, not transferred.
+            prefix = bm.find_cached_prefix(msg.token_ids[:msg.num_computed + 1])
+            if bm.allocate(seq, msg.num_computed, prefix) is None:
                 return
             self.offers.popleft()
             self.client_keys[seq.seq_id] = msg.client_key
-            seq.token_ids.extend(msg.token_ids[msg.num_prompt_tokens:])
-            seq.num_computed = msg.num_computed
-            seq.status = HANDOFF
-            seq.first_scheduled_s = seq.arrival_s + msg.queue_time_s
-            seq.first_token_s = seq.last_token_s = seq.arrival_s + msg.ttft_s
-            seq.num_cached_prompt = msg.cached_prompt_tokens
-            seq.num_host_prompt = msg.host_prompt_tokens
-            seq.num_preemptions = msg.preemptions
             self.seqs[seq.seq_id] = seq
-            self.incoming[seq.seq_id] = InEntry(seq, msg.prefill_replica, state.next_step_id - 1)
+            self.incoming[seq.seq_id] = InEntry(seq, msg.prefill_replica, state.next_step_id - 1,
+                                                reused=prefix.num_blocks)
 
     def on_landed(self, msg: KVLanded) -> None:
         entry = self.incoming.get(msg.request_id)
         if entry is None or entry.accept_sent_s is None:
             return  # cancelled meanwhile: its late report means nothing
         if not msg.ok:
-            self._give_up(entry, f"KV transfer from prefill replica {entry.prefill_replica} to "
+            self.give_up(entry, f"KV transfer from prefill replica {entry.prefill_replica} to "
                           f"decode replica {self.replica} failed on rank {msg.rank}: {msg.error}")
             return
         entry.ranks.add(msg.rank)
         entry.num_bytes += msg.num_bytes
-        if len(entry.ranks) < self.ranks:
-            return
-        del self.incoming[msg.request_id]
+        if len(entry.ranks) == self.ranks:
+            self._landed(entry)
+
+    def _landed(self, entry: InEntry) -> None:
         seq = entry.seq
+        del self.incoming[seq.seq_id]
         seq.kv_transfer_s = time.monotonic() - entry.accept_sent_s
         self.landed.append(seq)
         c = self.counters
         c.handoffs_in += 1
-        c.blocks_in += len(seq.block_table)
+        c.blocks_in += len(seq.block_table) - entry.reused
+        c.blocks_reused += entry.reused
         c.bytes_in += entry.num_bytes
         c.transfer_s += seq.kv_transfer_s
         self.peer_out.append((entry.prefill_replica, HandoffRelease(
             seq.seq_id, True, entry.num_bytes, seq.kv_transfer_s)))
 
-    def _give_up(self, entry: InEntry, why: str) -> None:
+    def give_up(self, entry: InEntry, why: str) -> None:
         self.counters.failures += 1
         self.drop(entry.seq)
         self.peer_out.append((entry.prefill_replica,
@@ -286,11 +278,11 @@ class Handoffs:
     def forget(self, seq: Sequence) -> None:
         """Take a HANDOFF sequence out of the hand-off (it is ending on this side)."""
         rid = seq.seq_id
-        entry = self._end_out(rid)
+        entry = self.end_out(rid)
         if entry is not None:
             self.peer_out.append((entry.decode_replica, HandoffCancel(rid)))
             if entry.exported:
-                self.exported_ended[rid] = entry.num_blocks
+                self.exported_ended[rid] = entry.num_moved
                 if len(self.exported_ended) > MAX_REFUSED_IDS:
                     self.exported_ended.popitem(last=False)
         elif seq in self.landed:
@@ -325,7 +317,7 @@ class Handoffs:
         elif msg.request_id in self.incoming:
             self.drop(seq)
         elif self.role == "prefill":
-            self._fail(seq, "the decode replica gave the hand-off up")
+            self.fail(seq, "the decode replica gave the hand-off up")
 
     def tick(self) -> None:
         """Admit queued offers, send the accepts that became safe, give up on transfers
@@ -334,17 +326,23 @@ class Handoffs:
         state, now = self.state, time.monotonic()
         oldest = state.inflight[0].step_id if state.inflight else None
         for entry in list(self.incoming.values()):
-            if entry.accept_sent_s is None:
-                if oldest is None or oldest > entry.after_step:
-                    entry.accept_sent_s = now
-                    seq = entry.seq
-                    self.peer_out.append((entry.prefill_replica, HandoffAccept(
-                        seq.seq_id, self.replica, list(seq.block_table))))
-            elif now - entry.accept_sent_s > self.timeout_s:
-                self._give_up(entry, f"KV transfer from prefill replica {entry.prefill_replica}"
-                              f" did not land on decode replica {self.replica} within "
-                              f"{self.timeout_s:g} s")
+            if entry.accept_sent_s is None and (oldest is None or oldest > entry.after_step):
+                entry.accept_sent_s = now
+                seq = entry.seq
+                dest = seq.block_table[entry.reused:]
+                self.peer_out.append((entry.prefill_replica, HandoffAccept(
+                    seq.seq_id, self.replica, dest, entry.reused)))
+                if not dest:  # every block held here already: nothing to move
+                    self._landed(entry)
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        for entry in list(self.incoming.values()):
+            if entry.accept_sent_s is not None and now - entry.accept_sent_s > self.timeout_s:
+                self.give_up(entry, f"KV transfer from prefill replica {entry.prefill_replica} "
+                             f"did not land on decode replica {self.replica} within "
+                             f"{self.timeout_s:g} s")
         for entry in list(self.out.values()):
             if entry.dest is not None and now - entry.accepted_s > 2 * self.timeout_s:
-                self._fail(entry.seq, f"decode replica {entry.decode_replica} did not take "
-                           f"the KV within {2 * self.timeout_s:g} s")
+                self.fail(entry.seq, f"decode replica {entry.decode_replica} did not take the "
+                          f"KV within {2 * self.timeout_s:g} s")

@@ -17,6 +17,8 @@ no decode replica; one exported ends with the error, freeing its blocks (its KV 
 landed there, and the stream gone on from it before the release came back); one the decode
 replica owned (unknown here) ends with the error too.
 
+When the engine itself dies, fail_all ends every hand-off this side owns.
+
 Nothing is recomputed. The error is the router's for every request a replica's death fails
 ("engine dead: replica R: why"), so the client reads the same words wherever it was failed;
 an id that already finished gets a second end, which the detokenizer drops.
@@ -27,6 +29,7 @@ from __future__ import annotations
 from protocol import ErrorKind, FinishReason, RequestError
 from protocol.kv_handoff import HandoffPeerDown
 from scheduler_proc.handoff import Handoffs
+from scheduler_proc.sequence import Sequence
 
 ERROR = FinishReason.ERROR
 
@@ -47,6 +50,16 @@ def on_peer_down(handoffs: Handoffs, msg: HandoffPeerDown) -> None:
     deltas = handoffs.state.deltas
     for rid in failed:
         deltas.add(rid, [], ERROR, error)
+
+
+def fail_all(handoffs: Handoffs, error: RequestError) -> None:
+    """The engine is dead: end every hand-off this side owns with `error`, forget the rest."""
+    handoffs.offers.clear()
+    for seq in list(handoffs.seqs.values()):
+        if handoffs.owns(seq):
+            handoffs.end(seq, ERROR, error)
+        else:
+            handoffs.drop(seq)
 
 
 def _prefill_lost(handoffs: Handoffs, msg: HandoffPeerDown) -> list[int]:
@@ -95,5 +108,13 @@ def _decode_lost(handoffs: Handoffs, msg: HandoffPeerDown, error: RequestError) 
             handoffs.counters.failures += 1
             handoffs.end(entry.seq, ERROR, error)
         else:  # none of its KV left: it decodes here
-            handoffs.take_back(entry.seq)
+            _take_back(handoffs, entry.seq)
     return failed
+
+
+def _take_back(handoffs: Handoffs, seq: Sequence) -> None:
+    """Decode an unexported offer here after all (its decode replica died), as landed."""
+    handoffs.end_out(seq.seq_id)
+    seq.decode_replica = -1
+    handoffs.client_keys[seq.seq_id] = seq.client.key
+    handoffs.landed.append(seq)

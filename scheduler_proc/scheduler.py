@@ -39,7 +39,7 @@ from scheduler_proc.block_manager import BlockManager
 from scheduler_proc.config import SchedulerConfig
 from scheduler_proc.fair_share import WaitingQueues
 from scheduler_proc.handoff import Handoffs
-from scheduler_proc.handoff_faults import on_peer_down
+from scheduler_proc.handoff_faults import fail_all, on_peer_down
 from scheduler_proc.invariants import check_integrity
 from scheduler_proc.plans_in_flight import PacingMeter, PlanDepth
 from scheduler_proc.sequence import Sequence
@@ -136,7 +136,7 @@ class Scheduler:
             state.finish(seq, ERROR)
             state.deltas.add(seq.seq_id, [], ERROR, error)
         if self.handoffs is not None:
-            self.handoffs.fail_all(error)
+            fail_all(self.handoffs, error)
         state.running.clear()
         state.waiting.clear()
         state.inflight.clear()

@@ -133,6 +133,9 @@ def _kv_transfer(s: EngineStats | None, g, c) -> Iterator[Metric]:
         yield g(f"kv_transfer_waiting_{way}", "Hand-offs not finished on this side "
                 f"({'offered or exporting' if way == 'out' else 'waiting for blocks or KV'}).",
                 v(f"kv_handoffs_{way}_waiting"))
+    yield c("kv_transfer_blocks_reused", "KV blocks of handed-off requests that the decode "
+            "replica held already (its prefix cache), so not transferred.",
+            v("kv_handoff_blocks_reused"))
     yield c("kv_transfer_seconds", "Transfer time summed over the hand-offs in (blocks "
             "accepted -> landed on every rank).", v("kv_transfer_s"))
 

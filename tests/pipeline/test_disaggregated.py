@@ -228,8 +228,8 @@ def test_killed_decode_replicas_fail_only_their_requests(tiny_qwen3_dir):
 
 def test_launch_script_serves_transfer_metrics_and_stats_line(tiny_qwen3_dir):
     """scripts/launch.sh takes the flags; /metrics sums the replicas' kv_transfer series and
-    the per-request transfer histogram; the stats line (replica 0, a prefill one) says what
-    went out."""
+    the per-request transfer histogram, and counts the blocks a decode replica held already;
+    the stats line (replica 0, a prefill one) says what went out."""
     port = _free_port()
     launch = [str(ROOT / "scripts" / "launch.sh"), "--model", tiny_qwen3_dir, "--device", "cpu",
               "--dtype", "float32", "--max-model-len", "256", "--no-http",
@@ -244,12 +244,16 @@ def test_launch_script_serves_transfer_metrics_and_stats_line(tiny_qwen3_dir):
         with Client(address) as client:
             outs = [client.generate(prompt_token_ids=[3 + i] * 40, params=GREEDY)
                     for i in range(3)]
-        assert all(o.metrics.kv_transfer_s is not None for o in outs)
+            # The first prompt again: the decode replica holds its 2 full blocks already.
+            again = client.generate(prompt_token_ids=[3] * 40, params=GREEDY)
+        assert all(o.metrics.kv_transfer_s is not None for o in outs + [again])
+        assert again.token_ids == outs[0].token_ids
         # Each replica publishes its counters on its own clock: wait until both have told.
-        settled = {"nanopipe:kv_transfer_time_seconds_count": 3,
-                   "nanopipe:kv_transfer_handoffs_out_total": 3,
-                   "nanopipe:kv_transfer_handoffs_in_total": 3,
-                   "nanopipe:kv_transfer_blocks_in_total": 3 * 3}  # 40 tokens: 3 blocks
+        settled = {"nanopipe:kv_transfer_time_seconds_count": 4,
+                   "nanopipe:kv_transfer_handoffs_out_total": 4,
+                   "nanopipe:kv_transfer_handoffs_in_total": 4,
+                   "nanopipe:kv_transfer_blocks_in_total": 3 * 3 + 1,  # 40 tokens: 3 blocks
+                   "nanopipe:kv_transfer_blocks_reused_total": 2}
         deadline = time.monotonic() + 20
         while any((got := _samples(url)).get(k) != v for k, v in settled.items()):
             assert time.monotonic() < deadline, got
@@ -258,7 +262,7 @@ def test_launch_script_serves_transfer_metrics_and_stats_line(tiny_qwen3_dir):
             got["nanopipe:kv_transfer_bytes_out_total"] > 0
         assert got["nanopipe:kv_transfer_waiting_in"] == got["nanopipe:kv_transfer_waiting_out"] \
             == 0
-        read_until(r"KV hand-offs [1-3] out \(")
+        read_until(r"KV hand-offs [1-4] out \(")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:

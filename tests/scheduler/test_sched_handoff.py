@@ -277,6 +277,66 @@ def test_a_transfer_that_never_lands_fails_its_request_naming_both_replicas():
     assert pair.outputs[0]["tokens"] == expected(ok)[0]
 
 
+def accepts_to_prefill(pair: Pair) -> list[HandoffAccept]:
+    """Every accept the decode replica sends from now on, as the prefill replica gets it."""
+    seen, on_handoff = [], pair.p.on_handoff
+
+    def watched(msg) -> None:
+        if isinstance(msg, HandoffAccept):
+            seen.append(msg)
+        on_handoff(msg)
+
+    pair.p.on_handoff = watched
+    return seen
+
+
+def test_the_decode_replica_reuses_the_blocks_it_holds_and_moves_the_rest():
+    pair = Pair()
+    accepts = accepts_to_prefill(pair)
+    first = make_request(0, 10, max_tokens=6, ignore_eos=True)
+    pair.add(first)
+    pair.run()
+    answer = pair.outputs[0]["tokens"]
+    # The next turn of the conversation: the decode replica computed the first turn's KV.
+    turn = make_request(1, list(first.prompt_token_ids) + answer + [5, 9, 2], max_tokens=4,
+                        ignore_eos=True)
+    pair.add(turn)
+    pair.run()
+    assert (pair.outputs[1]["tokens"], pair.outputs[1]["reason"]) == expected(turn)
+    held = (len(first.prompt_token_ids) + len(answer) - 1) // BS  # its full, computed blocks
+    total = -(-len(turn.prompt_token_ids) // BS)
+    assert [(a.reused_blocks, len(a.block_ids)) for a in accepts] == [(0, 3), (held, total - held)]
+    c_out, c_in = pair.p.handoffs.counters, pair.d.handoffs.counters
+    assert c_in.blocks_reused == held and c_in.blocks_in == 3 + total - held == c_out.blocks_out
+    pair.assert_all_free()
+
+
+def test_a_prompt_held_whole_lands_without_a_transfer():
+    pair = Pair()
+    accepts = accepts_to_prefill(pair)
+    prompt = [(5 * i) % 60 + 1 for i in range(2 * BS)]  # two full blocks
+    for rid in (0, 1):
+        req = make_request(rid, prompt, max_tokens=5, ignore_eos=True)
+        pair.add(req)
+        pair.run()
+        assert (pair.outputs[rid]["tokens"], pair.outputs[rid]["reason"]) == expected(req)
+    assert [(a.reused_blocks, a.block_ids != []) for a in accepts] == [(0, True), (2, False)]
+    assert not pair.transfers and pair.p.handoffs.counters.blocks_out == 2
+    assert pair.d.handoffs.counters.handoffs_in == 2
+    pair.assert_all_free()
+
+
+def test_a_malformed_accept_fails_the_request_naming_the_blocks():
+    pair = Pair()
+    pair.add(make_request(0, 9, max_tokens=5))
+    pair.run(until=lambda: bool(pair.p.handoffs.peer_out))
+    pair.p.on_handoff(HandoffAccept(0, 1, [7], reused_blocks=1))  # 2 where 3 were offered
+    out = pair.p.pop_deltas()
+    assert out.finish_reasons == [FinishReason.ERROR]
+    assert out.errors[0].message == ("decode replica 1 answered with 1 blocks and 1 reused, 3 "
+                                     "expected")
+
+
 def test_the_accept_waits_for_the_plans_in_flight_at_allocation():
     d = Scheduler(config("decode", 1))
     worker = FakeWorker(64, BS)

@@ -1,25 +1,53 @@
-"""A decode rank's landing side of KV hand-offs, whatever moves the bytes (kv_transfer).
+"""The two ends of a KV hand-off link, whatever moves the bytes (kv_transfer).
 
-It binds the rank's transfer socket, polls it between steps and while idle, drops what
-arrives for requests whose blocks were freed (KVCancel, ordered with the plans), and reports
-each request's landing, or why it was refused, to its scheduler (KVLanded). How a message
-lands is the subclass's: raw frames (kv_frames) or a copy out of a mapped pool
+A prefill rank's end (KVSenderBase) holds a socket to the same rank of every decode replica
+and the exports staged until they may go. A decode rank's end (KVReceiverBase) binds the
+rank's transfer socket, polls it between steps and while idle, drops what arrives for
+requests whose blocks were freed (KVCancel, ordered with the plans), and reports each
+request's landing, or why it was refused, to its scheduler (KVLanded). What is sent and how
+it lands is the subclasses': raw frames (kv_frames) or a copy out of a mapped pool
 (kv_shared_copy).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import logging
+from collections import OrderedDict, deque
 
 import torch
 import zmq
 
 from protocol import Endpoints
-from protocol.kv_handoff import KVCancel, KVLanded, KVLinks
+from protocol.auth import CurveKeys
+from protocol.kv_handoff import KVCancel, KVExport, KVLanded, KVLinks
 from protocol.process_runtime import ProcessRuntime
 from protocol.sockets import MessageSocket
 
 MAX_CANCELLED = 4096
+log = logging.getLogger("nanopipe.worker")
+
+
+class KVSenderBase:
+    """A prefill rank's sockets to the decode replicas' ranks of its index, and what is staged
+    to go out on them in order once it may (subclasses fill `staged` and send it)."""
+
+    def __init__(self, rt: ProcessRuntime, links: KVLinks, pool: torch.Tensor,
+                 keys: CurveKeys | None) -> None:
+        self.pool, self.replica = pool, links.replica
+        self.to_decode = {r: rt.socket(zmq.PUSH, a, bind=False, security=keys)
+                          for r, a in enumerate(links.transfer) if a}
+        self.staged: deque = deque()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.staged)
+
+    def link_to(self, msg: KVExport) -> MessageSocket | None:
+        """The socket to the export's decode replica (None, logged: not one this rank knows)."""
+        sock = self.to_decode.get(msg.decode_replica)
+        if sock is None:
+            log.warning("worker: export to unknown decode replica %d", msg.decode_replica)
+        return sock
 
 
 class KVReceiverBase:
