@@ -81,9 +81,7 @@ class ReplicaDispatch:
         """Send a request to the replica the router picks; False when none is alive."""
         try:
             replica = self.router.place(msg.prompt_token_ids).replica
-            # Structured outputs keep their grammar state on the prefill replica's ranks:
-            # such a request is served whole there.
-            if self.decode is not None and msg.params.structured_outputs is None:
+            if self.decode is not None:
                 decode = self.decode.choose(self.router.alive)
                 if decode >= 0:  # none alive: served whole by its prefill replica
                     msg = replace(msg, decode_replica=decode)

@@ -50,13 +50,10 @@ def peer_downs(rt: FakeRuntime, replica: int) -> list[HandoffPeerDown]:
 def test_a_dead_prefill_replica_leaves_its_paired_requests_to_their_decode_replica():
     d, rt = dispatch(("prefill", "decode"))
     add(d, 1)
-    add(d, 2, structured=True)  # served whole on the prefill replica: no partner to ask
-    failed = d.replica_down(0, "replica 0 scheduler 0 was killed by SIGKILL")
-    assert failed.request_ids == [2]
-    assert failed.errors[0].message == \
-        "engine dead: replica 0: replica 0 scheduler 0 was killed by SIGKILL"
+    add(d, 2, structured=True)  # handed off like any other: its grammar is rebuilt there
+    assert d.replica_down(0, "replica 0 scheduler 0 was killed by SIGKILL") is None
     assert peer_downs(rt, 1) == [HandoffPeerDown(
-        0, "replica 0 scheduler 0 was killed by SIGKILL", [1])]
+        0, "replica 0 scheduler 0 was killed by SIGKILL", [1, 2])]
     d.abort(AbortRequests([1], FinishReason.ABORT))  # still reaches the decode replica
     assert rt.sent["sched1"][-1] == AbortRequests([1], FinishReason.ABORT)
     assert d.refusal() == ("engine dead: no prefill replica is alive; the decode replicas "
@@ -75,6 +72,7 @@ def test_a_dead_decode_replica_leaves_its_requests_to_their_prefill_replica():
     # Then the prefill replica dies too: what it held for replica 1 now has nobody.
     failed = d.replica_down(0, "gone too")
     assert sorted(failed.request_ids) == on_1
+    assert {e.message for e in failed.errors} == {"engine dead: replica 0: gone too"}
     assert sorted(peer_downs(rt, 2)[0].request_ids) == sorted(set(range(4)) - set(on_1))
 
 

@@ -1,7 +1,8 @@
 """Constrained requests under every way the engine runs a step: overlap off and on, worker
-lookahead with two plans ahead, tensor parallelism (gloo, CPU), data parallelism and
-speculative decoding (n-gram, or the model as its own draft) give the same greedy tokens, each
-obeying its grammar, beside unconstrained requests."""
+lookahead with two plans ahead, tensor parallelism (gloo, CPU), data parallelism,
+speculative decoding (n-gram, or the model as its own draft) and prefill/decode
+disaggregation (the grammar's state rebuilt on the decode replica from the first token) give
+the same greedy tokens, each obeying its grammar, beside unconstrained requests."""
 
 from __future__ import annotations
 
@@ -48,9 +49,14 @@ def reference(tiny_qwen3_dir) -> list[dict]:
     dict(speculative="ngram", num_speculative_tokens=4, ngram_size=1),
     dict(speculative="ngram", num_speculative_tokens=4, ngram_size=1, tensor_parallel_size=2),
     dict(speculative="draft", num_speculative_tokens=3),
-], ids=["overlap", "lookahead", "tp2", "dp2", "ngram", "ngram-tp2", "draft"])
+    dict(prefill_replicas=1, decode_replicas=1),
+    dict(prefill_replicas=1, decode_replicas=1, tensor_parallel_size=2),
+], ids=["overlap", "lookahead", "tp2", "dp2", "ngram", "ngram-tp2", "draft", "disagg",
+        "disagg-tp2"])
 def test_same_tokens_however_the_step_runs(tiny_qwen3_dir, reference, options):
     if options.get("speculative") == "draft":
         options = dict(options, draft_model=tiny_qwen3_dir)
     out = _run(tiny_qwen3_dir, **options)
     assert [o["token_ids"] for o in out] == [o["token_ids"] for o in reference]
+    if options.get("prefill_replicas"):  # decoded past the first token on the decode replica
+        assert all(o["metrics"].kv_transfer_s is not None for o in out), out
