@@ -119,9 +119,10 @@ class WatchGoodbye:
 @message(0x43)
 @dataclass(frozen=True, slots=True)
 class EngineStats:
-    """The scheduler's counters, published every STATS_INTERVAL_S (and with each heartbeat),
-    never per step. Counters only grow, so a subscriber gets rates from the difference of any
-    two messages (divided by the difference of their `time_s`); gauges are the state now.
+    """The scheduler's counters, published every STATS_INTERVAL_S (and with each heartbeat), and
+    when a step finishes requests at most once per FRESH_STATS_GAP_S; never per step. Counters
+    only grow, so a subscriber gets rates from the difference of any two messages (divided by
+    the difference of their `time_s`); gauges are the state now.
 
     Fields are read without stopping the step loop, so one message may be a step ahead in one
     counter and not in another: fine for rates, not an invariant to check.

@@ -8,7 +8,11 @@ WatchGoodbye ends the stream, so a watcher also knows when the pipeline is gone.
 
 Given a `stats` source, it also publishes the engine's counters (EngineStats) every
 STATS_INTERVAL_S, with each heartbeat and greeting, and once more before the goodbye: this
-thread reads them, so the step loop pays nothing per step for being watched.
+thread reads them, so the step loop pays nothing per step for being watched. When a step
+finishes requests the loop raises a flag (`stats_due`), and the stats go out at once, at most
+one such message per FRESH_STATS_GAP_S: the data-parallel router counts a request as work
+until its replica's stats say it finished, and a burst that follows finished requests must not
+be placed on half a second old figures.
 
 A thread of its own owns the XPUB: the step loop hands it frames through an inproc PUSH
 (`sink`) and never waits on a watcher.
@@ -33,6 +37,11 @@ log = logging.getLogger("nanopipe.scheduler")
 
 HEARTBEAT_INTERVAL_S = 1.0
 STATS_INTERVAL_S = 0.5
+FRESH_STATS_GAP_S = 0.025
+"""The least time between two stats messages published because requests finished. A busy
+engine that finishes requests every step then sends at most 40 a second (a snapshot and one
+decode in each subscriber: well under a millisecond of CPU each), while a finish that follows
+a quiet spell still goes out at once; one inside the gap waits for its end, never longer."""
 PUB_HIGH_WATER_MARK = 10_000
 GOODBYE_LINGER_MS = 1000
 """How long closing waits for the goodbye to reach the watchers."""
@@ -42,14 +51,18 @@ _ids = itertools.count()
 
 class DeltasPublisher:
     def __init__(self, ctx: zmq.Context, address: str,
-                 interval_s: float = HEARTBEAT_INTERVAL_S,
+                 interval_s: float | None = None,
                  security: CurveKeys | None = None,
                  stats: Callable[[], EngineStats] | None = None,
-                 stats_interval_s: float = STATS_INTERVAL_S) -> None:
-        self.interval_s = interval_s
+                 stats_interval_s: float | None = None) -> None:
+        # The module's intervals are read here, not at import: a test may lengthen them.
+        self.interval_s = HEARTBEAT_INTERVAL_S if interval_s is None else interval_s
         self._stats = stats
         """Called on this object's thread; it must be safe to call from there."""
-        self.stats_interval_s = stats_interval_s
+        self.stats_interval_s = STATS_INTERVAL_S if stats_interval_s is None else stats_interval_s
+        self.stats_due = False
+        """Set by the step loop before it sends the deltas of finished requests (whose frame
+        wakes this thread); cleared by this thread before it reads the counters."""
         self.dead_reason: str | None = None
         """Set by the step loop once the engine is dead; heartbeats carry it."""
         # Internal like every link of the scheduler: over tcp only the run's key holders attach.
@@ -77,9 +90,19 @@ class DeltasPublisher:
             self._running[request.request_id] = request
         return request
 
-    def forget_finished(self, deltas: TokenDeltas) -> None:
+    def note_finishes(self, deltas: TokenDeltas) -> bool:
+        """Whether `deltas` finish a request; if so, fresh stats are due. Call before sending
+        them: their frame wakes this thread, which must find the flag already raised (the
+        counters are counted before the deltas exist)."""
         if deltas.finish_reasons.count(None) == len(deltas.finish_reasons):
-            return
+            return False
+        if self._stats is not None:
+            self.stats_due = True
+        return True
+
+    def forget_finished(self, deltas: TokenDeltas) -> None:
+        """Drop finished requests from the greeting. Call after sending their deltas, so a
+        watcher greeted in between still learns their names."""
         with self._lock:
             for request_id, finish in zip(deltas.request_ids, deltas.finish_reasons):
                 if finish is not None:
@@ -108,8 +131,12 @@ class DeltasPublisher:
         start = time.monotonic()
         next_beat = start + self.interval_s
         next_stats = float("inf") if self._stats is None else start + self.stats_interval_s
+        last_fresh = start - FRESH_STATS_GAP_S
         while True:
-            timeout_ms = max(0.0, min(next_beat, next_stats) - time.monotonic()) * 1000
+            due = next_stats
+            if self.stats_due:
+                due = min(due, last_fresh + FRESH_STATS_GAP_S)
+            timeout_ms = max(0.0, min(next_beat, due) - time.monotonic()) * 1000
             ready = dict(poller.poll(timeout_ms))
             if self._frames.socket in ready and not self._forward():
                 if self._goodbye is not None:
@@ -123,7 +150,10 @@ class DeltasPublisher:
                 self._publish(self._heartbeat())
                 next_beat = now + self.interval_s
                 next_stats = now  # stats go with each heartbeat
+            if self.stats_due and now >= last_fresh + FRESH_STATS_GAP_S:
+                last_fresh = next_stats = now  # the periodic clock starts again from these
             if now >= next_stats:
+                self.stats_due = False  # before the read: a finish counted after it raises it
                 self._publish_stats()
                 next_stats = now + self.stats_interval_s
 

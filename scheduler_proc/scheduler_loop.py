@@ -117,9 +117,12 @@ class SchedulerLoop:
             self._deltas.append(deltas)
 
     def _flush_deltas(self) -> None:
+        publisher = self.publisher
         for deltas in self._deltas:
+            finishes = publisher.note_finishes(deltas)  # before the frame wakes its thread
             self.outbox.send((self.to_detok, self.deltas_pub), deltas)
-            self.publisher.forget_finished(deltas)
+            if finishes:
+                publisher.forget_finished(deltas)
         self._deltas.clear()
         for replica, msg in self._to_peers:
             peer = self.to_peers.get(replica)

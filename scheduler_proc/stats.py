@@ -1,9 +1,10 @@
 """The scheduler's counters: plain integer adds where the events already happen.
 
 The step loop only increments; the deltas publisher's thread reads them every
-STATS_INTERVAL_S into an EngineStats (scheduler_proc.state.snapshot), so the loop never builds,
-sends or locks anything for stats. The reads are not atomic as a whole (one counter may be a
-step ahead of another); every single read is, which is all a rate needs.
+STATS_INTERVAL_S, and soon after a step finishes requests, into an EngineStats
+(scheduler_proc.state.snapshot), so the loop never builds, sends or locks anything for stats.
+The reads are not atomic as a whole (one counter may be a step ahead of another); every single
+read is, which is all a rate needs.
 
 A finished request's RequestMetrics also waits here, in a deque (appends and pops are atomic
 across threads), until the next snapshot takes it.

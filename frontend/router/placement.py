@@ -7,7 +7,8 @@ last EngineStats says it has done: prefill tokens placed (less the prefix each r
 expected to find cached) but not yet computed, plus REQUEST_COST per request placed but not
 yet finished; a replica whose KV pool is nearly full costs KV_FULL_COST more (it would
 preempt). Placing a request counts at
-once, so a burst spreads before the next stats arrive (every half second).
+once, so a burst spreads before the next stats arrive (every half second, and within a few
+milliseconds of a step that finishes requests: the scheduler sends fresh ones then).
 
 LOAD_WEIGHT < 1 lets a prefix hit win over a slightly lighter replica: the request that
 brought the prefix there is counted as load, yet the work it does is the work this request

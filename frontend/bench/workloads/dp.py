@@ -52,8 +52,9 @@ def run_mode(args: argparse.Namespace, routing: str, groups: list[list[list[int]
             out = llm.generate(firsts, params, use_tqdm=False)
             elapsed = time.perf_counter() - start
             # The router learns that the first requests finished from the stats the replicas
-            # publish (every half second); until then it counts them as work ahead, and a
-            # burst placed on stale figures measures the staleness, not the routing.
+            # publish as soon as a step finishes requests; until then it counts them as work
+            # ahead. They normally arrive before the next request; waiting for them (a few
+            # milliseconds) keeps a slow machine's race out of what this measures: routing.
             warmed = time.monotonic()
             for f in followers:
                 f.after(warmed)
