@@ -37,13 +37,17 @@ def check_disaggregation(cfg: EngineConfig) -> None:
                           "prefill and one decode replica (--prefill-replicas P "
                           "--decode-replicas D)")
     refused = {"data_parallel_size": (cfg.data_parallel_size > 1, "--dp"),
-               "speculative": (cfg.speculative is not None, "speculative decoding"),
                "nnodes": (cfg.nnodes > 1, "--nnodes"),
                "ray_address": (cfg.ray_address is not None, "Ray placement")}
     for field, (bad, what) in refused.items():
         if bad:
             raise ConfigError(owner, field, f"is not supported with prefill/decode "
                               f"disaggregation yet ({what}); drop one of them")
+    if cfg.speculative == "draft":
+        raise ConfigError(owner, "speculative", "draft is not supported with prefill/decode "
+                          "disaggregation yet (the decode replica would need the draft "
+                          "model's KV of each prompt); use ngram, which the decode replicas "
+                          "run, or drop one of them")
     if cfg.kv_transfer == "shared" and cfg.resolved_device == "cuda" and not gpus_shared(cfg):
         raise ConfigError(owner, "kv_transfer", "shared needs the prefill and decode replicas "
                           "on one GPU (CUDA IPC within a device), and each has GPUs of its "

@@ -22,8 +22,8 @@ def test_flags_give_the_replica_roles():
     (dict(decode_replicas=2), "prefill_replicas", "must be >= 1"),
     (dict(prefill_replicas=1, decode_replicas=1, data_parallel_size=2), "data_parallel_size",
      "--dp"),
-    (dict(prefill_replicas=1, decode_replicas=1, speculative="ngram"), "speculative",
-     "speculative decoding"),
+    (dict(prefill_replicas=1, decode_replicas=1, speculative="draft", draft_model="/d"),
+     "speculative", "draft is not supported .* use ngram"),
 ])
 def test_what_does_not_go_together_is_refused(settings, field, words):
     with pytest.raises(ConfigError, match=words) as info:

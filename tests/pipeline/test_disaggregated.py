@@ -21,6 +21,7 @@ from pipeline_config import tiny_engine
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontend import LLM, Client, EngineDeadError
+from frontend.bench.common import StatsFollower
 from frontend.embedded_model import cache as dm
 from protocol import Decoder, SamplingParams
 from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
@@ -70,6 +71,24 @@ def test_an_fp8_cache_moves_as_it_is_stored(tiny_qwen3_dir):
         split = generate(tiny_qwen3_dir, prefill_replicas=1, decode_replicas=1,
                          kv_transfer=transfer, **fp8)
         assert [r["token_ids"] for r in split] == one, transfer
+
+
+def test_decode_replicas_speculate_with_ngrams(tiny_qwen3_dir):
+    """--speculative ngram with a split: the decode replica proposes and verifies (the prefill
+    replica only samples first tokens), and the greedy tokens stay one colocated pipeline's."""
+    spec = dict(speculative="ngram", num_speculative_tokens=4, ngram_size=1)
+    with LLM(**tiny_engine(tiny_qwen3_dir, **CHUNKED, prefill_replicas=1, decode_replicas=1,
+                           **spec)) as llm:
+        followers = [StatsFollower(r.deltas_pub, r.keys) for r in llm.pipeline.replicas]
+        try:
+            split = llm.generate(prompts(), GREEDY, use_tqdm=False)
+            prefill, decode = [f.after(time.monotonic()) for f in followers]
+        finally:
+            for f in followers:
+                f.close()
+    assert [r["token_ids"] for r in split] == [r["token_ids"] for r in
+                                               generate(tiny_qwen3_dir)]
+    assert decode.spec_proposed_tokens > 0 and prefill.spec_proposed_tokens == 0
 
 
 def test_embedded_smollm2_chats_are_the_colocated_ones(tmp_path_factory):
