@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import zmq
 
-from protocol import Decoder, Endpoints, FinishReason, TokenDeltas
+from protocol import Decoder, FinishReason, TokenDeltas
 from protocol.engine_messages import WatchGoodbye, WatchHeartbeat, WatchRequest
 from scheduler_proc.deltas_publisher import DeltasPublisher
 
 DECODER = Decoder(TokenDeltas, WatchHeartbeat, WatchRequest, WatchGoodbye)
-
-
-@pytest.fixture
-def wiring():
-    endpoints = Endpoints.ipc(1)
-    ctx = zmq.Context()
-    yield ctx, endpoints.deltas_pub
-    ctx.destroy(linger=0)
-    endpoints.cleanup()
 
 
 def subscribe(ctx: zmq.Context, address: str) -> zmq.Socket:

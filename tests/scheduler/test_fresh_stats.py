@@ -11,7 +11,7 @@ import zmq
 from fake_worker import make_request
 from test_sched_loop import Harness, finished
 
-from protocol import Decoder, Endpoints, FinishReason, TokenDeltas
+from protocol import Decoder, FinishReason, TokenDeltas
 from protocol.engine_messages import ENGINE_STATS_TOPIC, EngineStats
 from scheduler_proc import SchedulerConfig, deltas_publisher
 from scheduler_proc.deltas_publisher import FRESH_STATS_GAP_S, DeltasPublisher
@@ -84,15 +84,6 @@ def test_the_scheduler_publishes_stats_when_requests_finish(slow_clocks):
     finally:
         sub.close(0)
         h.close()
-
-
-@pytest.fixture
-def wiring():
-    endpoints = Endpoints.ipc(1)
-    ctx = zmq.Context()
-    yield ctx, endpoints.deltas_pub
-    ctx.destroy(linger=0)
-    endpoints.cleanup()
 
 
 class Reads:

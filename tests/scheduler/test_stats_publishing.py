@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import zmq
 
-from protocol import Decoder, Endpoints, FinishReason, TokenDeltas
+from protocol import Decoder, FinishReason, TokenDeltas
 from protocol.engine_messages import (
     ENGINE_STATS_TOPIC,
     EngineStats,
@@ -31,15 +30,6 @@ class Counter:
     def __call__(self) -> EngineStats:
         self.reads += 1
         return EngineStats(time.monotonic(), 0, 0, 0, self.reads, 0, 0, 0.0, 0.0, 0, 0, 0, 8)
-
-
-@pytest.fixture
-def wiring():
-    endpoints = Endpoints.ipc(1)
-    ctx = zmq.Context()
-    yield ctx, endpoints.deltas_pub
-    ctx.destroy(linger=0)
-    endpoints.cleanup()
 
 
 def subscribe(ctx: zmq.Context, address: str, topic: bytes = b"") -> zmq.Socket:
