@@ -1,6 +1,12 @@
-"""`nanopipe bench report`: the latest record of every workload as a table in
+"""`nanopipe bench report`: the latest record of every workload and variant as a table in
 docs/benchmarks.md (between two marker comments; the rest of the page is left as written),
-and one plot per workload of its headline figure over its records.
+and one plot per row of its headline figure over its records.
+
+A variant is a workload run with other options: the model's shape, a longer
+--max-model-len, an fp8 cache, another device. Each has its own row and plot, named by the
+options of its `nanopipe bench WORKLOAD` command, less where it was recorded, its notes and
+its peer (a peer adds a ratio to the same measurement). So the latest W4 of one shape never
+hides another's.
 
     nanopipe bench report
     nanopipe bench report --results FILE --doc FILE --plots DIR
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shlex
 from pathlib import Path
 
 from frontend.bench.errors import BenchUsageError
@@ -46,15 +54,54 @@ def headline(rec: Record) -> tuple[str, float] | None:
     return (name, rec.figures[name]) if name else None
 
 
+SAME_MEASUREMENT = {"--record": 1, "--notes": 1, "--peer": 2}
+"""Options that do not make another variant, and how many values each may take."""
+
+
+def variant(rec: Record) -> str:
+    """The options that tell this record's run apart from other runs of its workload ("" for
+    a command that is not `nanopipe bench WORKLOAD ...`)."""
+    marker = f"nanopipe bench {rec.workload}"
+    if marker not in rec.command:
+        return ""
+    tail = rec.command.split(marker, 1)[1].split("&&", 1)[0]
+    try:
+        words = shlex.split(tail)
+    except ValueError:  # unbalanced quotes in a hand-written command
+        words = tail.split()
+    kept, i = [], 0
+    while i < len(words):
+        values = SAME_MEASUREMENT.get(words[i])
+        if values is None:
+            kept.append(words[i])
+        for _ in range(values or 0):  # its values, as far as they are not options
+            if i + 1 < len(words) and not words[i + 1].startswith("--"):
+                i += 1
+        i += 1
+    return " ".join(kept)
+
+
+def row_name(rec: Record) -> str:
+    """The workload, and its variant's options where it has any."""
+    options = variant(rec)
+    return f"{rec.workload} {options}" if options else rec.workload
+
+
+def plot_name(row: str) -> str:
+    """A file name for a row's plot: its words joined by dashes."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", row).strip("-") + ".png"
+
+
 def latest(records: list[Record]) -> dict[str, Record]:
-    """Per workload the record with the latest date (file order breaks ties), in first-seen
-    order of the workloads."""
+    """Per row (workload and variant) the record with the latest date (file order breaks
+    ties), in first-seen order of the rows."""
     out: dict[str, tuple[str, int, Record]] = {}
     for i, rec in enumerate(records):
-        best = out.get(rec.workload)
+        row = row_name(rec)
+        best = out.get(row)
         if best is None or (rec.date, i) >= (best[0], best[1]):
-            out[rec.workload] = (rec.date, i, rec)
-    return {w: r for w, (_, _, r) in out.items()}
+            out[row] = (rec.date, i, rec)
+    return {row: r for row, (_, _, r) in out.items()}
 
 
 def _cell(text: str) -> str:
@@ -65,12 +112,12 @@ def table(records: dict[str, Record], plots: dict[str, str]) -> str:
     rows = ["| workload | figure | value | of the bound | vs peer | hardware | commit | date "
             "| command |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for workload, rec in records.items():
+    for row, rec in records.items():
         head = headline(rec)
         name, value = head if head else ("-", None)
         bound = rec.figures.get(f"{name}/bound")
         peer = rec.figures.get(f"{name}/peer")
-        label = f"[{workload}]({plots[workload]})" if workload in plots else workload
+        label = f"[{row}]({plots[row]})" if row in plots else row
         rows.append("| " + " | ".join(_cell(c) for c in (
             label, name, "-" if value is None else fmt(value),
             "-" if bound is None else f"{bound:.3f}", "-" if peer is None else f"{peer:.3f}x",
@@ -134,13 +181,13 @@ def run(args: argparse.Namespace) -> list[Figure]:
         else:
             out_dir = Path(args.plots)
             out_dir.mkdir(parents=True, exist_ok=True)
-            for workload in newest:
-                mine = [r for r in records if r.workload == workload]
-                path = plot(workload, mine, out_dir / f"{workload.replace(' ', '-')}.png")
+            for row in newest:
+                mine = [r for r in records if row_name(r) == row]
+                path = plot(row, mine, out_dir / plot_name(row))
                 if path is not None:  # linked relative to the page
-                    plots[workload] = Path(os.path.relpath(path, doc.parent)).as_posix()
+                    plots[row] = Path(os.path.relpath(path, doc.parent)).as_posix()
     write_doc(doc, table(newest, plots))
-    print(f"{doc}: {len(newest)} workload(s) from {len(records)} record(s)"
+    print(f"{doc}: {len(newest)} row(s) from {len(records)} record(s)"
           + (f", {skipped} unreadable line(s) skipped" if skipped else "")
           + (f"; {len(plots)} plot(s) in {args.plots}" if plots else ""), flush=True)
     return []

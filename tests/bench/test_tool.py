@@ -270,6 +270,10 @@ def _write_records(path: Path) -> None:
         dict(workload="returning", command="nanopipe bench returning", date="2026-12-03",
              hardware="cpu", commit="dddd", figures={"prefill_tokens": 123}),
         dict(workload="broken", figures="none"),
+        dict(workload="latency", command="nanopipe bench latency --make-random qwen3-0.6b "
+             "--max-model-len 131072 --record --notes 'a later, longer variant'",
+             date="2026-12-03T10:00:00Z", hardware="1x NVIDIA H200", commit="ffff",
+             figures={"tpot_ms": 1.09}),
     ]
     path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
 
@@ -281,17 +285,25 @@ def test_report_tables_the_latest_record_per_workload_and_plots_them(tmp_path):
     doc = tmp_path / "docs" / "benchmarks.md"
     doc.write_text("# Benchmarks\n\nWritten by hand, kept.\n")
     out = nanopipe("bench", "report", cwd=tmp_path).stdout
-    assert "3 workload(s) from 4 record(s), 2 unreadable line(s) skipped" in out
+    assert "4 row(s) from 5 record(s), 2 unreadable line(s) skipped" in out
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nWritten by hand, kept.\n")
     rows = [line for line in text.splitlines() if line.startswith("| [")]
-    assert len(rows) == 3
-    assert rows[0].startswith("| [throughput](benchmarks/throughput.png) | output_tok_s | "
-                              "25,000 | 0.700 | 1.500x | 1x NVIDIA H200 | bbbb | 2026-12-03 |")
-    assert "| [latency](benchmarks/latency.png) | tpot_ms | 1.05 | 0.400 | - |" in rows[1]
+    assert len(rows) == 4
+    # A peer adds a ratio to the same measurement: one row; another --max-model-len is a
+    # variant of its own, and the later record of one variant hides nothing of another's.
+    assert rows[0].startswith(
+        "| [throughput --make-random qwen3-0.6b](benchmarks/throughput-make-random-qwen3-0.6b"
+        ".png) | output_tok_s | 25,000 | 0.700 | 1.500x | 1x NVIDIA H200 | bbbb | 2026-12-03 |")
+    assert rows[1].startswith("| [latency --make-random qwen3-0.6b](benchmarks/latency-make-"
+                              "random-qwen3-0.6b.png) | tpot_ms | 1.05 | 0.400 | - |")
     assert rows[2].startswith("| [returning](benchmarks/returning.png) | prefill_tokens | 123 |")
-    for name in ("throughput", "latency", "returning"):
-        assert (results.parent / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
+    assert rows[3].startswith("| [latency --make-random qwen3-0.6b --max-model-len 131072]"
+                              "(benchmarks/latency-make-random-qwen3-0.6b-max-model-len-131072"
+                              ".png) | tpot_ms | 1.09 |")
+    for row in rows:
+        png = row.split("](benchmarks/", 1)[1].split(")", 1)[0]
+        assert (results.parent / png).read_bytes().startswith(PNG_MAGIC)
     # Run again after one more record: the table is replaced, not appended.
     with results.open("a") as f:
         f.write(json.dumps(dict(workload="latency", command="c", date="2026-12-04T00:00:00Z",
@@ -310,7 +322,7 @@ def test_report_reads_what_a_run_recorded(tiny_qwen3_dir, tmp_path):
     assert skipped == 0 and [r.workload for r in records] == ["steploop"]
     nanopipe("bench", "report", "--results", str(rec), "--doc", str(tmp_path / "b.md"),
              "--no-plots")
-    assert "| steploop | us_per_step@1 |" in (tmp_path / "b.md").read_text()
+    assert "| steploop --steps 20 --repeats 1 | us_per_step@1 |" in (tmp_path / "b.md").read_text()
 
 
 def test_report_runs_without_torch(tmp_path):
