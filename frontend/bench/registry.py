@@ -51,6 +51,10 @@ BENCHMARKS: dict[str, Entry] = {
         "frontend.bench.workloads.disagg",
         "W2 mixed traffic: colocated vs --dp 2 vs prefill/decode replicas, short requests' ITL",
         "short_itl_ms_p99[disagg]"),
+    "kv-transfer": Entry(
+        "frontend.bench.workloads.kv_transfer",
+        "prefill/decode KV hand-offs alone: frames vs shared pools, GiB/s and ms per request",
+        "shared_speedup"),
     "tp": Entry(
         "frontend.bench.workloads.tp",
         "tensor parallelism: greedy parity across sizes and W1 per size", "output_tok_s@tp1"),

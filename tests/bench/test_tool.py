@@ -253,6 +253,17 @@ def test_profile_step_records_its_window(tiny_qwen3_dir, tmp_path):
     assert figures["wall_ms_per_step"] > 0 and 0 < figures["device_busy_pct"] <= 100
 
 
+@pytest.mark.slow
+def test_kv_transfer_times_both_modes_between_two_processes(tmp_path):
+    rec = tmp_path / "r.jsonl"
+    nanopipe("bench", "kv-transfer", "--device", "cpu", "--tokens", "64", "--requests", "2",
+             "--record", str(rec))
+    figures = recorded(rec, "kv-transfer")
+    for mode in ("frames", "shared"):
+        assert figures[f"gib_s[{mode}]"] > 0 and figures[f"ms_per_request[{mode}]"] > 0
+    assert figures["shared_speedup"] > 0
+
+
 def _write_records(path: Path) -> None:
     lines = [
         dict(workload="throughput", command="nanopipe bench throughput --make-random qwen3-0.6b",
