@@ -160,6 +160,8 @@ def run(args: argparse.Namespace) -> list[Figure]:
         raise BenchUsageError(f"--modes of {list(KV_TRANSFER_MODES)}, --tokens and "
                               "--requests >= 1")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
+        raise BenchUsageError(f"--dtype {args.dtype}: not a torch dtype (e.g. bfloat16)")
     print(f"KV transfer of {args.tokens} tokens of the {args.shape} shape ({args.dtype}) per "
           f"request, {args.requests} requests per mode, {args.device}; "
           f"{time.strftime('%Y-%m-%d')}", flush=True)
