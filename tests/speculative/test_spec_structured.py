@@ -15,6 +15,7 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
+from grammar_reference import allowed_after
 from spec_helpers import generate, truncate_model
 
 from protocol import AddRequest, FinishReason, SamplingParams
@@ -96,8 +97,6 @@ def test_draws_from_a_draft_obey_their_grammar(tiny_qwen3_dir, tokenizer, draft_
 
 def test_verify_masks_follow_the_proposals_and_leave_the_matcher_where_it_was(
         tiny_qwen3_dir, tokenizer):
-    import xgrammar as xgr
-
     from gpu_workers.grammar_book import GrammarBook
 
     spec = structured_from_user({"choice": CHOICES})
@@ -112,14 +111,7 @@ def test_verify_masks_follow_the_proposals_and_leave_the_matcher_where_it_was(
     book.mask_logits(logits, np.array([0, 0]), np.array([5, 5]), one, [good, bad])
 
     def allowed(prefix: list[int]) -> torch.Tensor:
-        m = xgr.GrammarMatcher(book.compiled(spec).result())
-        for t in prefix:
-            assert m.accept_token(t)
-        mask = xgr.allocate_token_bitmask(1, vocab)
-        m.fill_next_token_bitmask(mask)
-        row = torch.zeros(1, vocab)
-        xgr.apply_token_bitmask_inplace(row, mask, vocab_size=vocab)
-        return row[0] == 0
+        return allowed_after(book.compiled(spec).result(), prefix, vocab)
 
     for j in range(len(good) + 1):
         assert torch.equal(logits[j] == 0, allowed(list(good[:j]))), j

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from grammar_reference import allowed_after
 
 from frontend.bench.workloads.constrained import SCHEMA, write_json_tokenizer
 from gpu_workers import grammar_book
@@ -34,17 +35,7 @@ def _token_ids(book: GrammarBook, text: str) -> list[int]:
 
 
 def _allowed(book: GrammarBook, prefix: str) -> torch.Tensor:
-    """The reference: one matcher, one row, xgrammar's own fill and apply."""
-    import xgrammar as xgr
-
-    m = xgr.GrammarMatcher(book.compiled(SPEC).result())
-    for t in _token_ids(book, prefix):
-        assert m.accept_token(t)
-    mask = xgr.allocate_token_bitmask(1, VOCAB)
-    m.fill_next_token_bitmask(mask)
-    row = torch.zeros(1, VOCAB)
-    xgr.apply_token_bitmask_inplace(row, mask, vocab_size=VOCAB)
-    return row[0] == 0
+    return allowed_after(book.compiled(SPEC).result(), _token_ids(book, prefix), VOCAB)
 
 
 def _masked(book: GrammarBook, constrained: list[bool], device: str = "cpu",
