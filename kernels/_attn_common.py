@@ -76,6 +76,23 @@ def kv_scales(cache: torch.Tensor, k_scale: float, v_scale: float) -> tuple[floa
     return (k_scale, v_scale, True) if fp8 else (1.0, 1.0, False)
 
 
+def widen_fp8_to_f16(q: torch.Tensor, fp8: bool) -> bool:
+    """Whether the kernels compute over an fp8 cache in float16 rather than q's bfloat16: an
+    e4m3 pair widens to float16 in one instruction on the GPU, to bfloat16 in three more
+    (through float16), and decode reads every tile of K and V. The queries go to float16
+    once per program, clamped to its range (bfloat16's 8-bit mantissa fits in float16's 10);
+    the probabilities are in [0, 1], where float16 is the finer of the two."""
+    return fp8 and q.dtype == torch.bfloat16
+
+
+@jit
+def fp16_queries(q, WIDEN: tl.constexpr):
+    """q as the tiles' compute dtype (widen_fp8_to_f16): attn_tile converts K and V to it."""
+    if WIDEN:
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    return q
+
+
 def gather_kv(
     cache: torch.Tensor, block_ids: torch.Tensor, length: int, dtype: torch.dtype,
     scale: float = 1.0,

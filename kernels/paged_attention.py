@@ -15,8 +15,10 @@ from kernels._attn_common import (
     check_paged_inputs,
     check_triton_layout,
     dot_precision,
+    fp16_queries,
     gather_kv,
     kv_scales,
+    widen_fp8_to_f16,
 )
 from kernels._common import check, jit, next_pow2, require_triton, tl, use_triton
 
@@ -30,7 +32,7 @@ def _paged_attention_kernel(
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, F16: tl.constexpr,
 ):
     # Programs are laid out as sum_b (q_len_b // BLOCK_Q + 1) query tiles; the first tile
     # of sequence b is cu_seqlens_q[b] // BLOCK_Q + b, so a binary search finds b without
@@ -66,6 +68,7 @@ def _paged_attention_kernel(
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
+    q = fp16_queries(q, F16)
     pos = ctx + m
 
     m_i = tl.full([BLOCK_Q * GROUP_P], -1.0e30, tl.float32)
@@ -140,7 +143,8 @@ def paged_attention_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n,
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, DOT_PRECISION=dot_precision(q.dtype),
-        FP8=fp8, num_warps=num_warps, num_stages=num_stages,
+        FP8=fp8, F16=widen_fp8_to_f16(q, fp8), num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
 

@@ -26,7 +26,9 @@ from kernels._attn_common import (
     check_paged_inputs,
     check_triton_layout,
     dot_precision,
+    fp16_queries,
     kv_scales,
+    widen_fp8_to_f16,
 )
 from kernels._common import (
     cdiv,
@@ -53,7 +55,7 @@ def _decode_split_kernel(
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, QLEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, FP8: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr,
 ):
     pdl_wait(PDL)
     b = tl.program_id(0)
@@ -85,6 +87,7 @@ def _decode_split_kernel(
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + token[:, None] * stride_qb + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
+    q = fp16_queries(q, F16)
     m_i = tl.full([ROWS], -1.0e30, tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
@@ -235,6 +238,7 @@ def paged_decode_attention_triton(
         GROUP=group, QLEN=q_per_seq, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype), PDL=pdl, FP8=fp8,
+        F16=widen_fp8_to_f16(q, fp8),
         num_warps=num_warps, num_stages=num_stages, **launch_pdl(pdl),
     )
     if num_splits > 1:

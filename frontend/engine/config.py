@@ -78,7 +78,8 @@ class EngineConfig:
         None, "prefill/decode disaggregation: how KV moves between replicas: frames (raw "
         "ZeroMQ frames through host memory) or shared (the decode rank copies out of the "
         "prefill rank's pool mapped into its process: a memfd on the CPU, CUDA IPC on a GPU "
-        "the replicas share); auto: shared on the CPU, frames on cuda",
+        "the replicas share); auto: shared on the CPU and on one GPU the replicas share, frames "
+        "otherwise",
         choices=KV_TRANSFER_MODES, auto="auto")
     nnodes: int = option(
         1, "hosts one tensor-parallel group spans, torchrun-style: run the same command on "

@@ -44,3 +44,19 @@ def test_kv_transfer_timeout_flag_reaches_the_schedulers(capsys):
         assert err == f"nanopipe serve: --kv-transfer-timeout must be > 0, got {float(bad)}"
     with pytest.raises(ConfigError, match="kv_transfer_timeout must be > 0"):
         EngineConfig(prefill_replicas=1, decode_replicas=1, kv_transfer_timeout=0)
+
+
+@pytest.mark.parametrize("visible, explicit, mode", [
+    ("0", None, "shared"),  # one GPU for both replicas: shared pools through CUDA IPC
+    ("0", "frames", "frames"),
+    ("0,1", None, "frames"),  # a GPU each, no peer access here: frames
+])
+def test_kv_transfer_auto_on_cuda(monkeypatch, visible, explicit, mode):
+    from frontend.engine.disagg import kv_transfer_mode
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    cfg = EngineConfig(device="cuda", prefill_replicas=1, decode_replicas=1,
+                       kv_transfer=explicit)
+    assert kv_transfer_mode(cfg) == mode
+    assert kv_transfer_mode(EngineConfig(device="cpu", prefill_replicas=1,
+                                         decode_replicas=1)) == "shared"

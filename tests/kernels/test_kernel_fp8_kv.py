@@ -195,3 +195,22 @@ def test_gpu_attention_over_an_fp8_cache_matches_the_reference(paged_case, dtype
     dec = {k: v for k, v in _quantized_case(dec, 0.7, 1.3).items() if k != "cu_seqlens_q"}
     torch.testing.assert_close(paged_decode_attention_triton(**dec),
                                paged_decode_attention_ref(**dec), **tol)
+
+
+@pytest.mark.parametrize("kernel", ["prefill", "decode"])
+def test_bfloat16_queries_over_fp8_compute_in_float16_without_overflow(paged_case, kernel):
+    """bf16 queries over an fp8 cache run in float16 (one instruction widens an e4m3 pair);
+    a query past float16's range is clamped to it, never turned into inf or NaN."""
+    case = paged_case([3, 1, 2], [20, 9, 30], 8, 2, 16, 4, dtype=torch.bfloat16)
+    case = _quantized_case(case, 0.5, 2.0)
+    case["q"][0, 0, 0] = 1e6  # bf16 holds it, float16 does not
+    if kernel == "decode":
+        case = paged_case([1] * 3, [20, 9, 30], 8, 2, 16, 4, dtype=torch.bfloat16)
+        case = {k: v for k, v in _quantized_case(case, 0.5, 2.0).items()
+                if k != "cu_seqlens_q"}
+        case["q"][1, 0, 0] = -1e6
+        out, ref = paged_decode_attention_triton(**case), paged_decode_attention_ref(**case)
+    else:
+        out, ref = paged_attention_triton(**case), paged_attention_ref(**case)
+    assert torch.isfinite(out.float()).all()
+    torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
