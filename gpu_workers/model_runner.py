@@ -18,9 +18,10 @@ import torch.distributed as dist
 from gpu_workers.batch import StepBatch, build_batch
 from gpu_workers.block_mover import make_host_tier
 from gpu_workers.config import ModelConfig, WorkerConfig
+from gpu_workers.cuda_sizing import cuda_kv_blocks, part
 from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.graph_sampling import graph_sample_inputs, graph_samplers, graph_tokens
-from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks, cuda_num_blocks
+from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.cpu_linear import use_onednn_weights
 from gpu_workers.layers.parallel import TPInfo
@@ -35,7 +36,7 @@ from gpu_workers.speculative.draft import DraftProposer
 from gpu_workers.step_graphs import StepGraphs
 from gpu_workers.step_timer import BusyTimes
 from gpu_workers.token_layout import bucket_width, entry_offsets, needed_width
-from gpu_workers.warm_up import measure_peak_memory, warm_up_kernels
+from gpu_workers.warm_up import warm_up_kernels
 from protocol import StepPlan, StepResult
 from protocol.startup_phases import PhaseClock
 
@@ -87,8 +88,10 @@ class ModelRunner:
         blocks = self.num_kv_blocks = self._size_kv_cache()
         self.kv_cache = KVCache(mc, blocks, config.block_size, self.device, config.kv_pool_mappable)
         self.kv_cache.bind(self.model.attention_layers())
+        part(clock, self.device, "kv.pool")
         self.mover, self.num_host_slots = make_host_tier(
             self.kv_cache.storage, config.kv_offloading_size, self.world_size, self.drafter)
+        part(clock, self.device, "kv.host")
         if self.drafter is not None:
             self.drafter.bind_cache(self.num_kv_blocks, world_size)
         self.table = self.new_table(self.num_kv_blocks)
@@ -118,8 +121,8 @@ class ModelRunner:
         c, mc = self.config, self.model_config
         extra = 0 if self.drafter is None else self.drafter.bytes_per_block(self.world_size)
         if self.device.type == "cuda":
-            measure_peak_memory(self)
-            blocks = cuda_num_blocks(c, mc, self.world_size, extra)
+            blocks, cached = cuda_kv_blocks(self, self.rank, extra)
+            part(self.startup, self.device, "kv.cached-peak" if cached else "kv.profile")
         else:
             blocks = cpu_num_blocks(c, mc, self.world_size, extra)
         if self.world_size > 1:  # every rank must agree on the pool the scheduler manages

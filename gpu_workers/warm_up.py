@@ -17,6 +17,7 @@ from gpu_workers.config import ModelConfig, WorkerConfig
 from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.kv_cache import KVCache
 from gpu_workers.models import CausalLM
+from gpu_workers.peak_memory import PeakMemory
 from gpu_workers.sequence_table import SequenceTable
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
 
@@ -38,8 +39,9 @@ class ScratchRunner(Protocol):
 
 
 @torch.inference_mode()
-def measure_peak_memory(runner: ScratchRunner) -> None:
-    """Run the largest batch the scheduler may send, so the peak activation memory is known."""
+def measure_peak_memory(runner: ScratchRunner) -> PeakMemory:
+    """Run the largest batch the scheduler may send, so the peak activation memory is known:
+    the step's transient bytes, and the device memory it left in use (see PeakMemory)."""
     c = runner.config
     total = c.max_num_batched_tokens
     n = max(1, min(c.max_num_seqs, total))  # the widest sampling batch too
@@ -51,6 +53,7 @@ def measure_peak_memory(runner: ScratchRunner) -> None:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    free_before, _ = torch.cuda.mem_get_info()
     kv = KVCache(runner.model_config, sum(blocks_needed), c.block_size, runner.device)
     kv.bind(runner.model.attention_layers())
     seqs, next_block = [], 0
@@ -64,6 +67,12 @@ def measure_peak_memory(runner: ScratchRunner) -> None:
     runner.run_on(StepPlan(0, [], seqs, CachedSequences([], [], [])), runner.new_table())
     torch.cuda.synchronize()
     del kv
+    torch.cuda.empty_cache()
+    stats = torch.cuda.memory_stats()
+    free_after, _ = torch.cuda.mem_get_info()
+    return PeakMemory(
+        transient=stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"],
+        overhead=max(0, free_before - free_after))
 
 
 @torch.inference_mode()

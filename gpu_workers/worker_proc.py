@@ -124,7 +124,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
             return Started(serve, info, num_kv_blocks=runner.num_kv_blocks,
                            num_host_slots=runner.num_host_slots,
                            host_block_bytes=0 if mover is None else mover.block_bytes,
-                           phases=runner.startup.phases)
+                           phases=[*runner.startup.phases,
+                                   *runner.startup.parts])
 
         try:
             start_and_serve(rt, endpoints, start)

@@ -25,14 +25,24 @@ class StartupPhase:
 
 class PhaseClock:
     """Times consecutive phases: `mark(name)` ends the phase `name` that began at the
-    previous mark (or at the clock's creation)."""
+    previous mark (or at the clock's creation).
+
+    `part(name)` times a part of the phase now running (`kv.profile`: its name is the
+    phase's, a dot and the part's), from the previous part or mark, into `parts`: the
+    launcher shows them after the ready line, so a slow phase says where its time went."""
 
     def __init__(self) -> None:
         self.phases: list[StartupPhase] = []
-        self._since = time.perf_counter()
+        self.parts: list[StartupPhase] = []
+        self._since = self._part_since = time.perf_counter()
 
     def mark(self, name: str) -> None:
         now = time.perf_counter()
         self.phases.append(StartupPhase(name, now - self._since))
-        self._since = now
+        self._since = self._part_since = now
+
+    def part(self, name: str) -> None:
+        now = time.perf_counter()
+        self.parts.append(StartupPhase(name, now - self._part_since))
+        self._part_since = now
 

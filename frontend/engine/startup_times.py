@@ -35,9 +35,20 @@ class ProcessStartup:
         return sum(p.seconds for p in self.phases if p.name == name)
 
     @property
+    def parts(self) -> tuple[StartupPhase, ...]:
+        """The parts of its phases it timed (`kv.profile`), in its order."""
+        return tuple(p for p in self.phases if is_part(p.name))
+
+    @property
     def unnamed_s(self) -> float:
         """Time outside its named phases: starting the interpreter, imports, sockets."""
-        return max(0.0, self.ready_s - sum(p.seconds for p in self.phases))
+        return max(0.0, self.ready_s - sum(p.seconds for p in self.phases
+                                           if not is_part(p.name)))
+
+
+def is_part(name: str) -> bool:
+    """A part of a phase (`kv.profile`) is named after it; its seconds are the phase's."""
+    return "." in name
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +59,24 @@ class StartupTimes:
     phases: tuple[StartupPhase, ...]
     """checks, processes, weights, kv, warm-up, graphs, frontend: they add up to total_s."""
     processes: tuple[ProcessStartup, ...]
+    parts: tuple[StartupPhase, ...] = ()
+    """The slowest worker's parts of its phases (`kv.profile`), where it timed them."""
 
     def phase(self, name: str) -> float:
         return sum(p.seconds for p in self.phases if p.name == name)
 
     def line(self) -> str:
-        """`ready in 3.2 s (checks 0.4, processes 0.9, weights 0.6, ...)`."""
-        parts = ", ".join(f"{p.name} {p.seconds:.1f}" for p in self.phases)
-        return f"ready in {self.total_s:.1f} s ({parts})"
+        """`ready in 3.2 s (checks 0.4, processes 0.9, weights 0.6, ...)`, then the parts of
+        any phase the slowest worker timed: ` [kv: profile 4.1, pool 0.1, host 3.0]`."""
+        text = ", ".join(f"{p.name} {p.seconds:.1f}" for p in self.phases)
+        line = f"ready in {self.total_s:.1f} s ({text})"
+        by_phase: dict[str, list[str]] = {}
+        for p in self.parts:
+            phase, _, part = p.name.partition(".")
+            by_phase.setdefault(phase, []).append(f"{part} {p.seconds:.2f}")
+        for phase, parts in by_phase.items():
+            line += f" [{phase}: {', '.join(parts)}]"
+        return line
 
 
 def startup_times(began: float, children: list[Child], end: float) -> StartupTimes:
@@ -66,14 +87,15 @@ def startup_times(began: float, children: list[Child], end: float) -> StartupTim
                                 tuple(c.ready.phases)))
              for c in children if c.ready is not None and c.ready_at is not None]
     phases = [StartupPhase("checks", first_spawn - began)]
-    workers_ready = first_spawn
+    workers_ready, parts = first_spawn, ()
     workers = [(c.ready_at, p) for c, p in procs if c.role == "worker"]
     if workers:
         workers_ready, slowest = max(workers, key=lambda w: w[0])
         phases.append(StartupPhase("processes", slowest.unnamed_s))
         phases += [StartupPhase(name, slowest.phase(name)) for name in WORKER_PHASES]
+        parts = slowest.parts
     phases.append(StartupPhase("frontend", end - workers_ready))
-    return StartupTimes(end - began, tuple(phases), tuple(p for _, p in procs))
+    return StartupTimes(end - began, tuple(phases), tuple(p for _, p in procs), parts)
 
 
 _READY_LINE = re.compile(r"ready in (\d+(?:\.\d+)?) s \(([^()]*)\)")

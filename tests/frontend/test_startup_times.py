@@ -9,7 +9,7 @@ import pytest
 
 from frontend.engine.children import Child
 from frontend.engine.startup import await_ready
-from frontend.engine.startup_times import startup_times
+from frontend.engine.startup_times import parse_ready_line, startup_times
 from protocol import Ready
 from protocol.startup_phases import PhaseClock, StartupPhase
 
@@ -80,3 +80,34 @@ def test_a_phase_clock_times_consecutive_phases():
     assert names == ["weights", "kv"]
     assert clock.phases[0].seconds >= 0.02 > clock.phases[1].seconds
 
+
+
+def test_a_phase_clock_times_parts_inside_the_phase_running():
+    clock = PhaseClock()
+    clock.mark("weights")
+    time.sleep(0.02)
+    clock.part("kv.profile")
+    clock.part("kv.pool")
+    clock.mark("kv")
+    assert [p.name for p in clock.phases] == ["weights", "kv"]
+    assert [p.name for p in clock.parts] == ["kv.profile", "kv.pool"]
+    assert clock.parts[0].seconds >= 0.02 > clock.parts[1].seconds
+    assert clock.phases[1].seconds >= clock.parts[0].seconds + clock.parts[1].seconds
+
+
+def test_the_slowest_workers_parts_follow_the_line_and_are_not_counted_twice():
+    fast = _child("worker", 10.0, 13.0, [StartupPhase("kv", 1.0), StartupPhase("kv.host", 0.9)])
+    slow = _child("worker", 10.0, 15.0, [StartupPhase("weights", 1.0), StartupPhase("kv", 2.0),
+                                         StartupPhase("kv.profile", 1.5),
+                                         StartupPhase("kv.pool", 0.125),
+                                         StartupPhase("kv.host", 0.25)])
+    times = startup_times(9.0, [fast, slow], end=15.5)
+    # The parts are inside kv: "processes" is the time outside weights and kv alone.
+    assert times.phase("processes") == pytest.approx(5.0 - 3.0)
+    assert sum(p.seconds for p in times.phases) == pytest.approx(times.total_s)
+    assert times.line() == ("ready in 6.5 s (checks 1.0, processes 2.0, weights 1.0, kv 2.0, "
+                            "warm-up 0.0, graphs 0.0, frontend 0.5) "
+                            "[kv: profile 1.50, pool 0.12, host 0.25]")
+    # Tools that read the line from outside still find its phases.
+    parsed = parse_ready_line("nanopipe: " + times.line() + "\n")
+    assert parsed is not None and parsed.phase("kv") == 2.0 and parsed.total_s == 6.5

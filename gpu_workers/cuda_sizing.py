@@ -1,0 +1,62 @@
+"""How many KV blocks a CUDA rank allocates: from the memory the profiling forward leaves,
+or, when an earlier start with the same key measured it, from its cached figures without
+running that forward (gpu_workers.peak_memory says what the key holds and why)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gpu_workers.kv_cache import bytes_per_block
+from gpu_workers.peak_memory import (
+    PeakMemory,
+    cache_key,
+    entry_path,
+    floor_bytes,
+    key_parts,
+    kv_budget,
+    load,
+    store,
+)
+from gpu_workers.warm_up import ScratchRunner, measure_peak_memory
+from protocol.startup_phases import PhaseClock
+
+
+def device_facts(device: torch.device) -> dict[str, Any]:
+    """The GPU and the software under the forward, for the cache key."""
+    import triton
+
+    props = torch.cuda.get_device_properties(device)
+    return {"name": props.name, "total_memory": props.total_memory,
+            "capability": [props.major, props.minor], "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": triton.__version__}
+
+
+def cuda_kv_blocks(runner: ScratchRunner, rank: int, extra_per_block: int) -> tuple[int, bool]:
+    """The rank's block count, and whether its peak memory came from the cache."""
+    c, mc = runner.config, runner.model_config
+    parts = key_parts(c, mc, rank, runner.world_size, device_facts(runner.device))
+    key = cache_key(parts)
+    path = entry_path(key)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    peak = load(path, key, floor_bytes(c, mc, mc.dtype.itemsize), total)
+    cached = peak is not None
+    if peak is None:
+        measured = measure_peak_memory(runner)
+        store(path, key, measured, parts)
+        free, total = torch.cuda.mem_get_info()  # after it: its overhead is already in use
+        peak = PeakMemory(measured.transient, 0)
+    budget = kv_budget(c, free, total, torch.cuda.memory_reserved(), peak)
+    per_block = bytes_per_block(mc, c.block_size, runner.world_size) + extra_per_block
+    return int(budget) // per_block, cached
+
+
+def part(clock: PhaseClock, device: torch.device, name: str) -> None:
+    """Time a part of a CUDA start-up phase (the ready line's `[kv: ...]`), the work it
+    queued included; on the CPU the phases alone say enough."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        clock.part(name)

@@ -1,0 +1,41 @@
+"""On CUDA: a second runner with the same configuration sizes its KV pool from the figures
+the first one's profiling forward stored, without that forward, to the same pool (less the
+memory the first forward already left in use in this process), and generates the same."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+from random_prompts import random_prompts
+from rt_helpers import BLOCK_SIZE, make_runner
+from rt_planner import Planner
+
+pytestmark = pytest.mark.gpu
+
+
+def _greedy(runner, prompts, max_tokens=8):
+    planner = Planner(BLOCK_SIZE, runner.num_kv_blocks)
+    for i, p in enumerate(prompts):
+        planner.add(i, p, max_tokens)
+    return planner.run(runner)
+
+
+def test_a_cached_peak_sizes_the_pool_without_the_profiling_forward(tiny_qwen3_dir, tmp_path,
+                                                                    monkeypatch):
+    import torch
+
+    monkeypatch.setenv("NANOPIPE_CACHE", str(tmp_path))
+    kw = dict(device="cuda", kv_cache_bytes=None, gpu_memory_utilization=0.5,
+              max_num_batched_tokens=2048)
+    first = make_runner(tiny_qwen3_dir, **kw)
+    assert [p.name for p in first.startup.parts] == ["kv.profile", "kv.pool", "kv.host"]
+    prompts = random_prompts(3, [5, 9, 17, 30])
+    expected, blocks = _greedy(first, prompts), first.num_kv_blocks
+    del first
+    gc.collect()
+    torch.cuda.empty_cache()
+    second = make_runner(tiny_qwen3_dir, **kw)
+    assert second.startup.parts[0].name == "kv.cached-peak"
+    assert 0.95 * blocks <= second.num_kv_blocks <= blocks
+    assert _greedy(second, prompts) == expected
