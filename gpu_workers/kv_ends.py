@@ -117,3 +117,7 @@ class KVReceiverBase:
     def busy(self) -> bool:
         """Copies still running whose landing is not reported yet."""
         return False
+
+    def close(self) -> None:
+        """Drop what maps another process's memory (subclasses): before that process exits,
+        so it frees its memory knowing no one holds it."""

@@ -142,3 +142,9 @@ class SharedReceiver(KVReceiverBase):
             _, rid, num_bytes = self._copying.popleft()
             if not self.cancelled(rid):
                 self.report(rid, num_bytes, "")
+
+    def close(self) -> None:
+        if self._cuda:
+            torch.cuda.synchronize(self.pool.device)  # no copy still reads a peer's pool
+        self._copying.clear()
+        self._peers.clear()

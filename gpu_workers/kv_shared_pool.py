@@ -5,10 +5,24 @@ prefill rank's pool: one device copy, where the frames path makes two host copie
 the bytes through a socket. The prefill rank describes its pool once (KVPoolShare); the
 decode rank maps it and keeps it mapped.
 
-- **CUDA**: the pool's storage as torch shares it between processes on one GPU
+- **CUDA**: the pool's storage as torch shares it between processes
   (`UntypedStorage._share_cuda_`, a cudaIpcMemHandle and where the storage sits in its
-  allocation), opened with `_new_shared_cuda`. Only processes that see the same device can
-  open it, so this serves replicas that share a GPU.
+  allocation), opened with `_new_shared_cuda`, and the GPU's UUID: the handle's device index
+  is the prefill process's, and with a GPU group per replica the two processes number their
+  GPUs otherwise (each sees its own group first: frontend.engine.disagg_gpus). Only a
+  process that sees the pool's GPU can open the handle. On one GPU the replicas share, the
+  decode rank opens it on that GPU, as any IPC consumer does. On another GPU of the host it
+  opens it **on its own GPU**, not the pool's: `_new_shared_cuda(device, ...)` makes
+  `device` current and opens the handle there (`cudaIpcOpenMemHandle` with
+  `cudaIpcMemLazyEnablePeerAccess`), mapping the peer's memory into the decode GPU's context
+  that already exists and enabling peer access to the pool's GPU, and labels the storage
+  with that device. The gather then runs on the decode GPU and reads the pool over NVLink.
+  Opening it on the pool's index instead would make that GPU current in this process: a
+  second CUDA context (hundreds of MiB of the prefill GPU's memory per decode rank), a
+  storage labelled with the prefill GPU, so the gather would run there, beside the prefill
+  replica's steps, and then cross to this one. The decode rank checks peer access first
+  (`torch.cuda.can_device_access_peer`) and refuses the pool, naming --kv-transfer frames,
+  when there is none (the launcher refuses or avoids that case before start-up).
 - **CPU**: the pool is allocated in a memfd (anonymous memory: nothing to clean up when the
   process dies, and no /dev/shm size limit), which the decode rank opens read-only as
   /proc/PID/fd/FD: the kernel lets a process of the same user do that.
@@ -21,6 +35,7 @@ import math
 import mmap
 import os
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -43,7 +58,7 @@ def describe_pool(pool: torch.Tensor, fd: int, replica: int) -> KVPoolShare:
     cuda = None
     if pool.is_cuda:
         fields = pool.untyped_storage()._share_cuda_()
-        cuda = CudaPoolHandle(*fields)
+        cuda = CudaPoolHandle(*fields, device_uuid=gpu_uuids()[pool.device.index])
         fd = -1
     elif fd < 0:
         raise ValueError("a CPU KV pool must be allocated in a memfd to be shared")
@@ -77,17 +92,39 @@ def map_pool(share: KVPoolShare, own: torch.Tensor) -> torch.Tensor:
 
 
 def _map_cuda(share: KVPoolShare, own: torch.Tensor) -> torch.Tensor:
-    h = share.cuda
-    if own.device.index is not None and h.device != own.device.index:
-        raise PoolMismatch(f"prefill replica {share.prefill_replica}'s KV pool is on cuda:"
-                           f"{h.device}, this rank's on {own.device}: shared pools need the "
-                           "replicas on one GPU (--kv-transfer frames otherwise)")
-    storage = torch.UntypedStorage._new_shared_cuda(
-        h.device, h.handle, h.size_bytes, h.offset_bytes, h.ref_counter_handle,
+    h, mine = share.cuda, own.device.index
+    source_gpu(share, mine, gpu_uuids(), torch.cuda.can_device_access_peer)
+    storage = torch.UntypedStorage._new_shared_cuda(  # opened on this rank's GPU: above
+        mine, h.handle, h.size_bytes, h.offset_bytes, h.ref_counter_handle,
         h.ref_counter_offset, h.event_handle, h.event_sync_required)
     numel = math.prod(share.shape)
     flat = torch.empty(0, dtype=own.dtype, device=own.device)
     return flat.set_(storage, 0, (numel,), (1,)).view(share.shape)
+
+
+def gpu_uuids() -> list[str]:
+    """The UUID of each GPU this process sees, by index (no CUDA context on any of them)."""
+    return [str(torch.cuda.get_device_properties(i).uuid)
+            for i in range(torch.cuda.device_count())]
+
+
+def source_gpu(share: KVPoolShare, mine: int, uuids: list[str],
+               can_access: Callable[[int, int], bool]) -> int:
+    """This process's index of the GPU holding `share`'s pool, checked: the rank on GPU
+    `mine` sees it (`uuids`: this process's GPUs by index) and, on another GPU, can read its
+    memory directly. Raises PoolMismatch with the reason."""
+    h, who = share.cuda, f"prefill replica {share.prefill_replica}'s KV pool"
+    if not h.device_uuid:  # a peer that does not say: the same numbering, one GPU
+        source = h.device
+    elif h.device_uuid in uuids:
+        source = uuids.index(h.device_uuid)
+    else:
+        raise PoolMismatch(f"{who} is on GPU {h.device_uuid}, which this rank (GPU "
+                           f"{uuids[mine]}) does not see; use --kv-transfer frames")
+    if source != mine and not can_access(mine, source):
+        raise PoolMismatch(f"{who} is on cuda:{source}, which this rank's cuda:{mine} has no "
+                           "peer access to; use --kv-transfer frames")
+    return source
 
 
 def _map_memfd(share: KVPoolShare, dtype: torch.dtype) -> torch.Tensor:

@@ -165,8 +165,9 @@ class HandoffPeerDown:
 @struct
 @dataclass(frozen=True, slots=True)
 class CudaPoolHandle:
-    """A CUDA KV pool's storage as torch describes it for another process on the same GPU
-    (the fields of `UntypedStorage._share_cuda_()`, opened by `_new_shared_cuda`)."""
+    """A CUDA KV pool's storage as torch describes it for another process on this host
+    (the fields of `UntypedStorage._share_cuda_()`, opened by `_new_shared_cuda`), and the
+    GPU it is on."""
 
     device: int
     handle: bytes
@@ -176,6 +177,9 @@ class CudaPoolHandle:
     ref_counter_offset: int
     event_handle: bytes
     event_sync_required: bool
+    device_uuid: str = ""
+    """The GPU's UUID: `device` is an index into the prefill process's visible GPUs, which
+    another process may number otherwise."""
 
 
 @message(0x59)

@@ -77,9 +77,9 @@ class EngineConfig:
     kv_transfer: str | None = option(
         None, "prefill/decode disaggregation: how KV moves between replicas: frames (raw "
         "ZeroMQ frames through host memory) or shared (the decode rank copies out of the "
-        "prefill rank's pool mapped into its process: a memfd on the CPU, CUDA IPC on a GPU "
-        "the replicas share); auto: shared on the CPU and on one GPU the replicas share, frames "
-        "otherwise",
+        "prefill rank's pool mapped into its process: a memfd on the CPU, CUDA IPC on one GPU "
+        "or from a peer GPU over NVLink); auto: shared where it can work (the CPU, one GPU, "
+        "GPUs with peer access), frames otherwise",
         choices=KV_TRANSFER_MODES, auto="auto")
     nnodes: int = option(
         1, "hosts one tensor-parallel group spans, torchrun-style: run the same command on "

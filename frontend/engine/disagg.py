@@ -9,10 +9,10 @@ scheduler inputs; each rank the decode replicas' transfer addresses of its own r
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
+from frontend.engine import disagg_gpus
 from frontend.engine.options import ConfigError
 from frontend.engine.startup import replica_env
 from frontend.openai_server.health import NoNewRequests
@@ -48,21 +48,32 @@ def check_disaggregation(cfg: EngineConfig) -> None:
                           "disaggregation yet (the decode replica would need the draft "
                           "model's KV of each prompt); use ngram, which the decode replicas "
                           "run, or drop one of them")
-    if cfg.kv_transfer == "shared" and cfg.resolved_device == "cuda" and not gpus_shared(cfg):
-        raise ConfigError(owner, "kv_transfer", "shared needs the prefill and decode replicas "
-                          "on one GPU (CUDA IPC within a device), and each has GPUs of its "
-                          "own here; use frames (--kv-transfer frames)")
+    if cfg.kv_transfer == "shared" and (why := cross_gpu_obstacle(cfg)):
+        raise ConfigError(owner, "kv_transfer", f"shared cannot work here: {why}; use "
+                          "frames (--kv-transfer frames)")
 
 
 def kv_transfer_mode(cfg: EngineConfig) -> str:
     """--kv-transfer resolved: auto is shared where it can work (the CPU; cuda with the
-    replicas on one GPU, where it halves the short requests' ITL p99 against frames on an
-    H200), frames otherwise."""
+    replicas on one GPU, where it halves the short requests' ITL p99 against colocated on an
+    H200, or on GPUs of their own with peer access between them), frames otherwise."""
     if not cfg.prefill_replicas:
         return "frames"
     if cfg.kv_transfer is not None:
         return cfg.kv_transfer
-    return "shared" if cfg.resolved_device == "cpu" or gpus_shared(cfg) else "frames"
+    return "frames" if cross_gpu_obstacle(cfg) else "shared"
+
+
+def cross_gpu_obstacle(cfg: EngineConfig) -> str | None:
+    """Why shared pools cannot work between the replicas' GPUs (None: they can, or there is
+    nothing to cross: the CPU, or one GPU shared by every replica)."""
+    if cfg.resolved_device != "cuda" or not cfg.prefill_replicas or gpus_shared(cfg):
+        return None
+    tp = cfg.tensor_parallel_size
+    return disagg_gpus.peer_obstacle(
+        disagg_gpus.visible_gpus(),
+        disagg_gpus.reading_pairs(tp, cfg.prefill_replicas, cfg.decode_replicas),
+        disagg_gpus.can_access_peer)
 
 
 def replica_links(cfg: EngineConfig, replicas: list[Endpoints]) -> list[dict[str, Any]]:
@@ -112,32 +123,23 @@ def scheduler_role(cfg: EngineConfig, sched_cfg, replica: int):
 
 
 def worker_env(cfg: EngineConfig, replica: int) -> dict[str, str] | None:
-    """The GPUs replica's workers see: their own (startup.replica_env), or, on cuda with
-    fewer GPUs than prefill + decode groups (one H200), all replicas the same ones, each
-    worker taking its share of --gpu-memory-utilization (WorkerConfig.gpu_share)."""
+    """The GPUs replica's workers see: their own group (startup.replica_env), every group
+    with their own first when KV moves through shared pools between groups (disagg_gpus), or,
+    on cuda with fewer GPUs than prefill + decode groups (one H200), all replicas the same
+    ones, each worker taking its share of --gpu-memory-utilization (WorkerConfig.gpu_share)."""
     if cfg.resolved_device != "cuda" or not cfg.prefill_replicas:
         return replica_env(cfg.resolved_device, cfg.tensor_parallel_size, cfg.num_replicas,
                            replica)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        devices = [d.strip() for d in visible.split(",") if d.strip()]
-    else:
-        import torch
-
-        devices = [str(i) for i in range(torch.cuda.device_count())]
-    tp = cfg.tensor_parallel_size
-    if len(devices) >= tp * cfg.num_replicas:
-        return {"CUDA_VISIBLE_DEVICES": ",".join(devices[replica * tp:(replica + 1) * tp])}
-    return {"CUDA_VISIBLE_DEVICES": ",".join(devices[:tp])}
+    devices, tp = disagg_gpus.visible_gpus(), cfg.tensor_parallel_size
+    if gpus_shared(cfg):
+        return {"CUDA_VISIBLE_DEVICES": ",".join(devices[:tp])}
+    see_all = kv_transfer_mode(cfg) == "shared"
+    return {"CUDA_VISIBLE_DEVICES": ",".join(disagg_gpus.worker_gpus(
+        devices, tp, cfg.num_replicas, replica, see_all))}
 
 
 def gpus_shared(cfg: EngineConfig) -> bool:
     """Whether the replicas share GPUs (too few for one group each)."""
     if cfg.resolved_device != "cuda" or not cfg.prefill_replicas:
         return False
-    import torch
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    count = len([d for d in visible.split(",") if d.strip()]) if visible else \
-        torch.cuda.device_count()
-    return count < cfg.tensor_parallel_size * cfg.num_replicas
+    return len(disagg_gpus.visible_gpus()) < cfg.tensor_parallel_size * cfg.num_replicas

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from frontend.engine import disagg_gpus
 from frontend.engine.cli import parse_serve_args
 from frontend.engine.config import EngineConfig
+from frontend.engine.disagg import gpus_shared, kv_transfer_mode, worker_env
 from frontend.engine.options import ConfigError
 
 
@@ -46,17 +48,64 @@ def test_kv_transfer_timeout_flag_reaches_the_schedulers(capsys):
         EngineConfig(prefill_replicas=1, decode_replicas=1, kv_transfer_timeout=0)
 
 
-@pytest.mark.parametrize("visible, explicit, mode", [
-    ("0", None, "shared"),  # one GPU for both replicas: shared pools through CUDA IPC
-    ("0", "frames", "frames"),
-    ("0,1", None, "frames"),  # a GPU each, no peer access here: frames
-])
-def test_kv_transfer_auto_on_cuda(monkeypatch, visible, explicit, mode):
-    from frontend.engine.disagg import kv_transfer_mode
 
+def peers(monkeypatch, visible: str, reachable: bool) -> None:
+    """`visible` GPUs, each able to read every other's memory directly or none."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    cfg = EngineConfig(device="cuda", prefill_replicas=1, decode_replicas=1,
-                       kv_transfer=explicit)
-    assert kv_transfer_mode(cfg) == mode
-    assert kv_transfer_mode(EngineConfig(device="cpu", prefill_replicas=1,
-                                         decode_replicas=1)) == "shared"
+    monkeypatch.setattr(disagg_gpus, "can_access_peer", lambda reader, owner: reachable)
+
+
+def split(**kw) -> EngineConfig:
+    return EngineConfig(device="cuda", prefill_replicas=1, decode_replicas=1, **kw)
+
+
+@pytest.mark.parametrize("visible, reachable, explicit, mode", [
+    ("0", False, None, "shared"),  # one GPU for both replicas: CUDA IPC on that GPU
+    ("0", False, "frames", "frames"),
+    ("0,1", True, None, "shared"),  # a GPU each, with peer access: CUDA IPC across them
+    ("0,1", True, "frames", "frames"),
+    ("0,1", False, None, "frames"),  # no peer access: auto keeps frames
+])
+def test_kv_transfer_auto_on_cuda(monkeypatch, visible, reachable, explicit, mode):
+    peers(monkeypatch, visible, reachable)
+    assert kv_transfer_mode(split(kv_transfer=explicit)) == mode
+    cpu = EngineConfig(device="cpu", prefill_replicas=1, decode_replicas=1)
+    assert kv_transfer_mode(cpu) == "shared" and worker_env(cpu, 1) is None
+
+
+def test_shared_without_peer_access_is_refused_naming_the_gpus(monkeypatch):
+    peers(monkeypatch, "3,5", False)
+    with pytest.raises(ConfigError, match=r"kv_transfer shared cannot work here: GPU 5 \(a "
+                       r"decode rank's\) has no peer access to GPU 3 \(its prefill rank's\); "
+                       r"use frames \(--kv-transfer frames\)") as info:
+        split(kv_transfer="shared")
+    assert "\n" not in str(info.value)
+    peers(monkeypatch, "3,5", True)
+    assert kv_transfer_mode(split(kv_transfer="shared")) == "shared"
+
+
+@pytest.mark.parametrize("reachable, envs", [
+    (True, ["4,5,6,7,0,1", "6,7,4,5,0,1", "0,1,4,5,6,7"]),  # shared: all, own group first
+    (False, ["4,5", "6,7", "0,1"]),  # frames: each replica its own group, as with --dp
+])
+def test_each_worker_sees_its_own_group_first(monkeypatch, reachable, envs):
+    """tp 2, one prefill and two decode replicas on six GPUs; a seventh is left out."""
+    peers(monkeypatch, "4,5,6,7,0,1,2", reachable)
+    cfg = EngineConfig(device="cuda", prefill_replicas=1, decode_replicas=2,
+                       tensor_parallel_size=2)
+    assert [worker_env(cfg, i)["CUDA_VISIBLE_DEVICES"] for i in range(3)] == envs
+    assert not gpus_shared(cfg)
+
+
+def test_one_gpu_for_every_replica_is_left_as_it_was(monkeypatch):
+    peers(monkeypatch, "2", False)
+    cfg = split()
+    assert gpus_shared(cfg) and kv_transfer_mode(cfg) == "shared"
+    assert [worker_env(cfg, i) for i in range(2)] == [{"CUDA_VISIBLE_DEVICES": "2"}] * 2
+    assert cfg.worker_config("").gpu_share
+
+
+def test_the_decode_ranks_read_the_prefill_ranks_of_their_index():
+    assert disagg_gpus.reading_pairs(2, 1, 2) == [(2, 0), (3, 1), (4, 0), (5, 1)]
+    assert disagg_gpus.reading_pairs(1, 2, 1) == [(2, 0), (2, 1)]
+    assert disagg_gpus.worker_gpus(list("abcd"), 1, 4, 2, True) == list("cabd")

@@ -1,7 +1,9 @@
-"""Prefill/decode disaggregation on one GPU, as a single-H200 user runs it: the prefill and
-decode replicas share the device, and the greedy tokens equal one colocated pipeline's with
-either way of moving the KV (float32, so batching cannot move a token), prefix hits and
-chunked prefill included; every request that decodes past its first token was handed off."""
+"""Prefill/decode disaggregation on GPUs, as users run it: on one GPU the prefill and decode
+replicas share the device (a single H200); on two each replica has a GPU of its own and the
+decode rank reads the prefill rank's pool through peer access (--kv-transfer auto picks
+shared there). The greedy tokens equal one colocated pipeline's (float32, so batching cannot
+move a token), prefix hits and chunked prefill included; every request that decodes past its
+first token was handed off."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from pipeline_config import tiny_engine
 from random_prompts import random_prompts
 
 from frontend import LLM
+from frontend.engine.config import EngineConfig
+from frontend.engine.disagg import kv_transfer_mode
+from frontend.engine.disagg_gpus import visible_gpus
 from protocol import SamplingParams
 
 pytestmark = [
@@ -43,8 +48,21 @@ def colocated(tiny_qwen3_dir) -> list[dict]:
 
 
 @pytest.mark.parametrize("transfer", ["frames", "shared"])
-def test_one_gpu_split_gives_the_colocated_tokens(tiny_qwen3_dir, colocated, transfer):
+def test_one_gpu_split_gives_the_colocated_tokens(tiny_qwen3_dir, colocated, transfer,
+                                                  monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible_gpus()[0])  # the replicas share it
     split = generate(tiny_qwen3_dir, prefill_replicas=1, decode_replicas=1,
                      kv_transfer=transfer)
+    assert [r["token_ids"] for r in split] == [r["token_ids"] for r in colocated]
+    assert all(r["metrics"].kv_transfer_s is not None for r in split)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_gpu_each_with_shared_pools_gives_the_colocated_tokens(tiny_qwen3_dir, colocated):
+    if not torch.cuda.can_device_access_peer(1, 0):
+        pytest.skip("the second GPU has no peer access to the first")
+    split_cfg = dict(prefill_replicas=1, decode_replicas=1)
+    assert kv_transfer_mode(EngineConfig(device="cuda", **split_cfg)) == "shared"
+    split = generate(tiny_qwen3_dir, **split_cfg)
     assert [r["token_ids"] for r in split] == [r["token_ids"] for r in colocated]
     assert all(r["metrics"].kv_transfer_s is not None for r in split)

@@ -101,7 +101,7 @@ EXAMPLES = [
     KVPoolShare(0, "torch.bfloat16", [2, 28, 4096, 16, 8, 128], 4242, 17),
     KVPoolShare(0, "torch.bfloat16", [2, 28, 4096, 16, 8, 128], 4242, -1,
                 CudaPoolHandle(0, b"\x01" * 64, 1 << 30, 512, b"/torch_4242_1", 8, b"\x02" * 64,
-                               True)),
+                               True, "GPU-6f1c2a3e-0d4b-4c55-9b1a-2f0e8d7c6b5a")),
     KVBlocksReady(7, 0, [3, 4], [5, 6]),
 ]
 

@@ -2,7 +2,8 @@
 workers run them: the sender describes its pool and says where each export's blocks are, the
 receiver maps the pool, copies the blocks and reports KVLanded to its scheduler's socket.
 On the CPU the pool lives in a memfd the receiver opens through /proc; on a GPU (the `gpu`
-test) through CUDA IPC on the same device."""
+tests) through CUDA IPC, on the same device or from another GPU of the host, found by its
+UUID and read through peer access."""
 
 from __future__ import annotations
 
@@ -17,9 +18,22 @@ import torch
 import zmq
 
 from gpu_workers.kv_shared_copy import SharedReceiver, SharedSender
-from gpu_workers.kv_shared_pool import PoolMismatch, describe_pool, map_pool, memfd_pool
+from gpu_workers.kv_shared_pool import (
+    PoolMismatch,
+    describe_pool,
+    map_pool,
+    memfd_pool,
+    source_gpu,
+)
 from protocol.codec import Decoder
-from protocol.kv_handoff import KVCancel, KVExport, KVLanded, KVLinks, KVPoolShare
+from protocol.kv_handoff import (
+    CudaPoolHandle,
+    KVCancel,
+    KVExport,
+    KVLanded,
+    KVLinks,
+    KVPoolShare,
+)
 from protocol.process_runtime import ProcessRuntime
 
 SHAPE = (2, 3, 6, 4, 2, 8)  # [K/V, layers, blocks, block_size, kv_heads, head_dim]
@@ -81,6 +95,10 @@ def test_exported_blocks_land_in_the_decode_pool_and_are_reported(tmp_path):
         for src, dst in zip([4, 1, 2], [0, 8, 3]):
             assert torch.equal(decode[:, :, dst], prefill[:, :, src])
         assert not decode[:, :, [1, 2, 4, 5, 6, 7]].any()  # nothing else written
+        link.receiver.close()  # the prefill pool's mapping dropped, as before its process ends
+        link.sender.export(KVExport(8, [5], 1, [6]))
+        (refused,) = link.landings(1)
+        assert not refused.ok and "never described its KV pool" in refused.error
     finally:
         link.close()
 
@@ -170,6 +188,65 @@ def test_cuda_ipc_copies_between_two_processes_on_one_gpu(tmp_path):
         assert share.cuda is not None and share.fd == -1
         own = torch.zeros(2, 3, 4, 4, 2, 8, dtype=torch.bfloat16, device="cuda")
         mapped = map_pool(share, own)
+        from gpu_workers.block_mover import gather_blocks, scatter_blocks
+
+        scatter_blocks(own, [3, 0], gather_blocks(mapped, [5, 2]))
+        expected = torch.arange(mapped.numel()).reshape(SHAPE).to(torch.bfloat16)
+        assert torch.equal(own[:, :, 3].cpu(), expected[:, :, 5])
+        assert torch.equal(own[:, :, 0].cpu(), expected[:, :, 2])
+        del mapped
+        torch.cuda.synchronize()
+    finally:
+        child.stdin.write("\n")
+        child.stdin.flush()
+        child.wait(timeout=30)
+
+
+def cuda_share(device: int, uuid: str) -> KVPoolShare:
+    handle = CudaPoolHandle(device, b"h" * 64, 1 << 20, 0, b"/torch_1_1", 0, b"e" * 64, False,
+                            uuid)
+    return KVPoolShare(0, "torch.bfloat16", list(SHAPE), 1, -1, handle)
+
+
+def test_the_pool_gpu_is_found_by_its_uuid_and_needs_peer_access():
+    """The prefill process numbers its GPUs otherwise (its own group first): index 0 there is
+    GPU "b", which the decode rank on its index 0 (GPU "a") sees as index 1."""
+    uuids = ["a", "b", "c"]
+    allowed = {(0, 1)}
+    can_access = lambda reader, owner: (reader, owner) in allowed  # noqa: E731
+    assert source_gpu(cuda_share(0, "b"), 0, uuids, can_access) == 1
+    assert source_gpu(cuda_share(1, "a"), 0, uuids, can_access) == 0  # one GPU for both
+    assert source_gpu(cuda_share(0, ""), 0, uuids, can_access) == 0  # no UUID: same numbering
+    with pytest.raises(PoolMismatch, match=r"on cuda:2, which this rank's cuda:0 has no peer "
+                       r"access to; use --kv-transfer frames"):
+        source_gpu(cuda_share(0, "c"), 0, uuids, can_access)
+    with pytest.raises(PoolMismatch, match=r"on GPU z, which this rank \(GPU a\) does not "
+                       r"see; use --kv-transfer frames"):
+        source_gpu(cuda_share(0, "z"), 0, uuids, can_access)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs two GPUs")
+def test_cuda_ipc_copies_from_another_gpu_through_peer_access(tmp_path):
+    """The prefill side in another process on GPU 1, which it numbers 0 (its own first, as
+    its replica's workers see theirs); this process, the decode rank, copies on GPU 0."""
+    import os
+
+    if not torch.cuda.can_device_access_peer(0, 1):
+        pytest.skip("GPU 0 has no peer access to GPU 1")
+    code = CHILD.replace("memfd_pool({shape}, torch.bfloat16)",
+                         "torch.zeros({shape}, dtype=torch.bfloat16, device='cuda'), -1")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="1,0")
+    child = subprocess.Popen([sys.executable, "-c", code.format(shape=SHAPE)], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        share = Decoder(KVPoolShare).decode(bytes.fromhex(child.stdout.readline()))
+        assert share.cuda.device == 0
+        assert share.cuda.device_uuid == str(torch.cuda.get_device_properties(1).uuid)
+        own = torch.zeros(2, 3, 4, 4, 2, 8, dtype=torch.bfloat16, device="cuda:0")
+        mapped = map_pool(share, own)
+        assert mapped.device == own.device  # opened on this rank's GPU, read over the link
         from gpu_workers.block_mover import gather_blocks, scatter_blocks
 
         scatter_blocks(own, [3, 0], gather_blocks(mapped, [5, 2]))

@@ -113,7 +113,7 @@ def run_mode(args: argparse.Namespace, mode: str, tmp: str) -> dict:
             f"{args.dtype!r}, {address!r})")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
-    rt = runtime()
+    rt, receiver = runtime(), None
     try:
         pool = torch.zeros(pool_shape(args.shape, 2 * per_request),
                            dtype=getattr(torch, args.dtype), device=args.device)
@@ -146,6 +146,8 @@ def run_mode(args: argparse.Namespace, mode: str, tmp: str) -> dict:
                 times.append(elapsed)
                 num_bytes = landed.num_bytes
     finally:
+        if receiver is not None:  # its mapping of the child's pool goes before the child
+            receiver.close()
         child.stdin.close()
         child.wait(timeout=30)
         rt.close()
