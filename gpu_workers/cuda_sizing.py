@@ -1,6 +1,6 @@
-"""How many KV blocks a CUDA rank allocates: from the memory the profiling forward leaves,
-or, when an earlier start with the same key measured it, from its cached figures without
-running that forward (gpu_workers.peak_memory says what the key holds and why)."""
+"""How many KV blocks a rank allocates. On CUDA: from the memory the profiling forward
+leaves, or, when an earlier start with the same key measured it, from its cached figures
+without running that forward (gpu_workers.peak_memory says what the key holds and why)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gpu_workers.kv_cache import bytes_per_block
+from gpu_workers.kv_cache import bytes_per_block, check_fits, cpu_num_blocks
 from gpu_workers.peak_memory import (
     PeakMemory,
     cache_key,
@@ -21,6 +21,26 @@ from gpu_workers.peak_memory import (
 )
 from gpu_workers.warm_up import ScratchRunner, measure_peak_memory
 from protocol.startup_phases import PhaseClock
+
+
+def size_kv_pool(runner: ScratchRunner, rank: int, drafter) -> int:
+    """The rank's block count, the same on every rank (the least), checked to hold one
+    max_model_len sequence. A draft model's pool is paid from the same budget."""
+    c, mc, world_size = runner.config, runner.model_config, runner.world_size
+    extra = 0 if drafter is None else drafter.bytes_per_block(world_size)
+    if runner.device.type == "cuda":
+        blocks, cached = cuda_kv_blocks(runner, rank, extra)
+        part(runner.startup, runner.device, "kv.cached-peak" if cached else "kv.profile")
+    else:
+        blocks = cpu_num_blocks(c, mc, world_size, extra)
+    if world_size > 1:  # every rank must agree on the pool the scheduler manages
+        import torch.distributed as dist
+
+        t = torch.tensor([blocks], dtype=torch.int64, device=runner.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        blocks = int(t.item())
+    check_fits(blocks, c, mc, world_size, extra)
+    return blocks
 
 
 def device_facts(device: torch.device) -> dict[str, Any]:
