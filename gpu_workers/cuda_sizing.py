@@ -4,6 +4,7 @@ without running that forward (gpu_workers.peak_memory says what the key holds an
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -21,6 +22,10 @@ from gpu_workers.peak_memory import (
 )
 from gpu_workers.warm_up import ScratchRunner, measure_peak_memory
 from protocol.startup_phases import PhaseClock
+
+MEMORY_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_MODULE_LOADING",
+                   "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE")
+"""Environment settings that change what the forward allocates or leaves in use."""
 
 
 def size_kv_pool(runner: ScratchRunner, rank: int, drafter) -> int:
@@ -50,7 +55,8 @@ def device_facts(device: torch.device) -> dict[str, Any]:
     props = torch.cuda.get_device_properties(device)
     return {"name": props.name, "total_memory": props.total_memory,
             "capability": [props.major, props.minor], "torch": torch.__version__,
-            "cuda": torch.version.cuda, "triton": triton.__version__}
+            "cuda": torch.version.cuda, "triton": triton.__version__,
+            "env": {k: os.environ.get(k) for k in MEMORY_SETTINGS}}
 
 
 def cuda_kv_blocks(runner: ScratchRunner, rank: int, extra_per_block: int) -> tuple[int, bool]:
