@@ -6,15 +6,51 @@ so a CUDA rank allocates it beside the warm-up and waits for it before CUDA grap
 capture forbids other threads' calls that may synchronize) and so before it reports ready.
 The slot count, which the ranks agree on with a collective, is settled on the main thread
 first, so every rank's collectives stay in one order.
+
+Unless the user's allocator settings say how to pin, torch is asked to pin by registering
+memory it has already mapped on several threads (`pinned_use_cuda_host_register`), rather
+than with cudaHostAlloc, which faults in and zeroes every page on one thread while it holds
+the driver's lock (the warm-up's CUDA calls on the main thread would wait for it).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
+from collections.abc import Mapping
 
 import torch
 
 from gpu_workers.block_mover import BlockMover, HostTierUnsupported, host_pool_slots, make_host_pool
+
+log = logging.getLogger("nanopipe.worker")
+ALLOC_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def pinning_settings(environ: Mapping[str, str] = os.environ,
+                     cpus: int | None = None) -> str | None:
+    """torch's allocator settings with registered pinning on up to 8 threads (a power of
+    two, at most half the CPUs: the warm-up runs beside them), the user's own settings
+    kept; None when those already say how to pin."""
+    current = next((environ[k] for k in ALLOC_SETTINGS if environ.get(k)), "")
+    if "pinned_" in current:
+        return None
+    threads = 1 << (max(1, min(8, (cpus or os.cpu_count() or 1) // 2)).bit_length() - 1)
+    ours = f"pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}"
+    return f"{current},{ours}" if current else ours
+
+
+def _pin_by_registering() -> None:
+    settings = None if torch.version.hip else pinning_settings()
+    if settings is None:
+        return
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) \
+        or torch.cuda.memory._set_allocator_settings
+    try:
+        setter(settings)
+    except (AttributeError, RuntimeError) as exc:  # another torch: cudaHostAlloc it is
+        log.debug("host KV tier: kept torch's pinning (%s)", exc)
 
 
 class HostTierStart:
@@ -43,6 +79,8 @@ class HostTierStart:
         if slots == 0:
             return
         if background if background is not None else storage.is_cuda:
+            if storage.is_cuda:
+                _pin_by_registering()  # here, while no other thread allocates
             self._thread = threading.Thread(target=self._allocate, name="host-kv-tier",
                                             daemon=True)
             self._thread.start()

@@ -11,7 +11,7 @@ import torch
 
 from gpu_workers import host_tier_start
 from gpu_workers.block_mover import HostPoolTooSmall, HostTierUnsupported
-from gpu_workers.host_tier_start import HostTierStart
+from gpu_workers.host_tier_start import HostTierStart, pinning_settings
 
 # [2, layers, blocks, block_size, kv_heads, head_dim]
 STORAGE_SHAPE = (2, 3, 10, 4, 2, 8)
@@ -65,3 +65,17 @@ def test_off_too_small_and_draft_are_settled_at_once():
         HostTierStart(_storage(), BLOCK_BYTES / 2 / 2**30, 1, None)
     with pytest.raises(HostTierUnsupported, match="draft"):
         HostTierStart(_storage(), 3 * BLOCK_BYTES / 2**30, 1, object())
+
+
+def test_pinning_by_registering_keeps_the_users_settings():
+    ours = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
+    assert pinning_settings({}, cpus=16) == ours
+    assert pinning_settings({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+                            cpus=64) == f"expandable_segments:True,{ours}"
+    assert pinning_settings({"PYTORCH_ALLOC_CONF": "max_split_size_mb:512"}, cpus=16) == \
+        f"max_split_size_mb:512,{ours}"
+    assert pinning_settings({"PYTORCH_CUDA_ALLOC_CONF": "pinned_use_cuda_host_register:False"},
+                            cpus=16) is None
+    # Threads: a power of two, at most half the CPUs, at least one.
+    assert [pinning_settings({}, cpus=n).rsplit(":", 1)[1] for n in (1, 2, 6, 12, 200)] == \
+        ["1", "1", "2", "4", "8"]
