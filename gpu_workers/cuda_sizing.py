@@ -1,14 +1,15 @@
-"""How many KV blocks a CUDA rank allocates: from the memory the profiling forward leaves,
-or, when an earlier start with the same key measured it, from its cached figures without
-running that forward (gpu_workers.peak_memory says what the key holds and why)."""
+"""How many KV blocks a rank allocates. On CUDA: from the memory the profiling forward
+leaves, or, when an earlier start with the same key measured it, from its cached figures
+without running that forward (gpu_workers.peak_memory says what the key holds and why)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
-from gpu_workers.kv_cache import bytes_per_block
+from gpu_workers.kv_cache import bytes_per_block, check_fits, cpu_num_blocks
 from gpu_workers.peak_memory import (
     PeakMemory,
     cache_key,
@@ -22,6 +23,30 @@ from gpu_workers.peak_memory import (
 from gpu_workers.warm_up import ScratchRunner, measure_peak_memory
 from protocol.startup_phases import PhaseClock
 
+MEMORY_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_MODULE_LOADING",
+                   "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE")
+"""Environment settings that change what the forward allocates or leaves in use."""
+
+
+def size_kv_pool(runner: ScratchRunner, rank: int, drafter) -> int:
+    """The rank's block count, the same on every rank (the least), checked to hold one
+    max_model_len sequence. A draft model's pool is paid from the same budget."""
+    c, mc, world_size = runner.config, runner.model_config, runner.world_size
+    extra = 0 if drafter is None else drafter.bytes_per_block(world_size)
+    if runner.device.type == "cuda":
+        blocks, cached = cuda_kv_blocks(runner, rank, extra)
+        part(runner.startup, runner.device, "kv.cached-peak" if cached else "kv.profile")
+    else:
+        blocks = cpu_num_blocks(c, mc, world_size, extra)
+    if world_size > 1:  # every rank must agree on the pool the scheduler manages
+        import torch.distributed as dist
+
+        t = torch.tensor([blocks], dtype=torch.int64, device=runner.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        blocks = int(t.item())
+    check_fits(blocks, c, mc, world_size, extra)
+    return blocks
+
 
 def device_facts(device: torch.device) -> dict[str, Any]:
     """The GPU and the software under the forward, for the cache key."""
@@ -30,7 +55,8 @@ def device_facts(device: torch.device) -> dict[str, Any]:
     props = torch.cuda.get_device_properties(device)
     return {"name": props.name, "total_memory": props.total_memory,
             "capability": [props.major, props.minor], "torch": torch.__version__,
-            "cuda": torch.version.cuda, "triton": triton.__version__}
+            "cuda": torch.version.cuda, "triton": triton.__version__,
+            "env": {k: os.environ.get(k) for k in MEMORY_SETTINGS}}
 
 
 def cuda_kv_blocks(runner: ScratchRunner, rank: int, extra_per_block: int) -> tuple[int, bool]:

@@ -16,12 +16,12 @@ import torch
 import torch.distributed as dist
 
 from gpu_workers.batch import StepBatch, build_batch
-from gpu_workers.block_mover import make_host_tier
 from gpu_workers.config import ModelConfig, WorkerConfig
-from gpu_workers.cuda_sizing import cuda_kv_blocks, part
+from gpu_workers.cuda_sizing import part, size_kv_pool
 from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.graph_sampling import graph_sample_inputs, graph_samplers, graph_tokens
-from gpu_workers.kv_cache import KVCache, check_fits, cpu_num_blocks
+from gpu_workers.host_tier_start import HostTierStart
+from gpu_workers.kv_cache import KVCache
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.cpu_linear import use_onednn_weights
 from gpu_workers.layers.parallel import TPInfo
@@ -74,7 +74,7 @@ class ModelRunner:
             self.drafter = DraftProposer(config, mc, self.tp, self.device)
         clock.mark("weights")
         self.stream = torch.cuda.current_stream(self.device) if config.device == "cuda" else None
-        """Where every step runs (no other stream is ever made current), kept: looking it up
+        """Where every step runs (no other stream is ever made current), kept: a look-up
         costs more host time than recording an event on it."""
         self.sampler, self.busy = Sampler(self.device, config.seed), BusyTimes(self.stream)
         self.grammars = GrammarBook(config.model, mc.vocab_size) if rank == 0 else None
@@ -85,12 +85,13 @@ class ModelRunner:
         """Launched steps of self.table whose tokens are not in the mirror yet, oldest first."""
         progress("profiling memory to size the KV cache" if self.device.type == "cuda"
                  else "sizing the KV cache")
-        blocks = self.num_kv_blocks = self._size_kv_cache()
+        blocks = self.num_kv_blocks = size_kv_pool(self, rank, self.drafter)
         self.kv_cache = KVCache(mc, blocks, config.block_size, self.device, config.kv_pool_mappable)
         self.kv_cache.bind(self.model.attention_layers())
         part(clock, self.device, "kv.pool")
-        self.mover, self.num_host_slots = make_host_tier(
-            self.kv_cache.storage, config.kv_offloading_size, self.world_size, self.drafter)
+        host = HostTierStart(self.kv_cache.storage, config.kv_offloading_size, world_size,
+                             self.drafter)  # pinned on a thread beside the warm-up
+        self.mover, self.num_host_slots = None, host.slots
         part(clock, self.device, "kv.host")
         if self.drafter is not None:
             self.drafter.bind_cache(self.num_kv_blocks, world_size)
@@ -98,6 +99,10 @@ class ModelRunner:
         clock.mark("kv")
         if self.device.type == "cuda":
             warm_up_kernels(self)
+            part(clock, self.device, "warm-up.kernels")
+        self.mover = host.mover()
+        if self.device.type == "cuda":
+            part(clock, self.device, "warm-up.host-wait")
             clock.mark("warm-up")
         if self.device.type == "cuda" and not config.enforce_eager:
             with torch.inference_mode():
@@ -116,21 +121,6 @@ class ModelRunner:
                              num_blocks=num_blocks, block_size=c.block_size)
 
     # ----------------------------------------------------------------- start-up
-
-    def _size_kv_cache(self) -> int:
-        c, mc = self.config, self.model_config
-        extra = 0 if self.drafter is None else self.drafter.bytes_per_block(self.world_size)
-        if self.device.type == "cuda":
-            blocks, cached = cuda_kv_blocks(self, self.rank, extra)
-            part(self.startup, self.device, "kv.cached-peak" if cached else "kv.profile")
-        else:
-            blocks = cpu_num_blocks(c, mc, self.world_size, extra)
-        if self.world_size > 1:  # every rank must agree on the pool the scheduler manages
-            t = torch.tensor([blocks], dtype=torch.int64, device=self.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)
-            blocks = int(t.item())
-        check_fits(blocks, c, mc, self.world_size, extra)
-        return blocks
 
     # ----------------------------------------------------------------- stepping
 

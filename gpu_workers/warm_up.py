@@ -20,6 +20,7 @@ from gpu_workers.models import CausalLM
 from gpu_workers.peak_memory import PeakMemory
 from gpu_workers.sequence_table import SequenceTable
 from protocol import CachedSequences, NewSequence, SamplingParams, StepPlan, StepResult
+from protocol.startup_phases import PhaseClock
 
 
 class ScratchRunner(Protocol):
@@ -32,6 +33,7 @@ class ScratchRunner(Protocol):
     world_size: int
     num_kv_blocks: int
     grammars: GrammarBook | None
+    startup: PhaseClock
 
     def new_table(self, num_blocks: int | None = None) -> SequenceTable: ...
 

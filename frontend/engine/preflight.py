@@ -46,13 +46,13 @@ def _looks_like_hub_id(model: str) -> bool:
 def check_device(config: EngineConfig) -> None:
     if config.device != "cuda":
         return
-    import torch
+    from frontend.engine.torch_build import built_for_gpus, gpu_count
 
-    if not torch.cuda.is_available():
-        built = "a CPU-only build of torch" if torch.version.cuda is None else "no visible GPU"
+    count = gpu_count()  # without torch where the driver says (torch_build)
+    if count == 0:
+        built = "no visible GPU" if built_for_gpus() else "a CPU-only build of torch"
         raise ValueError(f"device 'cuda' was asked for but CUDA is not available ({built}); "
                          "use --device cpu")
-    count = torch.cuda.device_count()
     if config.tensor_parallel_size > count:
         raise ValueError(f"tensor parallel size {config.tensor_parallel_size} needs "
                          f"{config.tensor_parallel_size} GPUs but {count} are visible")

@@ -164,7 +164,7 @@ def replica_env(device: str, tp: int, dp: int, replica: int) -> dict[str, str] |
     if visible:
         devices = [d.strip() for d in visible.split(",") if d.strip()]
     else:
-        import torch
+        from frontend.engine.torch_build import gpu_count
 
-        devices = [str(i) for i in range(torch.cuda.device_count())]
+        devices = [str(i) for i in range(gpu_count())]
     return {"CUDA_VISIBLE_DEVICES": ",".join(devices[replica * tp:(replica + 1) * tp])}

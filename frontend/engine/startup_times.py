@@ -98,21 +98,33 @@ def startup_times(began: float, children: list[Child], end: float) -> StartupTim
     return StartupTimes(end - began, tuple(phases), tuple(p for _, p in procs), parts)
 
 
-_READY_LINE = re.compile(r"ready in (\d+(?:\.\d+)?) s \(([^()]*)\)")
+_READY_LINE = re.compile(r"ready in (\d+(?:\.\d+)?) s \(([^()]*)\)((?: \[[\w-]+: [^\[\]]*\])*)")
+_PARTS = re.compile(r"\[([\w-]+): ([^\[\]]*)\]")
+
+
+def _timed(text: str, prefix: str = "") -> list[StartupPhase] | None:
+    """`a 1.0, b 2.5` as phases (named prefix + name); None when a part is not `name secs`."""
+    phases = []
+    for part in text.split(","):
+        name, _, seconds = part.strip().rpartition(" ")
+        try:
+            phases.append(StartupPhase(prefix + name, float(seconds)))
+        except ValueError:
+            return None
+    return phases
 
 
 def parse_ready_line(text: str) -> StartupTimes | None:
-    """The total and phases of the first ready line (as StartupTimes.line() writes it) in
-    `text`, e.g. a server's stderr; None when there is none. For tools that time a server
-    from outside it: the line keeps one decimal, and names no processes."""
+    """The total, phases and parts of the first ready line (as StartupTimes.line() writes it)
+    in `text`, e.g. a server's stderr; None when there is none. For tools that time a server
+    from outside it: the line keeps one or two decimals, and names no processes."""
     found = _READY_LINE.search(text)
     if found is None:
         return None
-    phases = []
-    for part in found.group(2).split(","):
-        name, _, seconds = part.strip().rpartition(" ")
-        try:
-            phases.append(StartupPhase(name, float(seconds)))
-        except ValueError:
-            return None
-    return StartupTimes(float(found.group(1)), tuple(phases), ())
+    phases = _timed(found.group(2))
+    if phases is None:
+        return None
+    parts: list[StartupPhase] = []
+    for phase, listed in _PARTS.findall(found.group(3)):
+        parts += _timed(listed, f"{phase}.") or []
+    return StartupTimes(float(found.group(1)), tuple(phases), (), tuple(parts))

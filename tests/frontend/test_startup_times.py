@@ -111,3 +111,10 @@ def test_the_slowest_workers_parts_follow_the_line_and_are_not_counted_twice():
     # Tools that read the line from outside still find its phases.
     parsed = parse_ready_line("nanopipe: " + times.line() + "\n")
     assert parsed is not None and parsed.phase("kv") == 2.0 and parsed.total_s == 6.5
+    # ... and its parts, which `nanopipe bench startup` prints again.
+    assert [(p.name, p.seconds) for p in parsed.parts] == [
+        ("kv.profile", 1.5), ("kv.pool", 0.12), ("kv.host", 0.25)]
+    assert parsed.line() == times.line()
+    two = times.line() + " [warm-up: kernels 2.20, host-wait 0.80]"
+    assert [p.name for p in parse_ready_line(two).parts][-2:] == ["warm-up.kernels",
+                                                                  "warm-up.host-wait"]

@@ -1,6 +1,7 @@
-"""On CUDA: a second runner with the same configuration sizes its KV pool from the figures
-the first one's profiling forward stored, without that forward, to the same pool (less the
-memory the first forward already left in use in this process), and generates the same."""
+"""On CUDA: the start-up parts; a second runner with the same configuration sizes its KV
+pool from the figures the first one's profiling forward stored, without that forward, to the
+same pool (less the memory the first forward already left in use in this process), and
+generates the same; the host tier pinned beside the warm-up."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ def test_a_cached_peak_sizes_the_pool_without_the_profiling_forward(tiny_qwen3_d
 
     monkeypatch.setenv("NANOPIPE_CACHE", str(tmp_path))
     kw = dict(device="cuda", kv_cache_bytes=None, gpu_memory_utilization=0.5,
-              max_num_batched_tokens=2048)
+              max_num_batched_tokens=2048, kv_offloading_size=0.25)
     first = make_runner(tiny_qwen3_dir, **kw)
-    assert [p.name for p in first.startup.parts] == ["kv.profile", "kv.pool", "kv.host"]
+    assert [p.name for p in first.startup.parts] == [
+        "kv.profile", "kv.pool", "kv.host", "warm-up.kernels", "warm-up.host-wait"]
     prompts = random_prompts(3, [5, 9, 17, 30])
     expected, blocks = _greedy(first, prompts), first.num_kv_blocks
     del first
@@ -39,3 +41,6 @@ def test_a_cached_peak_sizes_the_pool_without_the_profiling_forward(tiny_qwen3_d
     assert second.startup.parts[0].name == "kv.cached-peak"
     assert 0.95 * blocks <= second.num_kv_blocks <= blocks
     assert _greedy(second, prompts) == expected
+    # The host tier, pinned on a thread beside the warm-up, is in place once it is ready.
+    assert second.mover is not None and second.mover.host_pool.is_pinned()
+    assert second.num_host_slots == second.mover.host_pool.shape[0] > 0

@@ -1,0 +1,106 @@
+"""The host KV tier's pinned pool, allocated on a thread while the kernels warm up.
+
+Pinning the host tier (on CUDA up to 16 GiB by default) takes seconds: the driver faults in,
+zeroes and locks every page. Nothing reads the pool before the first step that moves blocks,
+so a CUDA rank allocates it beside the warm-up and waits for it before CUDA graph capture (a
+capture forbids other threads' calls that may synchronize) and so before it reports ready.
+The slot count, which the ranks agree on with a collective, is settled on the main thread
+first, so every rank's collectives stay in one order.
+
+Unless the user's allocator settings say how to pin, torch is asked to pin by registering
+memory it has already mapped on several threads (`pinned_use_cuda_host_register`), rather
+than with cudaHostAlloc, which faults in and zeroes every page on one thread while it holds
+the driver's lock (the warm-up's CUDA calls on the main thread would wait for it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+
+import torch
+
+from gpu_workers.block_mover import BlockMover, HostTierUnsupported, host_pool_slots, make_host_pool
+
+log = logging.getLogger("nanopipe.worker")
+ALLOC_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def pinning_settings(environ: Mapping[str, str] = os.environ,
+                     cpus: int | None = None) -> str | None:
+    """torch's allocator settings with registered pinning on up to 8 threads (a power of
+    two, at most half the CPUs: the warm-up runs beside them), the user's own settings
+    kept; None when those already say how to pin."""
+    current = next((environ[k] for k in ALLOC_SETTINGS if environ.get(k)), "")
+    if "pinned_" in current:
+        return None
+    threads = 1 << (max(1, min(8, (cpus or os.cpu_count() or 1) // 2)).bit_length() - 1)
+    ours = f"pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}"
+    return f"{current},{ours}" if current else ours
+
+
+def _pin_by_registering() -> None:
+    settings = None if torch.version.hip else pinning_settings()
+    if settings is None:
+        return
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) \
+        or torch.cuda.memory._set_allocator_settings
+    try:
+        setter(settings)
+    except (AttributeError, RuntimeError) as exc:  # another torch: cudaHostAlloc it is
+        log.debug("host KV tier: kept torch's pinning (%s)", exc)
+
+
+class HostTierStart:
+    """One rank's host tier in the making: `slots` at once, the mover from mover()."""
+
+    def __init__(self, storage: torch.Tensor, gib: float, world_size: int,
+                 drafter: object | None, background: bool | None = None) -> None:
+        """`background`: allocate on a thread (default: when the pool is pinned, on CUDA)."""
+        block_bytes = storage[:, :, 0].numel() * storage.element_size()
+        slots = host_pool_slots(int(gib * 2**30), block_bytes)
+        if world_size > 1:  # ranks may hold different KV heads: they agree on the least
+            import torch.distributed as dist
+
+            t = torch.tensor([slots], dtype=torch.int64, device=storage.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            slots = int(t.item())
+        if slots and drafter is not None:
+            raise HostTierUnsupported(
+                "the host KV tier (kv_offloading_size) does not keep a draft model's KV; "
+                "set kv_offloading_size=0 with speculative 'draft'")
+        self.slots = slots
+        self._storage = storage
+        self._pool: torch.Tensor | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if slots == 0:
+            return
+        if background if background is not None else storage.is_cuda:
+            if storage.is_cuda:
+                _pin_by_registering()  # here, while no other thread allocates
+            self._thread = threading.Thread(target=self._allocate, name="host-kv-tier",
+                                            daemon=True)
+            self._thread.start()
+        else:
+            self._pool = make_host_pool(storage, slots)
+
+    def _allocate(self) -> None:
+        try:
+            if self._storage.is_cuda:  # a new thread's device is 0: pin under the rank's own
+                torch.cuda.set_device(self._storage.device)
+            self._pool = make_host_pool(self._storage, self.slots)
+        except BaseException as exc:  # noqa: BLE001 - raised on the main thread by mover()
+            self._error = exc
+
+    def mover(self) -> BlockMover | None:
+        """Wait for the pool; the mover over it (None: no host tier). An allocation that
+        failed raises here, so start-up fails with its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+        return None if self._pool is None else BlockMover(self._storage, self._pool)

@@ -1,0 +1,81 @@
+"""The host KV tier's pool made on a thread beside the warm-up (CUDA) or at once (CPU): the
+mover comes from the same pool either way, and a failed allocation fails start-up with its
+own error. tests/runtime/test_gpu_peak_memory.py checks the pinned pool on CUDA."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from gpu_workers import host_tier_start
+from gpu_workers.block_mover import HostPoolTooSmall, HostTierUnsupported
+from gpu_workers.host_tier_start import HostTierStart, pinning_settings
+
+# [2, layers, blocks, block_size, kv_heads, head_dim]
+STORAGE_SHAPE = (2, 3, 10, 4, 2, 8)
+BLOCK_BYTES = 2 * 3 * 4 * 2 * 8 * 4
+
+
+def _storage() -> torch.Tensor:
+    return torch.zeros(STORAGE_SHAPE, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_the_mover_holds_the_slots_the_size_buys(background):
+    start = HostTierStart(_storage(), 5 * BLOCK_BYTES / 2**30, 1, None, background=background)
+    assert start.slots == 5
+    mover = start.mover()
+    assert mover is not None and mover.host_pool.shape == (5, 2, 3, 4, 2, 8)
+    assert mover.block_bytes == BLOCK_BYTES
+    assert start.mover() is not mover  # a second call makes another mover over the same pool
+
+
+def test_the_allocation_runs_beside_the_caller(monkeypatch):
+    release, began = threading.Event(), threading.Event()
+    real = host_tier_start.make_host_pool
+
+    def slow_pool(storage, slots):
+        began.set()
+        assert release.wait(10)
+        return real(storage, slots)
+
+    monkeypatch.setattr(host_tier_start, "make_host_pool", slow_pool)
+    start = HostTierStart(_storage(), 3 * BLOCK_BYTES / 2**30, 1, None, background=True)
+    assert began.wait(10) and start.slots == 3  # the caller goes on while it allocates
+    release.set()
+    assert start.mover().host_pool.shape[0] == 3
+
+
+def test_a_failed_allocation_fails_start_up_with_its_error(monkeypatch):
+    def no_memory(storage, slots):
+        raise RuntimeError("CUDA error: out of memory (pinned)")
+
+    monkeypatch.setattr(host_tier_start, "make_host_pool", no_memory)
+    start = HostTierStart(_storage(), 3 * BLOCK_BYTES / 2**30, 1, None, background=True)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        start.mover()
+
+
+def test_off_too_small_and_draft_are_settled_at_once():
+    off = HostTierStart(_storage(), 0.0, 1, None, background=True)
+    assert off.slots == 0 and off.mover() is None
+    with pytest.raises(HostPoolTooSmall):
+        HostTierStart(_storage(), BLOCK_BYTES / 2 / 2**30, 1, None)
+    with pytest.raises(HostTierUnsupported, match="draft"):
+        HostTierStart(_storage(), 3 * BLOCK_BYTES / 2**30, 1, object())
+
+
+def test_pinning_by_registering_keeps_the_users_settings():
+    ours = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
+    assert pinning_settings({}, cpus=16) == ours
+    assert pinning_settings({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+                            cpus=64) == f"expandable_segments:True,{ours}"
+    assert pinning_settings({"PYTORCH_ALLOC_CONF": "max_split_size_mb:512"}, cpus=16) == \
+        f"max_split_size_mb:512,{ours}"
+    assert pinning_settings({"PYTORCH_CUDA_ALLOC_CONF": "pinned_use_cuda_host_register:False"},
+                            cpus=16) is None
+    # Threads: a power of two, at most half the CPUs, at least one.
+    assert [pinning_settings({}, cpus=n).rsplit(":", 1)[1] for n in (1, 2, 6, 12, 200)] == \
+        ["1", "1", "2", "4", "8"]
