@@ -34,10 +34,15 @@ class KVSenderBase:
     """A prefill rank's sockets to the decode replicas' ranks of its index, and what is staged
     to go out on them in order once it may (subclasses fill `staged` and send it)."""
 
+    send_hwm: int = 0
+    """Messages a socket queues before a send would block (0: no bound)."""
+
     def __init__(self, rt: ProcessRuntime, links: KVLinks, pool: torch.Tensor,
                  keys: CurveKeys | None) -> None:
         self.pool, self.replica = pool, links.replica
-        self.to_decode = {r: rt.socket(zmq.PUSH, a, bind=False, security=keys)
+        options = {zmq.SNDHWM: self.send_hwm} if self.send_hwm else {}
+        self.to_decode = {r: rt.adopt(MessageSocket(rt.ctx, zmq.PUSH, a, bind=False,
+                                                    security=keys, options=options))
                           for r, a in enumerate(links.transfer) if a}
         self.staged: deque = deque()
 
@@ -58,11 +63,14 @@ class KVReceiverBase:
 
     accepts: tuple[type, ...] = ()
     max_message_bytes: int = -1
+    receive_hwm: int = 0
 
     def __init__(self, rt: ProcessRuntime, links: KVLinks, pool: torch.Tensor, rank: int,
                  endpoints: Endpoints) -> None:
         self.pool, self.rank = pool, rank
         options = {zmq.MAXMSGSIZE: self.max_message_bytes} if self.max_message_bytes > 0 else {}
+        if self.receive_hwm:
+            options[zmq.RCVHWM] = self.receive_hwm
         self.sock = rt.adopt(MessageSocket(
             rt.ctx, zmq.PULL, links.transfer[links.replica], bind=True,
             accepts=self.accepts, security=endpoints.keys, options=options))

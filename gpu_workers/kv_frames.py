@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import zmq
 
 from gpu_workers.block_mover import BLOCK_DIM, gather_blocks, scatter_blocks
 from gpu_workers.kv_ends import KVReceiverBase, KVSenderBase
@@ -32,6 +35,8 @@ log = logging.getLogger("nanopipe.worker")
 
 MAX_CHUNK_BYTES = 32 << 20
 """Largest tensor frame: a request's blocks go in chunks of at most this (at least a block)."""
+SEND_HWM = 2
+"""Chunks a prefill rank's socket and a decode rank's each hold at most (FramesSender)."""
 
 
 def _dtype(name: str) -> torch.dtype | None:
@@ -39,8 +44,27 @@ def _dtype(name: str) -> torch.dtype | None:
     return value if isinstance(value, torch.dtype) else None
 
 
+@dataclass
+class _Outgoing:
+    """One export's chunks not sent yet, in order: (gathered event, header, host tensor)."""
+
+    request_id: int
+    sock: zmq.Socket
+    chunks: deque = field(default_factory=deque)
+    bytes_left: int = 0
+
+
 class FramesSender(KVSenderBase):
-    """A prefill rank's exports: gather, stage, send."""
+    """A prefill rank's exports: gather, stage, send the shortest first.
+
+    Only SEND_HWM chunks wait in a socket (and as many at the decode rank's end): the rest
+    stay here, where the next chunk is chosen by what is left of its export, fewest bytes
+    first. A short prompt's KV thus goes out within a few chunks' time of its export instead
+    of behind every chunk of the long prompts exported before it: on one H200 at 16
+    requests/s with a fifth of them 4k-8k tokens, the frames link carries about what it can,
+    and a short request's second token waited seconds for its hand-off."""
+
+    send_hwm = SEND_HWM
 
     def __init__(self, rt: ProcessRuntime, links: KVLinks, pool: torch.Tensor,
                  keys) -> None:
@@ -55,12 +79,16 @@ class FramesSender(KVSenderBase):
             return
         per_chunk = max(1, MAX_CHUNK_BYTES // self.block_bytes)
         ids, dest = msg.block_ids, msg.dest_block_ids
+        out = _Outgoing(msg.request_id, sock.socket)
         for start in range(0, len(ids), per_chunk):
             src, to = ids[start:start + per_chunk], dest[start:start + per_chunk]
             data, done = self._gather(src)
             header = KVFrameHeader(msg.request_id, list(to), str(self.pool.dtype),
                                    list(data.shape), start + per_chunk >= len(ids))
-            self.staged.append((done, sock.socket, encode(header), data))
+            out.chunks.append((done, encode(header), data))
+            out.bytes_left += data.numel() * data.element_size()
+        if out.chunks:
+            self.staged.append(out)
         self.pump()
 
     def _gather(self, block_ids: list[int]) -> tuple[torch.Tensor, object]:
@@ -80,14 +108,32 @@ class FramesSender(KVSenderBase):
         return host, done
 
     def pump(self) -> None:
-        """Send every staged chunk whose copy is done, in order (never blocks)."""
-        while self.staged:
-            done, sock, header, data = self.staged[0]
-            if done is not None and not done.query():
+        """Send gathered chunks, the export with the fewest bytes left first, while the
+        sockets take them (never blocks)."""
+        full: set = set()
+        while True:
+            out = next_to_send(self.staged, full)
+            if out is None:
                 return
-            self.staged.popleft()
+            done, header, data = out.chunks[0]
             raw = data.reshape(-1).view(torch.uint8).numpy()
-            sock.send_multipart([header, raw], copy=False)
+            try:
+                out.sock.send_multipart([header, raw], zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                full.add(out.sock)
+                continue
+            out.chunks.popleft()
+            out.bytes_left -= raw.nbytes
+            if not out.chunks:
+                self.staged.remove(out)
+
+
+def next_to_send(staged, full: set) -> _Outgoing | None:
+    """The export whose next chunk goes now: gathered, its socket not full, the fewest bytes
+    left (the earliest export among equals)."""
+    ready = [out for out in staged if out.sock not in full
+             and (out.chunks[0][0] is None or out.chunks[0][0].query())]
+    return min(ready, key=lambda out: out.bytes_left, default=None)
 
 
 class FramesReceiver(KVReceiverBase):
@@ -95,6 +141,7 @@ class FramesReceiver(KVReceiverBase):
 
     accepts = (KVFrameHeader,)
     max_message_bytes = MAX_CHUNK_BYTES + (1 << 20)
+    receive_hwm = SEND_HWM
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
