@@ -24,6 +24,9 @@ from protocol.process_runtime import ProcessRuntime
 from protocol.sockets import MessageSocket
 
 MAX_CANCELLED = 4096
+LAND_BYTES_PER_PUMP = 32 << 20
+"""Host bytes a decode rank lands between two steps (one frames chunk): each costs a copy
+into pinned memory on the step loop's thread, a few ms per chunk on an H200's host."""
 log = logging.getLogger("nanopipe.worker")
 
 
@@ -83,16 +86,20 @@ class KVReceiverBase:
         """Drop what is kept for a request that will not land (subclasses)."""
 
     def pump(self) -> None:
-        """Land everything already here (never blocks)."""
-        while True:
+        """Land what is already here (never blocks), up to LAND_BYTES_PER_PUMP of host bytes:
+        the rest waits in the socket for the next pause between steps, so a long prompt's KV
+        lands over several decode steps instead of stalling one of them."""
+        landed = 0
+        while landed < LAND_BYTES_PER_PUMP:
             try:
                 frames = self.sock.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            self.take(frames)
+            landed += self.take(frames)
         self.settle()
 
-    def take(self, frames: list) -> None:
+    def take(self, frames: list) -> int:
+        """Land one message; the host bytes it copied (0: none, or a copy on the device)."""
         raise NotImplementedError
 
     def settle(self) -> None:

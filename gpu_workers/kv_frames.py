@@ -103,7 +103,7 @@ class FramesReceiver(KVReceiverBase):
     def forget(self, rid: int) -> None:
         self._bytes.pop(rid, None)
 
-    def take(self, frames: list) -> None:
+    def take(self, frames: list) -> int:
         try:
             header = self._check(frames)
         except ProtocolError as exc:
@@ -111,14 +111,16 @@ class FramesReceiver(KVReceiverBase):
             rid = getattr(exc, "request_id", None)
             if rid is not None:
                 self.report(rid, 0, str(exc))
-            return
+            return 0
         rid = header.request_id
         if self.cancelled(rid):
-            return
+            return 0
+        size = len(frames[1].buffer)
         self._scatter(header, frames[1].buffer)
-        self._bytes[rid] = self._bytes.get(rid, 0) + len(frames[1].buffer)
+        self._bytes[rid] = self._bytes.get(rid, 0) + size
         if header.last:
             self.report(rid, self._bytes.pop(rid), "")
+        return size
 
     def _check(self, frames: list) -> KVFrameHeader:
         if len(frames) != 2:

@@ -77,24 +77,23 @@ class SharedReceiver(KVReceiverBase):
     def busy(self) -> bool:
         return bool(self._copying)
 
-    def take(self, frames: list) -> None:
+    def take(self, frames: list) -> int:
         try:
             if len(frames) != 1:
                 raise ProtocolError(f"expected one frame, got {len(frames)}")
             msg = self.sock.decode(frames[0].buffer)
         except ProtocolError as exc:
             log.warning("worker: dropped a bad KV transfer message: %s", exc)
-            return
+            return 0
         if isinstance(msg, KVPoolShare):
             self._map(msg)
         elif not self.cancelled(msg.request_id):
             problem = self._check(msg)
-            if problem:
-                log.warning("worker: KV blocks of request %d refused: %s", msg.request_id,
-                            problem)
-                self.report(msg.request_id, 0, problem)
-            else:
-                self._copy(msg)
+            if not problem:
+                return self._copy(msg)
+            log.warning("worker: KV blocks of request %d refused: %s", msg.request_id, problem)
+            self.report(msg.request_id, 0, problem)
+        return 0
 
     def _map(self, share: KVPoolShare) -> None:
         try:
@@ -119,13 +118,14 @@ class SharedReceiver(KVReceiverBase):
                 return f"a {where} block outside its pool"
         return ""
 
-    def _copy(self, msg: KVBlocksReady) -> None:
+    def _copy(self, msg: KVBlocksReady) -> int:
+        """Copy the blocks; the bytes copied on this thread (0 on CUDA: the device's)."""
         source = self._peers[msg.prefill_replica]
         num_bytes = len(msg.block_ids) * source[:, :, 0].numel() * source.element_size()
         if not self._cuda:
             scatter_blocks(self.pool, msg.dest_block_ids, gather_blocks(source, msg.block_ids))
             self.report(msg.request_id, num_bytes, "")
-            return
+            return num_bytes
         compute = torch.cuda.current_stream(self.pool.device)
         self._stream.wait_stream(compute)  # steps still queued that read the old blocks
         with torch.cuda.stream(self._stream):
@@ -134,6 +134,7 @@ class SharedReceiver(KVReceiverBase):
             landed.record(self._stream)
         compute.wait_event(landed)  # the next forward reads them
         self._copying.append((landed, msg.request_id, num_bytes))
+        return 0
 
     def settle(self) -> None:
         """Report every copy that is done, in order: only then may the prefill side free the
