@@ -86,27 +86,6 @@ def make_host_pool(device_pool: torch.Tensor, num_slots: int) -> torch.Tensor:
     return torch.empty(shape, dtype=device_pool.dtype, device="cpu", pin_memory=pin)
 
 
-def make_host_tier(storage: torch.Tensor, gib: float, world_size: int,
-                   drafter: object | None) -> tuple[BlockMover | None, int]:
-    """A rank's mover and host pool: as many blocks as `gib` holds on every rank (ranks may
-    hold different KV heads, so they agree on the least)."""
-    block_bytes = storage[:, :, 0].numel() * storage.element_size()
-    slots = host_pool_slots(int(gib * 2**30), block_bytes)
-    if world_size > 1:
-        import torch.distributed as dist
-
-        t = torch.tensor([slots], dtype=torch.int64, device=storage.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        slots = int(t.item())
-    if slots == 0:
-        return None, 0
-    if drafter is not None:
-        raise HostTierUnsupported(
-            "the host KV tier (kv_offloading_size) does not keep a draft model's KV; "
-            "set kv_offloading_size=0 with speculative 'draft'")
-    return BlockMover(storage, make_host_pool(storage, slots)), slots
-
-
 class BlockMover:
     """Executes a step's host-tier moves for one rank.
 

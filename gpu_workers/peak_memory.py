@@ -89,9 +89,12 @@ def entry_path(key: str, root: Path | None = None) -> Path:
 
 
 def floor_bytes(config: WorkerConfig, model: ModelConfig, element_size: int) -> int:
-    """Less than any real largest step allocates: its hidden states, in and out. An entry
-    below it is not this configuration's."""
-    return 2 * config.max_num_batched_tokens * model.hidden_size * element_size
+    """Less than the profiling forward allocates: its hidden states, in and out, of as many
+    tokens as it runs (max_num_seqs sequences of at most max_model_len tokens may hold fewer
+    than max_num_batched_tokens). An entry below it is not this configuration's."""
+    seqs = max(1, min(config.max_num_seqs, config.max_num_batched_tokens))
+    tokens = min(config.max_num_batched_tokens, seqs * config.max_model_len)
+    return 2 * tokens * model.hidden_size * element_size
 
 
 def load(path: Path, key: str, floor: int, total: int) -> PeakMemory | None:

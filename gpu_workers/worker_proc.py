@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ from protocol.process_runtime import (
 )
 from protocol.profile_settings import NO_TIMELINE, Timeline, host_timeline, profile_dir
 from protocol.sockets import MessageSocket
+from protocol.startup_phases import PhaseClock, StartupPhase
 
 log = logging.getLogger("nanopipe.worker")
 LOOKAHEAD_POLL_S = 20e-6
@@ -85,10 +87,23 @@ def served_by(runner: Any, environ: Mapping[str, str] = os.environ) -> Any:
     return profiled(runner, environ)
 
 
+def since_process_start() -> float | None:
+    """Seconds since this process started (Linux's /proc; None elsewhere): its interpreter
+    and imports, for the ready line's `[processes: ...]`."""
+    try:
+        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - int(stat[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endpoints,
                rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S,
-               links: KVLinks | None = None) -> None:
-    """Process entry point for one rank."""
+               links: KVLinks | None = None, imports_s: float | None = None) -> None:
+    """Process entry point for one rank. `imports_s`: how long the process took to get here."""
+    clock = PhaseClock()  # on CUDA, the parts of `processes` (the ready line)
+    if imports_s is not None:
+        clock.parts.append(StartupPhase("processes.imports", imports_s))
     with actor_process("worker", endpoints, rank) as rt:
         def start() -> Started:
             from gpu_workers.model_runner import ModelRunner
@@ -102,7 +117,9 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
                 results = rt.socket(zmq.PUSH, endpoints.step_results, bind=False,
                                     security=endpoints.keys)
             check_checkpoints(config)
+            clock.part("processes.setup")  # the spec, the runner's imports, sockets, checks
             init_distributed(config, rank, world_size, rendezvous_timeout_s)
+            clock.part("processes.cuda")  # the CUDA context, the process group
             progress = None
             if rank == 0:
                 def progress(text: str) -> None:
@@ -124,8 +141,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
             return Started(serve, info, num_kv_blocks=runner.num_kv_blocks,
                            num_host_slots=runner.num_host_slots,
                            host_block_bytes=0 if mover is None else mover.block_bytes,
-                           phases=[*runner.startup.phases,
-                                   *runner.startup.parts])
+                           phases=[*runner.startup.phases, *runner.startup.parts,
+                                   *(clock.parts if config.device == "cuda" else [])])
 
         try:
             start_and_serve(rt, endpoints, start)
@@ -221,12 +238,13 @@ def _plan_before_tokens(steps: MessageSocket, in_flight) -> bool:
 
 def main() -> None:
     """`python -m gpu_workers.worker_proc`, started by the launcher (spec on stdin)."""
+    imports_s = since_process_start()
     start = read_start()
     links = start.config.get("kv_links")
     run_worker(from_plain(WorkerConfig, start.config["worker"]), start.rank,
                start.config["world_size"], from_plain(Endpoints, start.config["endpoints"]),
                float(start.config.get("rendezvous_timeout_s", DEFAULT_RENDEZVOUS_TIMEOUT_S)),
-               None if links is None else from_plain(KVLinks, links))
+               None if links is None else from_plain(KVLinks, links), imports_s)
 
 
 if __name__ == "__main__":

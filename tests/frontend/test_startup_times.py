@@ -118,3 +118,15 @@ def test_the_slowest_workers_parts_follow_the_line_and_are_not_counted_twice():
     two = times.line() + " [warm-up: kernels 2.20, host-wait 0.80]"
     assert [p.name for p in parse_ready_line(two).parts][-2:] == ["warm-up.kernels",
                                                                   "warm-up.host-wait"]
+
+
+def test_a_worker_knows_how_long_its_process_took_to_reach_it():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import time; time.sleep(0.3); from gpu_workers.worker_proc import "
+            "since_process_start; print(since_process_start())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert 0.3 <= float(out.stdout) < 60  # the sleep, the interpreter and torch's import

@@ -150,3 +150,14 @@ def test_the_budget_with_cached_figures_is_the_measured_one(tiny_qwen3_dir):
     capped = replace(config, kv_cache_bytes=GIB)
     assert kv_budget(capped, free=70 * GIB, total=100 * GIB, reserved=30 * GIB, peak=peak) == GIB
     assert kv_budget(config, free=GIB, total=100 * GIB, reserved=99 * GIB, peak=peak) == 0.0
+
+
+def test_the_floor_counts_the_tokens_the_forward_runs(tiny_qwen3_dir):
+    from gpu_workers.peak_memory import floor_bytes
+
+    config = WorkerConfig(model=tiny_qwen3_dir, device="cuda", max_num_batched_tokens=16384,
+                          max_num_seqs=2, max_model_len=256)
+    mc = ModelConfig.for_worker(config)
+    assert floor_bytes(config, mc, 2) == 2 * 512 * mc.hidden_size * 2
+    wide = replace(config, max_num_seqs=256)
+    assert floor_bytes(wide, mc, 2) == 2 * 16384 * mc.hidden_size * 2
