@@ -7,10 +7,12 @@ capture forbids other threads' calls that may synchronize) and so before it repo
 The slot count, which the ranks agree on with a collective, is settled on the main thread
 first, so every rank's collectives stay in one order.
 
-Unless the user's allocator settings say how to pin, torch is asked to pin by registering
-memory it has already mapped on several threads (`pinned_use_cuda_host_register`), rather
-than with cudaHostAlloc, which faults in and zeroes every page on one thread while it holds
-the driver's lock (the warm-up's CUDA calls on the main thread would wait for it).
+Unless the user's allocator settings say how to pin, a worker process asks torch to pin by
+registering memory it has already mapped on several threads (`pinned_use_cuda_host_register`),
+rather than with cudaHostAlloc, which faults in and zeroes every page on one thread while it
+holds the driver's lock (the warm-up's CUDA calls on the main thread would wait for it). It
+does so before its first pinned allocation (pin_by_registering): torch frees a pinned block
+the way the setting says at the time, so the setting must not change under a live block.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def pinning_settings(environ: Mapping[str, str] = os.environ,
     return f"{current},{ours}" if current else ours
 
 
-def _pin_by_registering() -> None:
+def pin_by_registering() -> None:
+    """Call before the process's first pinned allocation (see the module's docstring)."""
     settings = None if torch.version.hip else pinning_settings()
     if settings is None:
         return
@@ -79,8 +82,6 @@ class HostTierStart:
         if slots == 0:
             return
         if background if background is not None else storage.is_cuda:
-            if storage.is_cuda:
-                _pin_by_registering()  # here, while no other thread allocates
             self._thread = threading.Thread(target=self._allocate, name="host-kv-tier",
                                             daemon=True)
             self._thread.start()

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import zmq
 
 from gpu_workers.config import WorkerConfig
+from gpu_workers.host_tier_start import pin_by_registering
 from gpu_workers.kv_transfer import KVLink
 from gpu_workers.rendezvous import tcp_rendezvous
 from protocol import Endpoints, ProtocolError, Shutdown, StepPlan
@@ -104,6 +105,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
     clock = PhaseClock()  # on CUDA, the parts of `processes` (the ready line)
     if imports_s is not None:
         clock.parts.append(StartupPhase("processes.imports", imports_s))
+    if config.device == "cuda":
+        pin_by_registering()  # before anything is pinned (gpu_workers.host_tier_start)
     with actor_process("worker", endpoints, rank) as rt:
         def start() -> Started:
             from gpu_workers.model_runner import ModelRunner

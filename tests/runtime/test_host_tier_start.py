@@ -79,3 +79,34 @@ def test_pinning_by_registering_keeps_the_users_settings():
     # Threads: a power of two, at most half the CPUs, at least one.
     assert [pinning_settings({}, cpus=n).rsplit(":", 1)[1] for n in (1, 2, 6, 12, 200)] == \
         ["1", "1", "2", "4", "8"]
+
+
+PINNED_BY_REGISTERING = """
+import torch
+from gpu_workers.host_tier_start import pin_by_registering
+pin_by_registering()
+host = torch.arange(16 << 20, dtype=torch.int32).pin_memory()  # 64 MiB
+assert host.is_pinned()
+device = host.to("cuda", non_blocking=True)
+back = torch.empty_like(host, pin_memory=True)
+back.copy_(device, non_blocking=True)
+torch.cuda.synchronize()
+assert torch.equal(back, host)
+del host, back
+empty = getattr(torch._C, "_host_emptyCache", None)
+if empty is not None:
+    empty()  # the blocks are freed the way they were pinned
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+def test_a_worker_pins_by_registering_and_copies_as_before():
+    """In a process of its own, as a worker: the setting is process-wide."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", PINNED_BY_REGISTERING], capture_output=True,
+                         text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr[-2000:]
