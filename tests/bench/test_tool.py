@@ -75,6 +75,11 @@ def test_usage_errors_are_one_line():
     assert no_peer.returncode == 2 and "unrecognized arguments: --peer" in no_peer.stderr
     needs_model = nanopipe("bench", "latency", ok=False)
     assert needs_model.returncode == 2 and "--model --make-random" in needs_model.stderr
+    one_gpu = nanopipe("bench", "kv-transfer", "--device", "cpu", "--across-gpus", ok=False)
+    assert one_gpu.returncode == 2
+    assert "--across-gpus needs --device cuda and two visible GPUs" in one_gpu.stderr
+    bad_dtype = nanopipe("bench", "kv-transfer", "--device", "cpu", "--dtype", "float17", ok=False)
+    assert bad_dtype.returncode == 2 and "--dtype float17: not a torch dtype" in bad_dtype.stderr
 
 
 def test_a_figure_prints_its_ratios():

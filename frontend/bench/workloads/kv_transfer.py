@@ -4,6 +4,7 @@ gpu_workers.kv_shared_copy) and no scheduler or model around them.
 
     nanopipe bench kv-transfer                                  # the embedded model's shape
     nanopipe bench kv-transfer --shape qwen3-0.6b --tokens 8192 --device cuda
+    nanopipe bench kv-transfer --shape qwen3-0.6b --tokens 8192 --device cuda --across-gpus
 
 The prefill side runs in a child process (a shared pool is mapped from another process: CUDA
 IPC cannot open a handle in the process that made it, and the CPU's memfd is opened through
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -49,6 +51,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     f"{list(KV_TRANSFER_MODES)}")
     ap.add_argument("--dtype", default=None,
                     help="the KV's dtype (default: bfloat16 on cuda, float32 on the cpu)")
+    ap.add_argument("--across-gpus", action="store_true",
+                    help="cuda: the prefill side on the second visible GPU, this process on "
+                    "the first (shared: read through peer access, as replicas with GPUs of "
+                    "their own do)")
 
 
 def pool_shape(shape: str, num_blocks: int) -> tuple[int, ...]:
@@ -111,8 +117,14 @@ def run_mode(args: argparse.Namespace, mode: str, tmp: str) -> dict:
     code = ("from frontend.bench.workloads.kv_transfer import serve_prefill; "
             f"serve_prefill({mode!r}, {args.shape!r}, {2 * per_request}, {args.device!r}, "
             f"{args.dtype!r}, {address!r})")
+    env = None
+    if args.across_gpus:  # the child's own GPU first, as its replica's workers would see it
+        from frontend.engine.disagg_gpus import visible_gpus
+
+        gpus = visible_gpus()
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join([gpus[1], gpus[0], *gpus[2:]]))
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, text=True, env=env)
     rt, receiver = runtime(), None
     try:
         pool = torch.zeros(pool_shape(args.shape, 2 * per_request),
@@ -161,11 +173,14 @@ def run(args: argparse.Namespace) -> list[Figure]:
     if unknown or args.tokens < 1 or args.requests < 1:
         raise BenchUsageError(f"--modes of {list(KV_TRANSFER_MODES)}, --tokens and "
                               "--requests >= 1")
+    if args.across_gpus and (args.device != "cuda" or torch.cuda.device_count() < 2):
+        raise BenchUsageError("--across-gpus needs --device cuda and two visible GPUs")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
         raise BenchUsageError(f"--dtype {args.dtype}: not a torch dtype (e.g. bfloat16)")
+    where = f"{args.device}, across two GPUs" if args.across_gpus else args.device
     print(f"KV transfer of {args.tokens} tokens of the {args.shape} shape ({args.dtype}) per "
-          f"request, {args.requests} requests per mode, {args.device}; "
+          f"request, {args.requests} requests per mode, {where}; "
           f"{time.strftime('%Y-%m-%d')}", flush=True)
     figures, results = [], {}
     with tempfile.TemporaryDirectory(prefix="nanopipe-kv-transfer-") as tmp:
