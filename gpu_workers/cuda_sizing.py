@@ -68,11 +68,15 @@ def cuda_kv_blocks(runner: ScratchRunner, rank: int, extra_per_block: int) -> tu
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
-    peak = load(path, key, floor_bytes(c, mc, mc.dtype.itemsize), total)
+    # Replicas sharing the GPU start side by side: what one's forward leaves in use cannot
+    # be told from what the others allocate meanwhile, so they measure on every start.
+    peak = None if c.gpu_share else load(path, key, floor_bytes(c, mc, mc.dtype.itemsize),
+                                         total)
     cached = peak is not None
     if peak is None:
         measured = measure_peak_memory(runner)
-        store(path, key, measured, parts)
+        if not c.gpu_share:
+            store(path, key, measured, parts)
         free, total = torch.cuda.mem_get_info()  # after it: its overhead is already in use
         peak = PeakMemory(measured.transient, 0)
     budget = kv_budget(c, free, total, torch.cuda.memory_reserved(), peak)

@@ -31,6 +31,10 @@ FOLDER = "peak-memory"
 FORMAT = 1
 _CODE_PACKAGES = ("gpu_workers", "kernels")
 """The code whose changes may change a forward's memory: its source is part of the key."""
+OVERHEAD_CEILING = 4 << 30
+"""More than the first forward leaves in use (cuBLAS workspaces and kernel code are some
+hundreds of MiB): a larger figure is another process's allocation seen through the
+device-wide free memory while it ran, not this forward's, and is never stored or trusted."""
 _RUN_SPECIFIC = frozenset({"model", "draft_model", "dist_init_method", "seed",
                            "gpu_memory_utilization", "kv_cache_bytes", "gpu_share",
                            "kv_offloading_size", "kv_pool_mappable"})
@@ -115,7 +119,7 @@ def load(path: Path, key: str, floor: int, total: int) -> PeakMemory | None:
                for v in (transient, overhead)):
         log.debug("peak memory cache: %s holds no byte counts", path)
         return None
-    if transient < floor or transient + overhead >= total:
+    if transient < floor or transient + overhead >= total or overhead > OVERHEAD_CEILING:
         log.debug("peak memory cache: %s is implausible (%d, %d)", path, transient, overhead)
         return None
     return PeakMemory(transient, overhead)
@@ -123,7 +127,11 @@ def load(path: Path, key: str, floor: int, total: int) -> PeakMemory | None:
 
 def store(path: Path, key: str, peak: PeakMemory, parts: dict[str, Any]) -> None:
     """Write the entry atomically (a reader sees the old file or the whole new one); a cache
-    that cannot be written only costs the next start its profiling forward."""
+    that cannot be written only costs the next start its profiling forward. An overhead
+    above OVERHEAD_CEILING is not written: the next start measures again."""
+    if peak.overhead > OVERHEAD_CEILING:
+        log.debug("peak memory cache: not storing an overhead of %d bytes", peak.overhead)
+        return
     entry = {"format": FORMAT, "key": key, "transient": peak.transient,
              "overhead": peak.overhead, "parts": parts}
     try:

@@ -125,6 +125,38 @@ def test_a_bad_entry_is_measured_again_and_replaced(tiny_qwen3_dir, cache, monke
     assert json.loads(path.read_text())["key"] == key
 
 
+def test_an_overhead_that_is_another_process_allocating_is_never_kept(tiny_qwen3_dir, cache,
+                                                                     monkeypatch):
+    """A sibling replica allocating its pool while this forward ran shows up in the
+    device-wide free memory as this forward's overhead: stored, it would size every warm
+    start's pool to nothing. Above the ceiling it is neither stored nor trusted."""
+    gpu = _Device(monkeypatch, overhead=40 * GIB)
+    runner = _runner(tiny_qwen3_dir)
+    _, path = _entry(runner)
+    cuda_sizing.cuda_kv_blocks(runner, 0, 0)
+    assert gpu.measured == 1 and not path.exists()
+    key, _ = _entry(runner)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": 1, "key": key, "transient": 3 * GIB,
+                                "overhead": 40 * GIB}))
+    gpu.used, gpu.overhead = 10 * GIB, GIB // 2
+    blocks, cached = cuda_sizing.cuda_kv_blocks(runner, 0, 0)
+    assert (cached, gpu.measured) == (False, 2)
+    per_block = bytes_per_block(runner.model_config, runner.config.block_size, 1)
+    assert blocks == int(80 * GIB * 0.9 - 10.5 * GIB - 3 * GIB) // per_block
+
+
+def test_replicas_sharing_a_gpu_measure_on_every_start(tiny_qwen3_dir, cache, monkeypatch):
+    gpu = _Device(monkeypatch)
+    runner = _runner(tiny_qwen3_dir, gpu_share=True, gpu_memory_utilization=0.45)
+    _, path = _entry(runner)
+    for start in (1, 2):
+        gpu.used = 10 * GIB
+        _, cached = cuda_sizing.cuda_kv_blocks(runner, 0, 0)
+        assert (cached, gpu.measured) == (False, start)
+    assert not path.exists()
+
+
 def test_a_cache_that_cannot_be_written_only_costs_the_forward(tiny_qwen3_dir, tmp_path,
                                                                monkeypatch):
     blocker = tmp_path / "a-file"
