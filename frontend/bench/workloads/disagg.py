@@ -25,7 +25,7 @@ import random
 import time
 
 from frontend import AsyncClient
-from frontend.bench.common import StatsFollower, emit, greedy, random_prompts
+from frontend.bench.common import StatsFollower, emit, greedy, random_prompts, sig
 from frontend.bench.common.model_source import resolve_model_dir
 from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
@@ -88,7 +88,7 @@ async def run_mode(config: EngineConfig, args: argparse.Namespace, mode: str) ->
                 short_itl_ms_p50=ms(short_itl, 0.5), short_itl_ms_p99=ms(short_itl, 0.99),
                 ttft_ms_p50=ms(ttft, 0.5), ttft_ms_p99=ms(ttft, 0.99),
                 handoffs=len(transfers), transfer_mib=round(moved / 2**20, 2),
-                transfer_gib_s=round(moved / moved_s / 2**30, 3) if moved_s else None,
+                transfer_gib_s=sig(moved / moved_s / 2**30) if moved_s else None,
                 transfer_ms_p50=ms(transfers, 0.5) if transfers else None,
                 transfer_ms_p99=ms(transfers, 0.99) if transfers else None)
 
