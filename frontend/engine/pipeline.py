@@ -36,6 +36,7 @@ from frontend.engine.config import EngineConfig
 from frontend.engine.disagg import replica_links, replicas_down, scheduler_role, worker_env
 from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
 from frontend.engine.options import ConfigError
+from frontend.engine.preflight import ModelFilesCheck, check_config
 from frontend.engine.ray_launch import RayPlacement
 from frontend.engine.startup import (
     StartupError,
@@ -101,12 +102,11 @@ class Pipeline:
     def start(self) -> None:
         """Check the configuration, then start every process and wait for each READY."""
         began = time.monotonic()
-        from frontend.engine.preflight import check_config
         if self.config.node_rank > 0:
             raise StartupError(f"node {self.config.node_rank} runs only its worker ranks: "
                                "start it with `nanopipe serve --node-rank ...` (NodeRanks)")
         try:
-            check_config(self.config)
+            files = check_config(self.config, files_beside=True)
         except ConfigError:
             raise  # names its field, for LLM(...) callers
         except ValueError as exc:
@@ -114,7 +114,7 @@ class Pipeline:
         # Registered before any child exists: the interpreter's exit stops the pipeline.
         atexit.register(self.stop)
         try:
-            self._start()
+            self._start(files)
         except BaseException as exc:
             removed = run_dir_removed(self.endpoints) if isinstance(exc, zmq.ZMQError) else None
             self.stop()
@@ -127,7 +127,7 @@ class Pipeline:
         if self._on_progress is not None:
             self._on_progress(text)
 
-    def _start(self) -> None:
+    def _start(self, files: ModelFilesCheck) -> None:
         cfg = self.config
         tp, dp = cfg.tensor_parallel_size, cfg.num_replicas
         worker_template = cfg.worker_config("")  # before the run directory: nothing to orphan
@@ -148,9 +148,6 @@ class Pipeline:
         self._replica_controls = control_links(self._ctx, self.replicas, ep.keys)
         self._control = self._replica_controls[0]
         deadline = time.monotonic() + cfg.startup_timeout_s
-        self._progress(f"starting {dp * tp} worker{'s' if dp * tp > 1 else ''} "
-                       f"({cfg.model_name} on {cfg.resolved_device}"
-                       f"{f', {dp} replicas of tp={tp}' if dp > 1 else ''})")
         links = replica_links(cfg, self.replicas)
         for i, rep in enumerate(self.replicas):
             worker_cfg = to_plain(replace(worker_template, dist_init_method=rep.dist_init_method))
@@ -159,6 +156,10 @@ class Pipeline:
                             {"worker": worker_cfg, "world_size": tp, **links[i]["ranks"][rank],
                              "rendezvous_timeout_s": cfg.startup_timeout_s}, replica=i,
                             env=worker_env(cfg, i))
+        files.result(StartupError)  # it ran beside the spawns: an error stops them
+        self._progress(f"starting {dp * tp} worker{'s' if dp * tp > 1 else ''} "
+                       f"({cfg.model_name} on {cfg.resolved_device}"
+                       f"{f', {dp} replicas of tp={tp}' if dp > 1 else ''})")
         if dp == 1:  # the tokenizers load while the workers start
             spawn_frontend(self._children, ep, cfg.tokenizer_config(), cfg.detokenizer_config())
         kv_blocks, host_slots, host_bytes = [], [], []

@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import os
 import socket
+import threading
 from pathlib import Path
 
 from frontend.actors.model_tokenizer import check_tokenizer_files
@@ -167,15 +168,46 @@ def check_default_model(config: EngineConfig) -> None:
         raise ValueError(str(exc)) from None
 
 
-def check_config(config: EngineConfig) -> None:
-    """Every check that needs no child process; raises ValueError with one line."""
+class ModelFilesCheck:
+    """check_model_files on a thread, so that parsing the tokenizer and the checkpoint's
+    headers (a large vocabulary takes a good part of a second) overlaps the workers' start
+    instead of preceding it. The launcher asks for the result right after spawning them,
+    long before a worker could load anything, and stops them if it is an error."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._error: ValueError | None = None
+        # Not a daemon: when another check fails first the interpreter waits for this one
+        # at exit, instead of killing it inside the tokenizers' native code (an abort).
+        self._thread = threading.Thread(target=self._run, args=(config,),
+                                        name="nanopipe-model-files-check")
+        self._thread.start()
+
+    def _run(self, config: EngineConfig) -> None:
+        try:
+            check_model_files(config)
+        except ValueError as exc:
+            self._error = exc
+
+    def result(self, error: type[Exception] = ValueError) -> None:
+        """Wait for the check; raises its one line as `error`."""
+        self._thread.join()
+        if self._error is not None:
+            raise error(str(self._error)) from None
+
+
+def check_config(config: EngineConfig, files_beside: bool = False) -> ModelFilesCheck | None:
+    """Every check that needs no child process; raises ValueError with one line. With
+    `files_beside`, the model files' check runs on a thread and is returned (its result()
+    raises); otherwise it runs here."""
     if config.model is not None:
         check_model_path(config.model)
     else:
         check_default_model(config)
     check_device(config)
     check_model_fits_tp(config)
-    check_model_files(config)
+    files = ModelFilesCheck(config) if files_beside else None
+    if files is None:
+        check_model_files(config)
     config.resolved_max_model_len  # noqa: B018 - raises if above the model's limit
     if config.transport == "tcp":
         warn_if_exposed("the ZMQ client port", config.host, "authentication (it has none: "
@@ -190,3 +222,4 @@ def check_config(config: EngineConfig) -> None:
         for port in ports:
             check_port_free(config.master_addr, port, "a --master-port")
         warn_if_master_ports_ephemeral(ports)
+    return files

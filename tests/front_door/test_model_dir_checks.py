@@ -1,7 +1,8 @@
-"""A model directory that does not hold what it claims is refused before any process starts,
-in one line naming the file or field, by `nanopipe serve` (exit 1) and by `LLM(...)`:
-a config.json that disagrees with its checkpoint, a corrupt safetensors file, a missing or
-broken tokenizer, a bad draft model."""
+"""A model directory that does not hold what it claims is refused before any process is
+ready or has said a word, in one line naming the file or field, by `nanopipe serve` (exit 1)
+and by `LLM(...)`: a config.json that disagrees with its checkpoint, a corrupt safetensors
+file, a missing or broken tokenizer, a bad draft model. (The model files are checked beside
+the workers' spawns, which a failed check stops: no process is left behind.)"""
 
 from __future__ import annotations
 
@@ -211,6 +212,12 @@ def test_a_directory_without_tokenizer_files_is_one_line(tiny_qwen3_dir, tmp_pat
     assert f"model directory {model!r} has no tokenizer files (tokenizer.json" in line
     with pytest.raises(StartupError, match="has no tokenizer files"):
         LLM(model, device="cpu")
+    assert _child_pids() == set()  # the workers spawned beside the check were stopped
+
+
+def _child_pids() -> set[int]:
+    return {int(pid) for task in Path("/proc/self/task").iterdir()
+            for pid in (task / "children").read_text().split()}
 
 
 @pytest.mark.parametrize("text, expected", [
