@@ -67,6 +67,12 @@ class KVLink:
         if self.receiver is not None:
             self.receiver.pump()
 
+    def close(self) -> None:
+        """At the worker's exit: a decode rank drops its mappings of the prefill ranks' pools
+        (the launcher stops decode replicas before prefill ones, so none outlives its owner)."""
+        if self.receiver is not None:
+            self.receiver.close()
+
     def wait(self, steps: MessageSocket, timeout_ms: int) -> bool:
         if any(side is not None and side.busy for side in (self.sender, self.receiver)):
             timeout_ms = 1  # a copy to report or a staged export to send once it is done

@@ -139,6 +139,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
                     _serve(served, steps, results, rt, config.lookahead, timeline, kv)
                 finally:
                     timeline.write()
+                    if kv is not None:
+                        kv.close()
 
             mover = runner.mover
             return Started(serve, info, num_kv_blocks=runner.num_kv_blocks,

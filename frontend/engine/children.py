@@ -59,6 +59,19 @@ class Child:
         return f"{self.name} exited with code {code}"
 
 
+def stop_order(children: list[Child], replica_roles: tuple[str, ...]) -> list[list[Child]]:
+    """The children in the groups the launcher stops one after the other: what feeds the
+    workers, then the workers, which finish the plans already sent (no rank leaves a
+    collective another is inside). Decode replicas' workers go before the others: with
+    shared KV pools they map the prefill workers' memory, and CUDA warns when the owner of
+    shared memory exits while another process still holds it (disagg.py)."""
+    workers = [c for c in children if c.role == "worker"]
+    decode = [c for c in workers
+              if c.replica is not None and replica_roles[c.replica:c.replica + 1] == ("decode",)]
+    return [[c for c in children if c.role != "worker"], decode,
+            [c for c in workers if c not in decode]]
+
+
 def stop_children(groups: list[list[Child]], grace_s: float) -> None:
     """Terminate each group in turn (a later one once the earlier has exited), killing what
     is still running when `grace_s` has passed."""

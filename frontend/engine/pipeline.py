@@ -1,13 +1,11 @@
-"""Starts, watches and stops every process of one pipeline: its lifecycle.
-
-How a child is started lives in startup.py, how it is watched in children.py.
-
-With data_parallel_size N (or prefill + decode replicas: disagg.py) there are N replicas (a
-scheduler and its workers each, see Endpoints.replica) behind the one tokenizer, whose router
-places each request; the death of one replica's process fails only the requests placed
-there and leaves the pipeline `degraded`, serving on the others. A tensor-parallel group
-may span hosts (nodes.py: node 0 runs this Pipeline, the others NodeRanks), and Ray may place
-the replicas (ray_launch.py).
+"""Starts, watches and stops every process of one pipeline: its lifecycle (how a child is
+started lives in startup.py, how it is watched in children.py). With data_parallel_size N
+(or prefill + decode replicas: disagg.py) there are N replicas (a scheduler and its workers
+each, see Endpoints.replica) behind the one tokenizer, whose router places each request;
+the death of one replica's process fails only the requests placed there and leaves the
+pipeline `degraded`, serving on the others. A tensor-parallel group may span hosts
+(nodes.py: node 0 runs this Pipeline, the others NodeRanks), and Ray may place the replicas
+(ray_launch.py).
 
 Start-up order: the workers (they size the KV cache and say so in their READY) with the
 tokenizer and detokenizer beside them (unless a router needs the workers' pools), then the
@@ -16,8 +14,8 @@ thread). `startup` says where the time went. Every child dies with its launcher,
 launcher stops the pipeline when the interpreter exits, whether or not the user closed it.
 While serving, a watcher notices any child that exits and tells the survivors the engine is
 dead, so requests fail instead of hanging. A stop terminates every child and removes the
-run directory with its socket files.
-"""
+run directory with its socket files (decode replicas' workers before the other workers:
+children.stop_order)."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ from typing import Any
 
 import zmq
 
-from frontend.engine.children import Child, stop_children, tell_once, wait_for_any_exit
+from frontend.engine.children import Child, stop_children, stop_order, tell_once, wait_for_any_exit
 from frontend.engine.config import EngineConfig
 from frontend.engine.disagg import replica_links, replicas_down, scheduler_role, worker_env
 from frontend.engine.nodes import cluster_endpoints, missing_ranks_hint
@@ -325,10 +323,7 @@ class Pipeline:
         if self._stats_logger is not None:
             self._stats_logger.close()
             self._stats_logger = None
-        # Everything that feeds the workers stops first; then the workers, which finish the
-        # plans already sent, so no rank leaves a collective that another rank is inside.
-        stop_children([[c for c in self._children if c.role != "worker"],
-                       [c for c in self._children if c.role == "worker"]], grace_s)
+        stop_children(stop_order(self._children, self.config.replica_roles), grace_s)
         self._children.clear()
         if self._ray is not None:
             self._ray.close()

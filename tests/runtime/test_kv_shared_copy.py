@@ -25,6 +25,7 @@ from gpu_workers.kv_shared_pool import (
     memfd_pool,
     source_gpu,
 )
+from gpu_workers.kv_transfer import KVLink
 from protocol.codec import Decoder
 from protocol.kv_handoff import (
     CudaPoolHandle,
@@ -95,7 +96,7 @@ def test_exported_blocks_land_in_the_decode_pool_and_are_reported(tmp_path):
         for src, dst in zip([4, 1, 2], [0, 8, 3]):
             assert torch.equal(decode[:, :, dst], prefill[:, :, src])
         assert not decode[:, :, [1, 2, 4, 5, 6, 7]].any()  # nothing else written
-        link.receiver.close()  # the prefill pool's mapping dropped, as before its process ends
+        KVLink(None, link.receiver).close()  # a worker's exit drops the prefill pool's mapping
         link.sender.export(KVExport(8, [5], 1, [6]))
         (refused,) = link.landings(1)
         assert not refused.ok and "never described its KV pool" in refused.error
