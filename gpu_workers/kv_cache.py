@@ -30,24 +30,6 @@ def cpu_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int,
     return budget // (bytes_per_block(model, config.block_size, world_size) + extra_per_block)
 
 
-def cuda_num_blocks(config: WorkerConfig, model: ModelConfig, world_size: int,
-                    extra_per_block: int = 0) -> int:
-    """Blocks that fit in the memory left after the profiling forward (call right after it)."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info()
-    stats = torch.cuda.memory_stats()
-    transient = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
-    budget = total * config.gpu_memory_utilization - (total - free) - transient
-    if config.gpu_share:  # the others' memory is theirs: count our own, within what is free
-        own = torch.cuda.memory_reserved()
-        budget = min(total * config.gpu_memory_utilization - own - transient, free * 0.95)
-    per_block = bytes_per_block(model, config.block_size, world_size) + extra_per_block
-    if config.kv_cache_bytes is not None:  # a cap: a small pool on a large GPU (tests, sharing)
-        budget = min(budget, config.kv_cache_bytes)
-    return max(0, int(budget) // per_block)
-
-
 def check_fits(num_blocks: int, config: WorkerConfig, model: ModelConfig, world_size: int,
                extra_per_block: int = 0) -> None:
     need = -(-config.max_model_len // config.block_size)

@@ -4,8 +4,8 @@ loaded in the same worker processes, proposes K tokens by running K steps of its
 KV cache: the draft has its own paged pool with as many blocks as the target's, addressed by
 the same block tables. The scheduler's tables then cover the draft too (one allocation, no
 second block manager, prefix-cache hits are hits for the draft as well), and the pool size is
-paid from one budget (kv_cache.cpu_num_blocks / cuda_num_blocks with the draft's bytes per
-block added). The draft's pool is written at the same slots the target writes, as follows.
+paid from one budget (kv_cache.cpu_num_blocks / cuda_sizing.cuda_kv_blocks with the draft's
+bytes per block added). The draft's pool is written at the same slots the target writes, as follows.
 
 Consistency: `computed[row]` counts the positions whose draft KV holds the sequence's accepted
 tokens. Each step the draft first catches up, computing [min(computed, target computed),
