@@ -17,6 +17,18 @@ from gpu_workers.kv_frames import FramesReceiver, FramesSender
 from protocol.kv_handoff import KVExport, KVLanded, KVLinks
 
 
+def _frames_link(rt, tmp_path, prefill: torch.Tensor, decode: torch.Tensor):
+    """A prefill rank's sender and a decode rank's receiver over one ipc socket, and the
+    scheduler's socket the landings are reported on."""
+    transfer = ("", f"ipc://{tmp_path}/kv_r0")
+    endpoints = SimpleNamespace(keys=None, scheduler_in=f"ipc://{tmp_path}/sched")
+    scheduler = rt.socket(zmq.PULL, endpoints.scheduler_in, bind=True, accepts=(KVLanded,))
+    receiver = FramesReceiver(rt, KVLinks("decode", 1, transfer=transfer), decode, 0,
+                              endpoints)
+    sender = FramesSender(rt, KVLinks("prefill", 0, transfer=transfer), prefill, None)
+    return scheduler, receiver, sender
+
+
 def test_a_request_lands_one_chunk_per_pump(tmp_path, monkeypatch):
     prefill = patterned(torch.zeros(SHAPE))
     block_bytes = prefill[:, :, 0].numel() * prefill.element_size()
@@ -25,13 +37,7 @@ def test_a_request_lands_one_chunk_per_pump(tmp_path, monkeypatch):
     decode = torch.zeros(2, 3, 9, 4, 2, 8)
     rt = runtime()
     try:
-        transfer = ("", f"ipc://{tmp_path}/kv_r0")
-        endpoints = SimpleNamespace(keys=None, scheduler_in=f"ipc://{tmp_path}/sched")
-        scheduler = rt.socket(zmq.PULL, endpoints.scheduler_in, bind=True,
-                              accepts=(KVLanded,))
-        receiver = FramesReceiver(rt, KVLinks("decode", 1, transfer=transfer), decode, 0,
-                                  endpoints)
-        sender = FramesSender(rt, KVLinks("prefill", 0, transfer=transfer), prefill, None)
+        scheduler, receiver, sender = _frames_link(rt, tmp_path, prefill, decode)
         src, dest = [4, 1, 2, 5], [0, 8, 3, 6]
         sender.export(KVExport(7, src, 1, dest))
         for pumps, (s, d) in enumerate(zip(src, dest), 1):
@@ -60,13 +66,7 @@ def test_a_short_export_overtakes_a_long_one(tmp_path, monkeypatch):
     decode = torch.zeros(shape)
     rt = runtime()
     try:
-        transfer = ("", f"ipc://{tmp_path}/kv_r0")
-        endpoints = SimpleNamespace(keys=None, scheduler_in=f"ipc://{tmp_path}/sched")
-        scheduler = rt.socket(zmq.PULL, endpoints.scheduler_in, bind=True,
-                              accepts=(KVLanded,))
-        receiver = FramesReceiver(rt, KVLinks("decode", 1, transfer=transfer), decode, 0,
-                                  endpoints)
-        sender = FramesSender(rt, KVLinks("prefill", 0, transfer=transfer), prefill, None)
+        scheduler, receiver, sender = _frames_link(rt, tmp_path, prefill, decode)
         long_src, long_dest = list(range(10)), list(range(15, 5, -1))
         sender.export(KVExport(1, long_src, 1, long_dest))
         time.sleep(0.2)

@@ -188,19 +188,32 @@ def test_cuda_ipc_copies_between_two_processes_on_one_gpu(tmp_path):
         share = Decoder(KVPoolShare).decode(bytes.fromhex(child.stdout.readline()))
         assert share.cuda is not None and share.fd == -1
         own = torch.zeros(2, 3, 4, 4, 2, 8, dtype=torch.bfloat16, device="cuda")
-        mapped = map_pool(share, own)
-        from gpu_workers.block_mover import gather_blocks, scatter_blocks
-
-        scatter_blocks(own, [3, 0], gather_blocks(mapped, [5, 2]))
-        expected = torch.arange(mapped.numel()).reshape(SHAPE).to(torch.bfloat16)
-        assert torch.equal(own[:, :, 3].cpu(), expected[:, :, 5])
-        assert torch.equal(own[:, :, 0].cpu(), expected[:, :, 2])
-        del mapped
-        torch.cuda.synchronize()
+        _copy_two_blocks(share, own)
     finally:
-        child.stdin.write("\n")
-        child.stdin.flush()
-        child.wait(timeout=30)
+        _release(child)
+
+
+def _copy_two_blocks(share: KVPoolShare, own: torch.Tensor) -> torch.device:
+    """Map the child's CUDA pool (its values 0, 1, 2, ... in bf16), copy its blocks 5 and 2
+    into `own`'s 3 and 0, check them, and drop the mapping; the mapped pool's device."""
+    from gpu_workers.block_mover import gather_blocks, scatter_blocks
+
+    mapped = map_pool(share, own)
+    scatter_blocks(own, [3, 0], gather_blocks(mapped, [5, 2]))
+    expected = torch.arange(mapped.numel()).reshape(SHAPE).to(torch.bfloat16)
+    assert torch.equal(own[:, :, 3].cpu(), expected[:, :, 5])
+    assert torch.equal(own[:, :, 0].cpu(), expected[:, :, 2])
+    device = mapped.device
+    del mapped
+    torch.cuda.synchronize()
+    return device
+
+
+def _release(child: subprocess.Popen) -> None:
+    """Let the pool's owner exit (after this process dropped its mapping)."""
+    child.stdin.write("\n")
+    child.stdin.flush()
+    child.wait(timeout=30)
 
 
 def cuda_share(device: int, uuid: str) -> KVPoolShare:
@@ -246,17 +259,7 @@ def test_cuda_ipc_copies_from_another_gpu_through_peer_access(tmp_path):
         assert share.cuda.device == 0
         assert share.cuda.device_uuid == str(torch.cuda.get_device_properties(1).uuid)
         own = torch.zeros(2, 3, 4, 4, 2, 8, dtype=torch.bfloat16, device="cuda:0")
-        mapped = map_pool(share, own)
-        assert mapped.device == own.device  # opened on this rank's GPU, read over the link
-        from gpu_workers.block_mover import gather_blocks, scatter_blocks
-
-        scatter_blocks(own, [3, 0], gather_blocks(mapped, [5, 2]))
-        expected = torch.arange(mapped.numel()).reshape(SHAPE).to(torch.bfloat16)
-        assert torch.equal(own[:, :, 3].cpu(), expected[:, :, 5])
-        assert torch.equal(own[:, :, 0].cpu(), expected[:, :, 2])
-        del mapped
-        torch.cuda.synchronize()
+        # Opened on this rank's GPU, read over the link.
+        assert _copy_two_blocks(share, own) == own.device
     finally:
-        child.stdin.write("\n")
-        child.stdin.flush()
-        child.wait(timeout=30)
+        _release(child)
