@@ -18,13 +18,14 @@ from collections.abc import Callable
 
 
 def visible_gpus() -> list[str]:
-    """The launcher's GPUs, as CUDA_VISIBLE_DEVICES names them (all, without it)."""
+    """The launcher's GPUs, as CUDA_VISIBLE_DEVICES names them (all, without it: counted
+    from the driver's listing where it can say, so the launcher imports no torch)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         return [d.strip() for d in visible.split(",") if d.strip()]
-    import torch
+    from frontend.engine.torch_build import gpu_count
 
-    return [str(i) for i in range(torch.cuda.device_count())]
+    return [str(i) for i in range(gpu_count())]
 
 
 def worker_gpus(devices: list[str], tp: int, replicas: int, replica: int,

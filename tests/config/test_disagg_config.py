@@ -109,3 +109,13 @@ def test_the_decode_ranks_read_the_prefill_ranks_of_their_index():
     assert disagg_gpus.reading_pairs(2, 1, 2) == [(2, 0), (3, 1), (4, 0), (5, 1)]
     assert disagg_gpus.reading_pairs(1, 2, 1) == [(2, 0), (2, 1)]
     assert disagg_gpus.worker_gpus(list("abcd"), 1, 4, 2, True) == list("cabd")
+
+
+def test_without_cuda_visible_devices_the_gpus_are_counted_as_the_launcher_counts_them(
+        monkeypatch):
+    """From the driver's listing (frontend.engine.torch_build), not by importing torch."""
+    from frontend.engine import torch_build
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch_build, "gpu_count", lambda: 3)
+    assert disagg_gpus.visible_gpus() == ["0", "1", "2"]
