@@ -83,8 +83,7 @@ class ModelRunner:
         self.table: SequenceTable | None = None
         self._unsettled: list[PendingStep] = []
         """Launched steps of self.table whose tokens are not in the mirror yet, oldest first."""
-        progress("profiling memory to size the KV cache" if self.device.type == "cuda"
-                 else "sizing the KV cache")
+        progress("sizing the KV cache")  # on CUDA by a profiling forward unless it is cached
         blocks = self.num_kv_blocks = size_kv_pool(self, rank, self.drafter)
         self.kv_cache = KVCache(mc, blocks, config.block_size, self.device, config.kv_pool_mappable)
         self.kv_cache.bind(self.model.attention_layers())

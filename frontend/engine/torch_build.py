@@ -85,18 +85,12 @@ def _driver_count() -> int | None:
 def cuda_available() -> bool:
     """torch.cuda.is_available(), without importing torch on a CPU-only build or where the
     driver says how many GPUs are visible."""
-    if not built_for_gpus():
-        return False
-    if (count := _driver_count()) is not None:
-        return count > 0
-    import torch
-
-    return torch.cuda.is_available()
+    return gpu_count() > 0
 
 
 def gpu_count() -> int:
-    """torch.cuda.device_count() where CUDA is available (0 where it is not), without torch
-    where cuda_available() needs none."""
+    """torch.cuda.device_count() where CUDA is available (0 where it is not), without
+    importing torch on a CPU-only build or where the driver says."""
     if not built_for_gpus():
         return 0
     if (count := _driver_count()) is not None:
