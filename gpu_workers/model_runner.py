@@ -119,7 +119,15 @@ class ModelRunner:
                              c.max_blocks_per_seq, vocab_size=self.model_config.vocab_size,
                              num_blocks=num_blocks, block_size=c.block_size)
 
-    # ----------------------------------------------------------------- start-up
+    def launch_on(self, plan: StepPlan, table: SequenceTable) -> PendingStep:
+        """Queue a step on another table than the serving one, on the current stream, and
+        return without waiting (start-up's kernel recording runs it inside a capture)."""
+        saved, self.stream = self.stream, torch.cuda.current_stream(self.device)
+        try:
+            with torch.inference_mode():
+                return self._launch(plan, table)
+        finally:
+            self.stream = saved
 
     # ----------------------------------------------------------------- stepping
 

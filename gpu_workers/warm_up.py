@@ -40,33 +40,69 @@ class ScratchRunner(Protocol):
     def run_on(self, plan: StepPlan, table: SequenceTable) -> StepResult | None: ...
 
 
+def peak_step(c: WorkerConfig) -> tuple[list[NewSequence], int]:
+    """The largest step the scheduler may send (the widest sampling batch too, with the
+    costliest sampling path), and the KV blocks it writes."""
+    total = c.max_num_batched_tokens
+    n = max(1, min(c.max_num_seqs, total))
+    lens = [total // n + (i < total % n) for i in range(n)]
+    lens = [min(max(1, x), c.max_model_len) for x in lens]
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.05,
+                            repetition_penalty=1.1, frequency_penalty=0.1)
+    seqs, next_block = [], 0
+    for i, length in enumerate(lens):
+        nb = -(-length // c.block_size)
+        seqs.append(NewSequence(i, [0] * length, length, 0, length,
+                                list(range(next_block, next_block + nb)), params))
+        next_block += nb
+    return seqs, next_block
+
+
+def warm_up_steps(c: WorkerConfig, num_blocks: int) -> list[list[NewSequence]]:
+    """One prefill per shape the Triton kernels specialise on (counts of 1, multiples of 16,
+    others), each sequence then decoding one token; within num_blocks blocks."""
+    shapes = [[1], [c.max_model_len - 1], [17, 5, 64], [16] * 16, [3] * 17]
+    params = SamplingParams(temperature=0.0)
+    steps = []
+    for lens in shapes:
+        lens = [max(1, min(n, c.max_model_len - 1, c.max_num_batched_tokens // len(lens)))
+                for n in lens]
+        seqs, next_block = [], 0
+        for i, n in enumerate(lens):
+            nb = -(-(n + 1) // c.block_size)
+            if next_block + nb > num_blocks:
+                break
+            seqs.append(NewSequence(i, [0] * n, n, 0, n, list(range(next_block,
+                                                                  next_block + nb)), params))
+            next_block += nb
+        steps.append(seqs)
+    return steps
+
+
+def prefill_plan(seqs: list[NewSequence]) -> StepPlan:
+    return StepPlan(0, [], seqs, CachedSequences([], [], []))
+
+
+def decode_plan(seqs: list[NewSequence]) -> StepPlan:
+    """The step after prefill_plan(seqs): each sequence decodes its sampled token."""
+    ids = [s.seq_id for s in seqs]
+    return StepPlan(1, [], [], CachedSequences(ids, [1] * len(ids), [[] for _ in ids]))
+
+
 @torch.inference_mode()
 def measure_peak_memory(runner: ScratchRunner) -> PeakMemory:
     """Run the largest batch the scheduler may send, so the peak activation memory is known:
     the step's transient bytes, and the device memory it left in use (see PeakMemory)."""
-    c = runner.config
-    total = c.max_num_batched_tokens
-    n = max(1, min(c.max_num_seqs, total))  # the widest sampling batch too
-    lens = [total // n + (i < total % n) for i in range(n)]
-    lens = [min(max(1, x), c.max_model_len) for x in lens]
-    blocks_needed = [-(-x // c.block_size) for x in lens]
+    seqs, blocks = peak_step(runner.config)
     # The peak counter is per process: forget what freed tensors (another runner, weights'
     # staging copies) once reached, so only this forward's transient memory is counted.
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     free_before, _ = torch.cuda.mem_get_info()
-    kv = KVCache(runner.model_config, sum(blocks_needed), c.block_size, runner.device)
+    kv = KVCache(runner.model_config, blocks, runner.config.block_size, runner.device)
     kv.bind(runner.model.attention_layers())
-    seqs, next_block = [], 0
-    # The costliest sampling path, so its transient memory is part of the measured peak.
-    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.05,
-                            repetition_penalty=1.1, frequency_penalty=0.1)
-    for i, (length, nb) in enumerate(zip(lens, blocks_needed, strict=True)):
-        block_table = list(range(next_block, next_block + nb))
-        next_block += nb
-        seqs.append(NewSequence(i, [0] * length, length, 0, length, block_table, params))
-    runner.run_on(StepPlan(0, [], seqs, CachedSequences([], [], [])), runner.new_table())
+    runner.run_on(prefill_plan(seqs), runner.new_table())
     torch.cuda.synchronize()
     del kv
     torch.cuda.empty_cache()
@@ -79,28 +115,12 @@ def measure_peak_memory(runner: ScratchRunner) -> PeakMemory:
 
 @torch.inference_mode()
 def warm_up_kernels(runner: ScratchRunner) -> None:
-    """Compile the Triton kernels for the shapes they specialise on (counts of 1, multiples
-    of 16, others). The scratch steps write KV into blocks that no sequence holds yet."""
-    c = runner.config
-    bs = c.block_size
-    shapes = [[1], [c.max_model_len - 1], [17, 5, 64], [16] * 16, [3] * 17]
-    params = SamplingParams(temperature=0.0)
-    for lens in shapes:
-        lens = [max(1, min(n, c.max_model_len - 1, c.max_num_batched_tokens // len(lens)))
-                for n in lens]
+    """Compile the Triton kernels for the shapes they specialise on. The scratch steps write
+    KV into blocks that no sequence holds yet."""
+    for seqs in warm_up_steps(runner.config, runner.num_kv_blocks):
         table = runner.new_table()
-        seqs, next_block = [], 0
-        for i, n in enumerate(lens):
-            nb = -(-(n + 1) // bs)
-            if next_block + nb > runner.num_kv_blocks:
-                break
-            seqs.append(NewSequence(i, [0] * n, n, 0, n, list(range(next_block,
-                                                                  next_block + nb)), params))
-            next_block += nb
-        runner.run_on(StepPlan(0, [], seqs, CachedSequences([], [], [])), table)
-        ids = [s.seq_id for s in seqs]
-        runner.run_on(StepPlan(1, [], [], CachedSequences(ids, [1] * len(ids),
-                                                          [[] for _ in ids])), table)
+        runner.run_on(prefill_plan(seqs), table)
+        runner.run_on(decode_plan(seqs), table)
     if runner.grammars is not None:  # the logits' dtype and row stride (the padded vocab)
         stride = runner.model.lm_head.shard * runner.world_size
         runner.grammars.bitmask.warm_up(runner.device, runner.model_config.dtype, stride)

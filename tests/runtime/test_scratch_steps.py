@@ -1,0 +1,39 @@
+"""The start-up's scratch steps (gpu_workers.warm_up) as plans: the profiling step is the
+largest the scheduler may send, and every warm-up shape is a prefill the runner accepts,
+then one decode step of the same sequences. On CUDA they run at start-up (and, with
+--precompile-kernels, inside a capture first); here a CPU runner runs the same plans."""
+
+from __future__ import annotations
+
+from rt_helpers import make_runner
+
+from gpu_workers.warm_up import decode_plan, peak_step, prefill_plan, warm_up_steps
+
+
+def test_the_profiling_step_fills_the_token_budget_over_the_widest_batch(tiny_qwen3_dir):
+    runner = make_runner(tiny_qwen3_dir, max_num_seqs=16, max_num_batched_tokens=1000)
+    seqs, blocks = peak_step(runner.config)
+    assert len(seqs) == 16
+    assert sum(s.num_new for s in seqs) == 1000
+    tables = [b for s in seqs for b in s.block_table]
+    assert sorted(tables) == list(range(blocks))  # each block written by one sequence
+    result = runner.run_on(prefill_plan(seqs), runner.new_table())
+    assert len(result.token_ids) == 16
+
+
+def test_each_warm_up_shape_prefills_then_decodes_within_the_pool(tiny_qwen3_dir):
+    runner = make_runner(tiny_qwen3_dir)
+    steps = warm_up_steps(runner.config, runner.num_kv_blocks)
+    assert [len(seqs) for seqs in steps] == [1, 1, 3, 16, 17]
+    for seqs in steps:
+        assert max(b for s in seqs for b in s.block_table) < runner.num_kv_blocks
+        table = runner.new_table()
+        first = runner.run_on(prefill_plan(seqs), table)
+        second = runner.run_on(decode_plan(seqs), table)
+        assert len(first.token_ids) == len(second.token_ids) == len(seqs)
+
+
+def test_a_small_pool_drops_the_shapes_sequences_that_do_not_fit(tiny_qwen3_dir):
+    runner = make_runner(tiny_qwen3_dir)
+    steps = warm_up_steps(runner.config, num_blocks=4)
+    assert all(sum(len(s.block_table) for s in seqs) <= 4 for seqs in steps)
