@@ -74,6 +74,11 @@ def cuda_kv_blocks(runner: ScratchRunner, rank: int, extra_per_block: int) -> tu
                                          total)
     cached = peak is not None
     if peak is None:
+        if c.precompile_kernels:  # a first start: its kernels compile in parallel first
+            from gpu_workers.startup_kernels import precompile_startup_kernels
+
+            precompile_startup_kernels(runner, key)
+            part(runner.startup, runner.device, "kv.precompile")
         measured = measure_peak_memory(runner)
         if not c.gpu_share:
             store(path, key, measured, parts)

@@ -37,7 +37,7 @@ hundreds of MiB): a larger figure is another process's allocation seen through t
 device-wide free memory while it ran, not this forward's, and is never stored or trusted."""
 _RUN_SPECIFIC = frozenset({"model", "draft_model", "dist_init_method", "seed",
                            "gpu_memory_utilization", "kv_cache_bytes", "gpu_share",
-                           "kv_offloading_size", "kv_pool_mappable"})
+                           "kv_offloading_size", "kv_pool_mappable", "precompile_kernels"})
 """WorkerConfig fields that change where a run is or how much of the GPU it may take, not
 what its forward allocates (the model's shape is keyed from ModelConfig instead of its path)."""
 

@@ -133,6 +133,10 @@ class EngineConfig:
         "else 1.0), about twice the blocks in the same memory; on cuda the Triton kernels, "
         "compute capability 8.9 or newer", choices=KV_CACHE_DTYPES)
     enforce_eager: bool = option(False, "no CUDA graphs for decode")
+    precompile_kernels: bool = option(
+        False, "on a first start (nothing in nanopipe's cache for this configuration), find "
+        "the Triton kernels start-up will compile and compile them on parallel processes "
+        "first; not yet measured on a GPU, hence off by default")
     peer_all_reduce: bool = option(
         False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
         "other's memory (PyTorch symmetric memory, one kernel) instead of NCCL; not yet "

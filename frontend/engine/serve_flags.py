@@ -25,7 +25,8 @@ from frontend.engine.usage import OneLineParser
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_HTTP_PORT = 8000
 """vLLM's: `nanopipe serve MODEL` answers where `vllm serve MODEL` would."""
-DEVICE_FLAGS = {"gpu_memory_utilization": "cuda", "enforce_eager": "cuda"}
+DEVICE_FLAGS = {"gpu_memory_utilization": "cuda", "enforce_eager": "cuda",
+                "precompile_kernels": "cuda"}
 """Engine fields that only one device reads: given for the other, they would be ignored."""
 
 
