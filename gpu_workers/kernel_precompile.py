@@ -96,18 +96,34 @@ def process_count(local_ranks: int = 1, cpus: int | None = None) -> int:
     return max(1, min(MAX_PROCESSES, cpus // max(1, local_ranks)))
 
 
-def precompile(specs: Iterable[KernelSpec], processes: int, timeout_s: float = 300.0
-               ) -> PrecompileReport:
-    """Compile every spec into Triton's cache on `processes` spawned processes (they inherit
-    the environment: the same Triton cache folder and every setting that keys it)."""
-    specs = list(specs)
-    report = PrecompileReport()
-    if not specs:
-        return report
-    start = time.perf_counter()
-    with ProcessPoolExecutor(min(processes, len(specs)), mp_context=get_context("spawn"),
-                             initializer=die_with_parent, initargs=(signal.SIGKILL,)) as pool:
-        futures = {pool.submit(compile_spec, spec): spec for spec in specs}
+class CompilePool:
+    """Processes that compile kernel variants into Triton's cache. They start at once and
+    import Triton, torch and the kernels while the variants are being recorded. Spawned,
+    they inherit the environment: the same Triton cache folder and every setting that keys
+    it; each dies with the process that made it."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self._executor = ProcessPoolExecutor(processes, mp_context=get_context("spawn"),
+                                             initializer=die_with_parent,
+                                             initargs=(signal.SIGKILL,))
+        for _ in range(processes):
+            self._executor.submit(_prepare)
+
+    def __enter__(self) -> CompilePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Not waiting: after a timeout a stuck compile must not hold the start-up; the
+        # processes end once their current compile does (or with this process).
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def compile(self, specs: Iterable[KernelSpec], timeout_s: float = 300.0
+                ) -> PrecompileReport:
+        """Compile every spec; a spec that fails is reported and compiles when first used."""
+        start = time.perf_counter()
+        report = PrecompileReport()
+        futures = {self._executor.submit(compile_spec, spec): spec for spec in specs}
         for future in as_completed(futures, timeout=timeout_s):
             spec = futures[future]
             error = future.exception()
@@ -115,10 +131,25 @@ def precompile(specs: Iterable[KernelSpec], processes: int, timeout_s: float = 3
                 report.compiled += 1
             else:
                 report.failed.append(f"{spec.module}.{spec.name}: {error}")
-    report.seconds = time.perf_counter() - start
-    for line in report.failed:
-        log.warning("precompiling a kernel failed (it compiles when first used): %s", line)
-    return report
+        report.seconds = time.perf_counter() - start
+        for line in report.failed:
+            log.warning("precompiling a kernel failed (it compiles when first used): %s", line)
+        return report
+
+
+def precompile(specs: Iterable[KernelSpec], processes: int) -> PrecompileReport:
+    """Compile every spec into Triton's cache on a pool of `processes`."""
+    specs = list(specs)
+    if not specs:
+        return PrecompileReport()
+    with CompilePool(min(processes, len(specs))) as pool:
+        return pool.compile(specs)
+
+
+def _prepare() -> None:
+    """In a pool process: the imports every compile needs, done before the first one."""
+    importlib.import_module("triton.compiler")
+    importlib.import_module("kernels._common")
 
 
 def compile_spec(spec: KernelSpec) -> None:
@@ -129,7 +160,19 @@ def compile_spec(spec: KernelSpec) -> None:
         kernel = getattr(kernel, part)
     while not hasattr(kernel, "preload") and hasattr(kernel, "fn"):  # an autotuner's kernel
         kernel = kernel.fn
-    kernel.preload(spec.specialization)
+    _build_launcher(kernel.preload(spec.specialization))
+
+
+def _build_launcher(compiled: Any) -> None:
+    """Build the variant's launcher too, where Triton builds one per signature (a C module
+    compiled on first launch, kept in the same cache: Triton 3.6 on CUDA). Versions with one
+    shared launcher need a live driver here, which this process lacks, and need nothing."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        CudaLauncher(compiled.src, compiled.metadata)
+    except Exception as exc:  # noqa: BLE001 - the launcher is then built at first launch
+        log.debug("precompile: no launcher built for %s: %s", compiled, exc)
 
 
 _TARGET: tuple | None = None

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from gpu_workers.kernel_precompile import (
+    CompilePool,
     KernelSpec,
     SpecRecorder,
     describe,
-    precompile,
     process_count,
 )
 from gpu_workers.kv_cache import KVCache
@@ -65,10 +65,15 @@ def precompile_startup_kernels(runner: RecordingRunner, key: str) -> int:
     path = marker_path(key)
     if path.exists():
         return 0
-    specs = record_startup_kernels(runner)
-    report = precompile(specs, process_count(runner.world_size))
+    try:
+        with CompilePool(process_count(runner.world_size)) as pool:  # starting meanwhile
+            specs = record_startup_kernels(runner)
+            report = pool.compile(specs)
+    except Exception as exc:  # noqa: BLE001 - the steps then compile as without it
+        log.warning("precompiling the start-up's kernels failed: %s", exc)
+        return 0
     log.info("compiled %d kernel variants in %.1f s on %d processes", report.compiled,
-             report.seconds, process_count(runner.world_size))
+             report.seconds, pool.processes)
     if not report.failed:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -110,3 +110,28 @@ def test_pool_size_shares_the_cpus_among_the_ranks():
     assert process_count(2, cpus=16) == 8
     assert process_count(4, cpus=16) == 4
     assert process_count(8, cpus=2) == 1
+
+
+def test_a_start_whose_variants_are_listed_records_nothing(tmp_path, monkeypatch):
+    from gpu_workers import startup_kernels
+
+    monkeypatch.setenv("NANOPIPE_CACHE", str(tmp_path))
+    path = startup_kernels.marker_path("k" * 64)
+    path.parent.mkdir(parents=True)
+    path.write_text("")
+    untouchable = object()  # recording would read its config
+    assert startup_kernels.precompile_startup_kernels(untouchable, "k" * 64) == 0
+
+
+def test_a_recording_that_fails_leaves_the_start_up_to_compile_as_before(tmp_path, monkeypatch,
+                                                                          caplog):
+    from types import SimpleNamespace
+
+    from gpu_workers import startup_kernels
+
+    monkeypatch.setenv("NANOPIPE_CACHE", str(tmp_path))
+    monkeypatch.setattr(startup_kernels, "process_count", lambda ranks: 1)
+    runner = SimpleNamespace(world_size=1)  # no config: the recording fails at once
+    assert startup_kernels.precompile_startup_kernels(runner, "f" * 64) == 0
+    assert "precompiling the start-up's kernels failed" in caplog.text
+    assert not startup_kernels.marker_path("f" * 64).exists()
