@@ -122,7 +122,9 @@ class ModelRunner:
     def launch_on(self, plan: StepPlan, table: SequenceTable) -> PendingStep:
         """Queue a step on another table than the serving one, on the current stream, and
         return without waiting (start-up's kernel recording runs it inside a capture)."""
-        saved, self.stream = self.stream, torch.cuda.current_stream(self.device)
+        saved = self.stream
+        if self.device.type == "cuda":
+            self.stream = torch.cuda.current_stream(self.device)
         try:
             with torch.inference_mode():
                 return self._launch(plan, table)

@@ -37,3 +37,38 @@ def test_a_small_pool_drops_the_shapes_sequences_that_do_not_fit(tiny_qwen3_dir)
     runner = make_runner(tiny_qwen3_dir)
     steps = warm_up_steps(runner.config, num_blocks=4)
     assert all(sum(len(s.block_table) for s in seqs) <= 4 for seqs in steps)
+
+
+def test_the_recording_pass_runs_every_scratch_plan_with_its_tokens_settled_as_zeros(
+        tiny_qwen3_dir, monkeypatch):
+    """The recording's host side on a CPU runner: the CUDA capture, stream and cache calls
+    are stood in for (the steps then really run, on the CPU), so what is checked is that
+    every plan the recording sends is one the runner's mirror accepts, the decode steps
+    after tokens that were settled as zeros included."""
+    import contextlib
+
+    import torch
+
+    from gpu_workers import startup_kernels
+
+    sent = []
+    runner = make_runner(tiny_qwen3_dir)
+    launch_on = runner.launch_on
+
+    def recorded_launch(plan, table):
+        pending = launch_on(plan, table)
+        sent.append((plan, len(pending.rows)))
+        return pending
+
+    monkeypatch.setattr(runner, "launch_on", recorded_launch)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    assert startup_kernels.record_startup_kernels(runner) == []  # no Triton on the CPU path
+    shapes = warm_up_steps(runner.config, 1 << 62)
+    assert len(sent) == 1 + 2 * len(shapes)
+    decodes = sent[2::2]
+    assert [rows for _, rows in decodes] == [len(seqs) for seqs in shapes]
+    assert all(plan.cached.seq_ids for plan, _ in decodes)
