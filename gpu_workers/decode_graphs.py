@@ -153,12 +153,23 @@ class DecodeGraphs:
         self.wide.widen(v, bs)
         return self.model(v["ids"], v["positions"], attn)
 
+    def warm_up(self, bs: int, sample: bool = False) -> AttentionBatch:
+        """Fill a size's inputs with padding and run its forward once (and its sampling,
+        with `sample`): what capture runs before recording it (autotune, lazy init), and
+        what start-up's kernel recording launches (gpu_workers.startup_kernels)."""
+        self._idle_step(bs)
+        attn = self._attn(bs)
+        hidden = self._forward(bs, attn)
+        if sample and self.sample_fn is not None:
+            v = self.inputs[bs].views
+            self.sample_fn(hidden[:bs], v["inv_temperature"].view(torch.float32),
+                           v["seeds"].view(torch.int64))
+        return attn
+
     def capture(self, pool=None) -> None:
         """Capture every size (into `pool`, another set's memory pool, when given)."""
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory
-            self._idle_step(bs)
-            attn = self._attn(bs)
-            self._forward(bs, attn)  # warm-up (autotune, lazy init)
+            attn = self.warm_up(bs)
             torch.cuda.synchronize()
             graph, out = record(partial(self._forward, bs, attn), pool)
             pool = graph.pool() if pool is None else pool

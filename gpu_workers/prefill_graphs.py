@@ -114,12 +114,18 @@ class PrefillGraphs:
         self.wide.widen(v, key[0] + 1)
         return self.model(v["ids"], v["positions"], attn)
 
+    def warm_up(self, key: tuple[int, int]) -> AttentionBatch:
+        """Fill a bucket's inputs with padding and run its forward once: what capture runs
+        before recording it, and what start-up's kernel recording launches."""
+        self._padding_step(key)
+        attn = self._attn(key)
+        self._forward(key, attn)
+        return attn
+
     def capture(self, pool=None) -> None:
         """Capture every bucket, largest first (into `pool` when given)."""
         for key in sorted(self.inputs, key=lambda k: (k[1], k[0]), reverse=True):
-            self._padding_step(key)
-            attn = self._attn(key)
-            self._forward(key, attn)  # warm-up
+            attn = self.warm_up(key)
             torch.cuda.synchronize()
             graph, out = record(partial(self._forward, key, attn), pool)
             pool = graph.pool() if pool is None else pool

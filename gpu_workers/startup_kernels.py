@@ -1,14 +1,15 @@
 """A first start's Triton kernels, compiled in parallel before its scratch steps run.
 
-On a start that has not run before with this configuration (no entry in nanopipe's cache
-for its key, the peak-memory key: gpu_workers.peak_memory), the start-up's scratch steps
-(the profiling step and the warm-up's: gpu_workers.warm_up) are first run with Triton's
-compiles skipped and written down (gpu_workers.kernel_precompile), inside a CUDA graph
-capture that is thrown away: the device runs none of it, so what the skipped kernels would
-have written is never read. The variants found are compiled by a pool of processes into
-Triton's cache; the scratch steps then load them from there. A step whose capture fails
-(an operation a capture refuses) loses only the variants after the failure: they compile
-when first used, as without this. The entry written afterwards lists the variants.
+On a start that has not run before with this configuration (no entry in nanopipe's cache for
+its key, the peak-memory key: gpu_workers.peak_memory), the start-up's scratch steps (the
+profiling step and the warm-up's: gpu_workers.warm_up) and each CUDA graph's first forward
+(gpu_workers.step_graphs) are first run with Triton's compiles skipped and written down
+(gpu_workers.kernel_precompile), inside CUDA graph captures that are thrown away: the device
+runs none of it, so what the skipped kernels would have written is never read. The variants
+found are compiled by a pool of processes into Triton's cache; the scratch steps then load
+them from there. A step whose capture fails (an operation a capture refuses) loses only the
+variants after the failure: they compile when first used, as without this. The entry written
+afterwards lists the variants.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from gpu_workers.graph_sampling import graph_samplers
 from gpu_workers.kernel_precompile import (
     CompilePool,
     KernelSpec,
@@ -32,7 +36,9 @@ from gpu_workers.kernel_precompile import (
 from gpu_workers.kv_cache import KVCache
 from gpu_workers.peak_memory import cache_root
 from gpu_workers.pending_step import PendingStep
+from gpu_workers.sampler import Sampler
 from gpu_workers.sequence_table import SequenceTable
+from gpu_workers.step_graphs import StepGraphs
 from gpu_workers.warm_up import (
     ScratchRunner,
     decode_plan,
@@ -47,6 +53,8 @@ FOLDER = "kernels"
 
 
 class RecordingRunner(ScratchRunner, Protocol):
+    sampler: Sampler
+
     def launch_on(self, plan: StepPlan, table: SequenceTable) -> PendingStep: ...
 
 
@@ -87,8 +95,8 @@ def precompile_startup_kernels(runner: RecordingRunner, key: str) -> int:
 
 @torch.inference_mode()
 def record_startup_kernels(runner: RecordingRunner) -> list[KernelSpec]:
-    """The Triton kernel variants the scratch steps launch, found without compiling or
-    running them."""
+    """The Triton kernel variants the scratch steps and the graphs' warm-ups launch, found
+    without compiling or running them."""
     c = runner.config
     peak, blocks = peak_step(c)
     warm = warm_up_steps(c, 1 << 62)  # every shape whole, as the pool that serves holds them
@@ -96,32 +104,56 @@ def record_startup_kernels(runner: RecordingRunner) -> list[KernelSpec]:
     kv = KVCache(runner.model_config, blocks, c.block_size, runner.device)
     kv.bind(runner.model.attention_layers())
     stream = torch.cuda.Stream(runner.device)
+    torch.cuda.synchronize(runner.device)
     with SpecRecorder() as recorder:
         for plans in [[prefill_plan(peak)], *([prefill_plan(s), decode_plan(s)] for s in warm)]:
             table = runner.new_table()
             for plan in plans:
-                if not _record_step(runner, plan, table, stream):
+                if not _captured(stream, partial(_launch_settled, runner, plan, table)):
                     break
+        for warm_up in _graph_warm_ups(runner):
+            _captured(stream, warm_up)
     del kv
     torch.cuda.synchronize(runner.device)
     torch.cuda.empty_cache()
     return list(recorder.specs.values())
 
 
-def _record_step(runner: RecordingRunner, plan: StepPlan, table: SequenceTable,
-                 stream: torch.cuda.Stream) -> bool:
-    """Launch one step inside a throwaway capture on `stream`; its sampled tokens are
-    settled as zeros (nothing ran), so a next step can continue its sequences."""
+def _graph_warm_ups(runner: RecordingRunner) -> list[Callable[[], object]]:
+    """What capturing the CUDA graphs launches first, per graph (none with enforce_eager)."""
+    if runner.config.enforce_eager:
+        return []
+    samplers = graph_samplers(runner.model, runner.sampler, runner.world_size, masks=False)
+    graphs = StepGraphs(runner.model, runner.config, runner.device, lambda text: None,
+                        capture=False, **samplers)
+    return graphs.warm_ups()
+
+
+def _captured(stream: torch.cuda.Stream, launch: Callable[[], object]) -> bool:
+    """Run `launch` inside a capture on `stream` that is thrown away (nothing executes);
+    False where the capture stopped (what `launch` had left to launch is not recorded).
+    No synchronize or garbage collection around it, as torch.cuda.graph does: nothing it
+    captures ever runs."""
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="relaxed"):
-            pending = runner.launch_on(plan, table)
-    except Exception as exc:  # noqa: BLE001 - what it cost is only the rest of this step
-        log.debug("kernel precompile: a scratch step's capture stopped: %s", exc)
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="relaxed")
+            try:
+                launch()
+            finally:
+                graph.capture_end()
+    except Exception as exc:  # noqa: BLE001 - what it cost is only the rest of this launch
+        log.debug("kernel precompile: a capture stopped: %s", exc)
         return False
     finally:
         del graph
+    return True
+
+
+def _launch_settled(runner: RecordingRunner, plan: StepPlan, table: SequenceTable) -> None:
+    """Launch a scratch step and settle its sampled tokens as zeros (nothing ran), so a next
+    step can continue its sequences."""
+    pending = runner.launch_on(plan, table)
     if len(pending.rows):
         table.fill_tokens(pending.rows, pending.positions, pending.epochs,
                           np.zeros(len(pending.rows), np.int64))
-    return True

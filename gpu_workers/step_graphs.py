@@ -11,6 +11,7 @@ All share one memory pool: they run one at a time, in stream order.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -26,16 +27,19 @@ GraphKey = int | tuple[int, int]
 class StepGraphs:
     def __init__(self, model: torch.nn.Module, config: WorkerConfig, device: torch.device,
                  progress: Callable[[str], None], sample: SampleFn | None = None,
-                 masked: MaskedSampleFn | None = None, vocab_size: int = 0) -> None:
+                 masked: MaskedSampleFn | None = None, vocab_size: int = 0,
+                 capture: bool = True) -> None:
         """sample: how decode steps' rows become tokens, captured after each decode graph
         (gpu_workers.decode_graphs); None keeps sampling out of the graphs. masked: the
-        same under a token bitmask of vocab_size tokens (steps with constrained rows)."""
+        same under a token bitmask of vocab_size tokens (steps with constrained rows).
+        capture=False: the graphs' inputs only, for warm_ups."""
         c = config
         progress("capturing CUDA graphs for decode")
         self.decode = DecodeGraphs(model, c.max_num_seqs, c.max_blocks_per_seq,
                                    c.max_model_len, device, sample=sample, masked=masked,
                                    vocab_size=vocab_size)
-        self.decode.capture()
+        if capture:
+            self.decode.capture()
         self.pool = self.decode.pool
         self.verify: DecodeGraphs | None = None
         if c.speculative and c.num_speculative_tokens:
@@ -43,12 +47,23 @@ class StepGraphs:
             self.verify = DecodeGraphs(model, c.max_num_seqs, c.max_blocks_per_seq,
                                        c.max_model_len, device,
                                        q_per_seq=c.num_speculative_tokens + 1)
-            self.verify.capture(self.pool)
+            if capture:
+                self.verify.capture(self.pool)
         progress("capturing CUDA graphs for small prefills")
         self.prefill = PrefillGraphs(model, c.max_num_seqs,
                                      min(c.max_num_batched_tokens, c.max_model_len),
                                      c.max_blocks_per_seq, c.max_model_len, device)
-        self.prefill.capture(self.pool)
+        if capture:
+            self.prefill.capture(self.pool)
+
+    def warm_ups(self) -> list[Callable[[], object]]:
+        """Each graph's forward (and decode sampling) once, as its capture runs it first,
+        one callable per graph: start-up's kernel recording launches them."""
+        runs: list[Callable[[], object]] = [partial(self.decode.warm_up, bs, sample=True)
+                                            for bs in self.decode.sizes]
+        if self.verify is not None:
+            runs += [partial(self.verify.warm_up, bs) for bs in self.verify.sizes]
+        return runs + [partial(self.prefill.warm_up, key) for key in self.prefill.inputs]
 
     def select(self, num_new: np.ndarray, run_new: np.ndarray
                ) -> tuple[DecodeGraphs | PrefillGraphs | None, GraphKey | None]:

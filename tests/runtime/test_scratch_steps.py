@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from rt_helpers import make_runner
 
+from gpu_workers.step_graphs import StepGraphs
 from gpu_workers.warm_up import decode_plan, peak_step, prefill_plan, warm_up_steps
 
 
@@ -61,12 +62,28 @@ def test_the_recording_pass_runs_every_scratch_plan_with_its_tokens_settled_as_z
         return pending
 
     monkeypatch.setattr(runner, "launch_on", recorded_launch)
-    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    class NoCapture:
+        def capture_begin(self, capture_error_mode):
+            assert capture_error_mode == "relaxed"
+
+        def capture_end(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", NoCapture)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    captured = []
+    real_captured = startup_kernels._captured
+    monkeypatch.setattr(startup_kernels, "_captured",
+                        lambda stream, launch: captured.append(real_captured(stream, launch))
+                        or captured[-1])
     assert startup_kernels.record_startup_kernels(runner) == []  # no Triton on the CPU path
+    graphs = StepGraphs(runner.model, runner.config, runner.device, lambda text: None,
+                        capture=False)
+    # Every step and every graph's warm-up ran whole.
+    assert captured == [True] * (len(sent) + len(graphs.warm_ups()))
     shapes = warm_up_steps(runner.config, 1 << 62)
     assert len(sent) == 1 + 2 * len(shapes)
     decodes = sent[2::2]
