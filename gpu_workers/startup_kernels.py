@@ -103,16 +103,17 @@ def record_startup_kernels(runner: RecordingRunner) -> list[KernelSpec]:
     blocks = max(blocks, *(sum(len(s.block_table) for s in seqs) for seqs in warm))
     kv = KVCache(runner.model_config, blocks, c.block_size, runner.device)
     kv.bind(runner.model.attention_layers())
-    stream = torch.cuda.Stream(runner.device)
+    capture = partial(_captured, torch.cuda.Stream(runner.device),
+                      (runner.sampler.generator, runner.sampler.row_generator))
     torch.cuda.synchronize(runner.device)
     with SpecRecorder() as recorder:
         for plans in [[prefill_plan(peak)], *([prefill_plan(s), decode_plan(s)] for s in warm)]:
             table = runner.new_table()
             for plan in plans:
-                if not _captured(stream, partial(_launch_settled, runner, plan, table)):
+                if not capture(partial(_launch_settled, runner, plan, table)):
                     break
         for warm_up in _graph_warm_ups(runner):
-            _captured(stream, warm_up)
+            capture(warm_up)
     del kv
     torch.cuda.synchronize(runner.device)
     torch.cuda.empty_cache()
@@ -129,13 +130,18 @@ def _graph_warm_ups(runner: RecordingRunner) -> list[Callable[[], object]]:
     return graphs.warm_ups()
 
 
-def _captured(stream: torch.cuda.Stream, launch: Callable[[], object]) -> bool:
+def _captured(stream: torch.cuda.Stream, generators: tuple[torch.Generator, ...],
+              launch: Callable[[], object]) -> bool:
     """Run `launch` inside a capture on `stream` that is thrown away (nothing executes);
     False where the capture stopped (what `launch` had left to launch is not recorded).
-    No synchronize or garbage collection around it, as torch.cuda.graph does: nothing it
-    captures ever runs."""
+    The sampler's `generators` are registered with it, as a capture requires of any
+    generator used inside it (their state outside captures is left as it was). No
+    synchronize or cache emptying around it, as torch.cuda.graph does: nothing it captures
+    ever runs."""
     graph = torch.cuda.CUDAGraph()
     try:
+        for generator in generators:
+            graph.register_generator_state(generator)
         with torch.cuda.stream(stream):
             graph.capture_begin(capture_error_mode="relaxed")
             try:

@@ -63,6 +63,9 @@ def test_the_recording_pass_runs_every_scratch_plan_with_its_tokens_settled_as_z
 
     monkeypatch.setattr(runner, "launch_on", recorded_launch)
     class NoCapture:
+        def register_generator_state(self, generator):
+            assert generator in (runner.sampler.generator, runner.sampler.row_generator)
+
         def capture_begin(self, capture_error_mode):
             assert capture_error_mode == "relaxed"
 
@@ -77,8 +80,7 @@ def test_the_recording_pass_runs_every_scratch_plan_with_its_tokens_settled_as_z
     captured = []
     real_captured = startup_kernels._captured
     monkeypatch.setattr(startup_kernels, "_captured",
-                        lambda stream, launch: captured.append(real_captured(stream, launch))
-                        or captured[-1])
+                        lambda *args: captured.append(real_captured(*args)) or captured[-1])
     assert startup_kernels.record_startup_kernels(runner) == []  # no Triton on the CPU path
     graphs = StepGraphs(runner.model, runner.config, runner.device, lambda text: None,
                         capture=False)
