@@ -163,7 +163,13 @@ def attach(rt: ProcessRuntime, address: str, timeout_s: float = ATTACH_TIMEOUT_S
     """
     sub = open_socket(rt, zmq.SUB, address, WATCH_MESSAGES, keys)
     dealer = open_socket(rt, zmq.DEALER, address, (ClientWelcome, EngineDead))
-    dealer.send(ClientHello(client_id=f"{PROG}-{uuid.uuid4().hex}"))
+    try:
+        # Queued at once where `address` is a client address. Where it is the deltas
+        # address, its PUB socket refuses a DEALER: once that handshake has failed, a
+        # blocking send would wait forever for a peer, so the hello is skipped instead.
+        dealer.send(ClientHello(client_id=f"{PROG}-{uuid.uuid4().hex}"), zmq.NOBLOCK)
+    except zmq.Again:
+        pass
     poller = zmq.Poller()
     poller.register(sub.socket, zmq.POLLIN)
     poller.register(dealer.socket, zmq.POLLIN)
