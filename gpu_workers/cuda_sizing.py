@@ -74,7 +74,10 @@ def cuda_kv_blocks(runner: ScratchRunner, rank: int, extra_per_block: int) -> tu
                                          total)
     cached = peak is not None
     if peak is None:
-        if c.precompile_kernels:  # a first start: its kernels compile in parallel first
+        # A first start: its kernels compile in parallel first. One rank only: a recording's
+        # captures on several ranks would each hold a different share of their collectives
+        # wherever one rank's capture stops early.
+        if c.precompile_kernels and runner.world_size == 1:
             from gpu_workers.startup_kernels import precompile_startup_kernels
 
             precompile_startup_kernels(runner, key)

@@ -136,7 +136,7 @@ class EngineConfig:
     precompile_kernels: bool = option(
         False, "on a first start (nothing in nanopipe's cache for this configuration), find "
         "the Triton kernels start-up will compile and compile them on parallel processes "
-        "first; not yet measured on a GPU, hence off by default")
+        "first (one tensor-parallel rank); not yet measured on a GPU, hence off by default")
     peer_all_reduce: bool = option(
         False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
         "other's memory (PyTorch symmetric memory, one kernel) instead of NCCL; not yet "
