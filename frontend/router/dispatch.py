@@ -78,7 +78,12 @@ class ReplicaDispatch:
                 self.decode.on_stats(replica, stats)
 
     def add(self, msg: AddRequest) -> bool:
-        """Send a request to the replica the router picks; False when none is alive."""
+        """Send a request to the replica the router picks; False when none is alive.
+
+        Stats that have arrived are taken first: a finish's fresh stats may land while a
+        burst is being placed, and every request after them should count them."""
+        for zsock in self._by_socket:
+            self.on_readable(zsock)
         try:
             placement = self.router.place(msg.prompt_token_ids)
             replica = placement.replica

@@ -82,3 +82,18 @@ def test_with_no_decode_replica_left_a_request_is_served_whole():
     add(d, 5)
     assert rt.sent["sched0"][-1].decode_replica == -1 and 5 not in d.paired
     assert d.refusal() is None
+
+
+def test_a_placement_takes_the_stats_that_have_arrived_first():
+    """Stats delivered while a burst is being placed count from the next request on, not
+    from the tokenizer's next loop."""
+    d, rt = dispatch(("prefill", "decode"))
+    waiting = {0: ["stats of replica 0"], 1: []}
+    for replica, sock in enumerate(d.stats_in):
+        sock.poll = lambda timeout, r=replica: bool(waiting[r])
+        sock.recv = lambda r=replica: waiting[r].pop(0)
+    seen = []
+    d.router.on_stats = lambda replica, stats: seen.append((replica, stats))
+    d.decode.on_stats = lambda replica, stats: None
+    add(d, 1)
+    assert seen == [(0, "stats of replica 0")]
