@@ -38,7 +38,8 @@ SPLIT = {"prefill_replicas": 1, "decode_replicas": 1}
 MODES = {"colocated": {}, "dp2": {"data_parallel_size": 2}, "disagg": SPLIT,
          "disagg-frames": {**SPLIT, "kv_transfer": "frames"},
          "disagg-shared": {**SPLIT, "kv_transfer": "shared"}}
-"""disagg takes --kv-transfer auto (shared on the CPU, frames on cuda); the others name it."""
+"""disagg takes --kv-transfer auto (shared where it can work: the CPU, one GPU, GPUs with peer
+access; frames otherwise: frontend.engine.disagg.kv_transfer_mode); the others name it."""
 
 
 def schedule(args: argparse.Namespace, vocab: int) -> list[tuple[Trace, list[int]]]:
