@@ -48,14 +48,17 @@ def test_bad_flags_are_one_line_usage_errors(flags, says, tiny_qwen3_dir, capsys
     assert exc.value.code == 2 and says in capsys.readouterr().err
 
 
-def _left_behind() -> list:
-    """This process's live descendants: the servers and their actors must all be gone."""
-    return process_tree(os.getpid())
+@pytest.fixture
+def left_behind():
+    """This process's live descendants the test started: the servers and their actors must
+    all be gone (processes of fixtures that other test files keep alive do not count)."""
+    before = {p.pid for p in process_tree(os.getpid())}
+    return lambda: [p for p in process_tree(os.getpid()) if p.pid not in before]
 
 
 @pytest.mark.slow  # three start-ups of a server
 def test_cold_and_warm_start_ups_are_recorded_by_phase(tiny_qwen3_dir, tmp_path, monkeypatch,
-                                                       capsys):
+                                                       capsys, left_behind):
     own_cache = tmp_path / "own-cache"
     own_cache.mkdir()
     monkeypatch.setenv("NANOPIPE_CACHE", str(own_cache))
@@ -65,7 +68,7 @@ def test_cold_and_warm_start_ups_are_recorded_by_phase(tiny_qwen3_dir, tmp_path,
     out = capsys.readouterr().out
     assert "cold: healthy in" in out and "warm: healthy in" in out
     assert "ready_s[warm]: " in out and "of the goal (5 s)" in out
-    assert not _left_behind()
+    assert not left_behind()
     assert not any(own_cache.iterdir())  # cold caches are the bench's; warm reuse them
     raw = json.loads(record.read_text())
     assert raw["workload"] == "startup"
@@ -83,15 +86,16 @@ def test_cold_and_warm_start_ups_are_recorded_by_phase(tiny_qwen3_dir, tmp_path,
     # With no cold run, the warm one is the user's own start-up, on the user's caches.
     assert run_command("bench", ["startup", "--model", tiny_qwen3_dir, "--device", "cpu",
                                  "--cold", "0", "--warm", "1"]) == 0
-    assert any(own_cache.iterdir()) and not _left_behind()
+    assert any(own_cache.iterdir()) and not left_behind()
 
 
 def test_a_server_that_fails_to_start_fails_the_run_and_records_nothing(tiny_qwen3_dir,
-                                                                       tmp_path, capsys):
+                                                                       tmp_path, capsys,
+                                                                       left_behind):
     record = tmp_path / "results.jsonl"
     assert run_command("bench", ["startup", "--model", tiny_qwen3_dir, "--device", "cpu",
                                  "--warm", "1", "--serve-args=--max-num-seqs 0",
                                  "--record", str(record)]) == 1
     err = capsys.readouterr().err
     assert "FAILED: cold start-up: the server exited" in err and "max-num-seqs" in err
-    assert not record.exists() and not _left_behind()
+    assert not record.exists() and not left_behind()
