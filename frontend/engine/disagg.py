@@ -15,6 +15,7 @@ from typing import Any
 from frontend.engine import disagg_gpus
 from frontend.engine.options import ConfigError
 from frontend.engine.startup import replica_env
+from frontend.engine.torch_build import visible_gpus
 from frontend.openai_server.health import NoNewRequests
 from protocol import Endpoints
 from protocol.actor_start import to_plain
@@ -71,7 +72,7 @@ def cross_gpu_obstacle(cfg: EngineConfig) -> str | None:
         return None
     tp = cfg.tensor_parallel_size
     return disagg_gpus.peer_obstacle(
-        disagg_gpus.visible_gpus(),
+        visible_gpus(),
         disagg_gpus.reading_pairs(tp, cfg.prefill_replicas, cfg.decode_replicas),
         disagg_gpus.can_access_peer)
 
@@ -130,7 +131,7 @@ def worker_env(cfg: EngineConfig, replica: int) -> dict[str, str] | None:
     if cfg.resolved_device != "cuda" or not cfg.prefill_replicas:
         return replica_env(cfg.resolved_device, cfg.tensor_parallel_size, cfg.num_replicas,
                            replica)
-    devices, tp = disagg_gpus.visible_gpus(), cfg.tensor_parallel_size
+    devices, tp = visible_gpus(), cfg.tensor_parallel_size
     if gpus_shared(cfg):
         return {"CUDA_VISIBLE_DEVICES": ",".join(devices[:tp])}
     see_all = kv_transfer_mode(cfg) == "shared"
@@ -142,4 +143,4 @@ def gpus_shared(cfg: EngineConfig) -> bool:
     """Whether the replicas share GPUs (too few for one group each)."""
     if cfg.resolved_device != "cuda" or not cfg.prefill_replicas:
         return False
-    return len(disagg_gpus.visible_gpus()) < cfg.tensor_parallel_size * cfg.num_replicas
+    return len(visible_gpus()) < cfg.tensor_parallel_size * cfg.num_replicas

@@ -13,19 +13,7 @@ prefill rank r's pool over NVLink, which needs peer access from its GPU to that 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
-
-
-def visible_gpus() -> list[str]:
-    """The launcher's GPUs, as CUDA_VISIBLE_DEVICES names them (all, without it: counted
-    from the driver's listing where it can say, so the launcher imports no torch)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        return [d.strip() for d in visible.split(",") if d.strip()]
-    from frontend.engine.torch_build import gpu_count
-
-    return [str(i) for i in range(gpu_count())]
 
 
 def worker_gpus(devices: list[str], tp: int, replicas: int, replica: int,

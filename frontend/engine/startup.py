@@ -160,11 +160,7 @@ def replica_env(device: str, tp: int, dp: int, replica: int) -> dict[str, str] |
     (of those already visible), so each replica runs on its own GPUs."""
     if dp == 1 or device != "cuda":
         return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        devices = [d.strip() for d in visible.split(",") if d.strip()]
-    else:
-        from frontend.engine.torch_build import gpu_count
+    from frontend.engine.torch_build import visible_gpus
 
-        devices = [str(i) for i in range(gpu_count())]
+    devices = visible_gpus()
     return {"CUDA_VISIBLE_DEVICES": ",".join(devices[replica * tp:(replica + 1) * tp])}

@@ -98,3 +98,12 @@ def gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def visible_gpus() -> list[str]:
+    """The launcher's GPUs as CUDA_VISIBLE_DEVICES names them (all, without it: gpu_count,
+    so the launcher imports no torch where the driver can say)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    return [str(i) for i in range(gpu_count())]

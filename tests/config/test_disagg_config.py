@@ -118,4 +118,4 @@ def test_without_cuda_visible_devices_the_gpus_are_counted_as_the_launcher_count
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch_build, "gpu_count", lambda: 3)
-    assert disagg_gpus.visible_gpus() == ["0", "1", "2"]
+    assert torch_build.visible_gpus() == ["0", "1", "2"]

@@ -15,7 +15,7 @@ from random_prompts import random_prompts
 from frontend import LLM
 from frontend.engine.config import EngineConfig
 from frontend.engine.disagg import kv_transfer_mode
-from frontend.engine.disagg_gpus import visible_gpus
+from frontend.engine.torch_build import visible_gpus
 from protocol import SamplingParams
 
 pytestmark = [

@@ -119,7 +119,7 @@ def run_mode(args: argparse.Namespace, mode: str, tmp: str) -> dict:
             f"{args.dtype!r}, {address!r})")
     env = None
     if args.across_gpus:  # the child's own GPU first, as its replica's workers would see it
-        from frontend.engine.disagg_gpus import visible_gpus
+        from frontend.engine.torch_build import visible_gpus
 
         gpus = visible_gpus()
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join([gpus[1], gpus[0], *gpus[2:]]))
