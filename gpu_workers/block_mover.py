@@ -77,12 +77,14 @@ def slot_runs(slots: Seq[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def make_host_pool(device_pool: torch.Tensor, num_slots: int) -> torch.Tensor:
+def make_host_pool(device_pool: torch.Tensor, num_slots: int,
+                   pin: bool | None = None) -> torch.Tensor:
     """A host pool of num_slots blocks, block index first so that each block, and each run
-    of consecutive slots, is one contiguous stretch of memory (pinned under CUDA)."""
+    of consecutive slots, is one contiguous stretch of memory (pinned under CUDA unless
+    `pin` says otherwise)."""
     shape = list(block_major(device_pool).shape)
     shape[0] = num_slots
-    pin = device_pool.is_cuda
+    pin = device_pool.is_cuda if pin is None else pin
     return torch.empty(shape, dtype=device_pool.dtype, device="cpu", pin_memory=pin)
 
 

@@ -184,3 +184,11 @@ class ModelConfig(ModelShape):
         kv_heads = max(counts) if rank is None else counts[rank]
         elem = self.kv_dtype.itemsize
         return 2 * self.num_layers * kv_heads * self.head_dim * elem
+
+
+def check_model_len(config: WorkerConfig, mc: ModelConfig) -> None:
+    """A worker refuses a max_model_len its model's positions do not reach."""
+    if config.max_model_len > mc.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len={config.max_model_len} exceeds the model's "
+            f"max_position_embeddings={mc.max_position_embeddings}; lower max_model_len")

@@ -1,18 +1,25 @@
-"""The host KV tier's pinned pool, allocated on a thread while the kernels warm up.
+"""The host KV tier's pinned pool, allocated on a thread once the rank is otherwise ready.
 
 Pinning the host tier (on CUDA up to 16 GiB by default) takes seconds: the driver faults in,
-zeroes and locks every page. Nothing reads the pool before the first step that moves blocks,
-so a CUDA rank allocates it beside the warm-up and waits for it before CUDA graph capture (a
-capture forbids other threads' calls that may synchronize) and so before it reports ready.
-The slot count, which the ranks agree on with a collective, is settled on the main thread
-first, so every rank's collectives stay in one order.
+zeroes and locks every page, holding the process's memory-map lock while it does. Whatever
+else the process maps meanwhile waits for it: beside the warm-up, every scratch table and
+staging buffer did (on an H200 host the warm-up's 3 s became 12). Nothing reads the pool
+before the first step that moves blocks out of the device pool, which a fresh engine takes
+only once that pool is full, so a CUDA rank starts pinning after its CUDA graphs are
+captured (`begin`), reports ready at once, and the first use of the mover waits for the pool
+(`mover`), as does a later graph capture (a capture forbids other threads' calls that may
+synchronize). Should pinning fail, the tier keeps its slots in pageable memory: its copies
+then wait for the host, and no block the scheduler places there is lost. The slot count,
+which the ranks agree on with a collective, is settled on the main thread first, so every
+rank's collectives stay in one order.
 
 Unless the user's allocator settings say how to pin, a worker process asks torch to pin by
 registering memory it has already mapped on several threads (`pinned_use_cuda_host_register`),
 rather than with cudaHostAlloc, which faults in and zeroes every page on one thread while it
-holds the driver's lock (the warm-up's CUDA calls on the main thread would wait for it). It
-does so before its first pinned allocation (pin_by_registering): torch frees a pinned block
-the way the setting says at the time, so the setting must not change under a live block.
+holds the driver's lock (the first steps' CUDA calls on the main thread would wait for it).
+It does so before its first pinned allocation (pin_by_registering): torch frees a pinned
+block the way the setting says at the time, so the setting must not change under a live
+block.
 """
 
 from __future__ import annotations
@@ -57,13 +64,14 @@ def pin_by_registering() -> None:
 
 
 class HostTierStart:
-    """One rank's host tier in the making: `slots` at once, the mover from mover()."""
+    """One rank's host tier in the making: `slots` at once, the pool from begin() on, the
+    mover from mover()."""
 
     def __init__(self, storage: torch.Tensor, gib: float, world_size: int,
                  drafter: object | None, background: bool | None = None) -> None:
         """`background`: allocate on a thread (default: when the pool is pinned, on CUDA)."""
-        block_bytes = storage[:, :, 0].numel() * storage.element_size()
-        slots = host_pool_slots(int(gib * 2**30), block_bytes)
+        self.block_bytes = storage[:, :, 0].numel() * storage.element_size()
+        slots = host_pool_slots(int(gib * 2**30), self.block_bytes)
         if world_size > 1:  # ranks may hold different KV heads: they agree on the least
             import torch.distributed as dist
 
@@ -76,32 +84,40 @@ class HostTierStart:
                 "set kv_offloading_size=0 with speculative 'draft'")
         self.slots = slots
         self._storage = storage
+        self._background = storage.is_cuda if background is None else background
         self._pool: torch.Tensor | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        if slots == 0:
+
+    def begin(self) -> None:
+        """Start making the pool: on a thread, or at once (a failure then raises here)."""
+        if self.slots == 0 or self._thread is not None or self._pool is not None:
             return
-        if background if background is not None else storage.is_cuda:
+        if self._background:
             self._thread = threading.Thread(target=self._allocate, name="host-kv-tier",
                                             daemon=True)
             self._thread.start()
         else:
-            self._pool = make_host_pool(storage, slots)
+            self._pool = make_host_pool(self._storage, self.slots)
 
     def _allocate(self) -> None:
         try:
             if self._storage.is_cuda:  # a new thread's device is 0: pin under the rank's own
                 torch.cuda.set_device(self._storage.device)
             self._pool = make_host_pool(self._storage, self.slots)
-        except BaseException as exc:  # noqa: BLE001 - raised on the main thread by mover()
+        except BaseException as exc:  # noqa: BLE001 - settled on the main thread by mover()
             self._error = exc
 
     def mover(self) -> BlockMover | None:
-        """Wait for the pool; the mover over it (None: no host tier). An allocation that
-        failed raises here, so start-up fails with its error."""
+        """Wait for the pool (beginning it if no one did); the mover over it (None: no host
+        tier). A pinned pool that could not be made is made in pageable memory instead."""
+        self.begin()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         if self._error is not None:
-            raise self._error
+            log.warning("host KV tier: pinning %d slots failed (%s); keeping them in pageable "
+                        "memory, whose copies wait for the host", self.slots, self._error)
+            self._error = None
+            self._pool = make_host_pool(self._storage, self.slots, pin=False)
         return None if self._pool is None else BlockMover(self._storage, self._pool)

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from gpu_workers.batch import StepBatch, build_batch
-from gpu_workers.config import ModelConfig, WorkerConfig
+from gpu_workers.block_mover import BlockMover
+from gpu_workers.config import ModelConfig, WorkerConfig, check_model_len
 from gpu_workers.cuda_sizing import part, size_kv_pool
 from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.graph_sampling import graph_sample_inputs, graph_samplers, graph_tokens
@@ -54,10 +55,7 @@ class ModelRunner:
         self.device = torch.device("cuda", torch.cuda.current_device()) \
             if config.device == "cuda" else torch.device("cpu")
         self.model_config = mc = ModelConfig.for_worker(config)
-        if config.max_model_len > mc.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={config.max_model_len} exceeds the model's "
-                f"max_position_embeddings={mc.max_position_embeddings}; lower max_model_len")
+        check_model_len(config, mc)
         torch.manual_seed(config.seed)
         self.backend = resolve_backend(config.attention_backend, config.device, mc.dtype,
                                        mc.head_dim, config.block_size, mc.kv_dtype)
@@ -88,20 +86,15 @@ class ModelRunner:
         self.kv_cache = KVCache(mc, blocks, config.block_size, self.device, config.kv_pool_mappable)
         self.kv_cache.bind(self.model.attention_layers())
         part(clock, self.device, "kv.pool")
-        host = HostTierStart(self.kv_cache.storage, config.kv_offloading_size, world_size,
-                             self.drafter)  # pinned on a thread beside the warm-up
-        self.mover, self.num_host_slots = None, host.slots
-        part(clock, self.device, "kv.host")
+        self.host_tier = HostTierStart(self.kv_cache.storage, config.kv_offloading_size,
+                                       world_size, self.drafter)  # its pool: begin() below
+        self.num_host_slots, self._mover = self.host_tier.slots, None
         if self.drafter is not None:
             self.drafter.bind_cache(self.num_kv_blocks, world_size)
         self.table = self.new_table(self.num_kv_blocks)
         clock.mark("kv")
         if self.device.type == "cuda":
             warm_up_kernels(self)
-            part(clock, self.device, "warm-up.kernels")
-        self.mover = host.mover()
-        if self.device.type == "cuda":
-            part(clock, self.device, "warm-up.host-wait")
             clock.mark("warm-up")
         if self.device.type == "cuda" and not config.enforce_eager:
             with torch.inference_mode():
@@ -111,7 +104,15 @@ class ModelRunner:
                 if self.drafter is not None:
                     progress("capturing CUDA graphs for the draft model")
                     self.drafter.capture_graphs(pool=self.graphs.pool)
+                self.graphs.decode.before_capture = lambda: self.mover
             clock.mark("graphs")
+        self.host_tier.begin()  # on CUDA pinned beside the first steps, none of which waits
+
+    @property
+    def mover(self) -> BlockMover | None:
+        """The host tier's block mover (None: no tier); the first use waits for its pool."""
+        self._mover = self._mover or (self.host_tier.mover() if self.num_host_slots else None)
+        return self._mover
 
     def new_table(self, num_blocks: int | None = None) -> SequenceTable:
         c = self.config

@@ -142,10 +142,10 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
                     if kv is not None:
                         kv.close()
 
-            mover = runner.mover
             return Started(serve, info, num_kv_blocks=runner.num_kv_blocks,
                            num_host_slots=runner.num_host_slots,
-                           host_block_bytes=0 if mover is None else mover.block_bytes,
+                           host_block_bytes=runner.host_tier.block_bytes
+                           if runner.num_host_slots else 0,
                            phases=[*runner.startup.phases, *runner.startup.parts,
                                    *(clock.parts if config.device == "cuda" else [])])
 

@@ -115,9 +115,9 @@ def test_the_slowest_workers_parts_follow_the_line_and_are_not_counted_twice():
     assert [(p.name, p.seconds) for p in parsed.parts] == [
         ("kv.profile", 1.5), ("kv.pool", 0.12), ("kv.host", 0.25)]
     assert parsed.line() == times.line()
-    two = times.line() + " [warm-up: kernels 2.20, host-wait 0.80]"
-    assert [p.name for p in parse_ready_line(two).parts][-2:] == ["warm-up.kernels",
-                                                                  "warm-up.host-wait"]
+    two = times.line() + " [processes: imports 2.10, setup 0.30]"
+    assert [p.name for p in parse_ready_line(two).parts][-2:] == ["processes.imports",
+                                                                  "processes.setup"]
 
 
 def test_a_worker_knows_how_long_its_process_took_to_reach_it():

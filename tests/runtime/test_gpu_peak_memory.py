@@ -30,8 +30,7 @@ def test_a_cached_peak_sizes_the_pool_without_the_profiling_forward(tiny_qwen3_d
     kw = dict(device="cuda", kv_cache_bytes=None, gpu_memory_utilization=0.5,
               max_num_batched_tokens=2048, kv_offloading_size=0.25)
     first = make_runner(tiny_qwen3_dir, **kw)
-    assert [p.name for p in first.startup.parts] == [
-        "kv.profile", "kv.pool", "kv.host", "warm-up.kernels", "warm-up.host-wait"]
+    assert [p.name for p in first.startup.parts] == ["kv.profile", "kv.pool"]
     prompts = random_prompts(3, [5, 9, 17, 30])
     expected, blocks = _greedy(first, prompts), first.num_kv_blocks
     del first
@@ -42,6 +41,6 @@ def test_a_cached_peak_sizes_the_pool_without_the_profiling_forward(tiny_qwen3_d
     # Never more than measured (what the first left in use here only makes it smaller).
     assert 0.95 * blocks <= second.num_kv_blocks <= blocks * 1.005
     assert _greedy(second, prompts) == expected
-    # The host tier, pinned on a thread beside the warm-up, is in place once it is ready.
+    # The host tier, pinned on a thread once the runner is ready, is in place at first use.
     assert second.mover is not None and second.mover.host_pool.is_pinned()
     assert second.num_host_slots == second.mover.host_pool.shape[0] > 0

@@ -1,6 +1,6 @@
-"""The host KV tier's pool made on a thread beside the warm-up (CUDA) or at once (CPU): the
-mover comes from the same pool either way, and a failed allocation fails start-up with its
-own error. tests/runtime/test_gpu_peak_memory.py checks the pinned pool on CUDA."""
+"""The host KV tier's pool, begun once the rank is ready, made on a thread (CUDA) or at once
+(CPU): the mover comes from the same pool either way; a pool that cannot be pinned is kept in
+pageable memory. tests/runtime/test_gpu_peak_memory.py checks the pinned pool on CUDA."""
 
 from __future__ import annotations
 
@@ -32,30 +32,55 @@ def test_the_mover_holds_the_slots_the_size_buys(background):
     assert start.mover() is not mover  # a second call makes another mover over the same pool
 
 
-def test_the_allocation_runs_beside_the_caller(monkeypatch):
+def test_nothing_is_allocated_before_begin_and_then_beside_the_caller(monkeypatch):
     release, began = threading.Event(), threading.Event()
     real = host_tier_start.make_host_pool
 
-    def slow_pool(storage, slots):
+    def slow_pool(storage, slots, pin=None):
         began.set()
         assert release.wait(10)
-        return real(storage, slots)
+        return real(storage, slots, pin)
 
     monkeypatch.setattr(host_tier_start, "make_host_pool", slow_pool)
     start = HostTierStart(_storage(), 3 * BLOCK_BYTES / 2**30, 1, None, background=True)
-    assert began.wait(10) and start.slots == 3  # the caller goes on while it allocates
+    assert start.slots == 3 and start.block_bytes == BLOCK_BYTES
+    assert not began.wait(0.2)  # the rank gets ready first: the pool waits for begin()
+    start.begin()
+    assert began.wait(10)  # the caller goes on while it allocates
     release.set()
     assert start.mover().host_pool.shape[0] == 3
 
 
-def test_a_failed_allocation_fails_start_up_with_its_error(monkeypatch):
-    def no_memory(storage, slots):
-        raise RuntimeError("CUDA error: out of memory (pinned)")
+def test_a_pool_that_cannot_be_pinned_is_kept_in_pageable_memory(monkeypatch, caplog):
+    real, asked = host_tier_start.make_host_pool, []
+
+    def pinning_fails(storage, slots, pin=None):
+        asked.append(pin)
+        if pin is not False:
+            raise RuntimeError("CUDA error: out of memory (pinned)")
+        return real(storage, slots, pin)
+
+    monkeypatch.setattr(host_tier_start, "make_host_pool", pinning_fails)
+    start = HostTierStart(_storage(), 3 * BLOCK_BYTES / 2**30, 1, None, background=True)
+    start.begin()
+    with caplog.at_level("WARNING", logger="nanopipe.worker"):
+        mover = start.mover()
+    assert asked == [None, False] and mover.host_pool.shape[0] == 3
+    assert not mover.host_pool.is_pinned()
+    assert "pinning 3 slots failed" in caplog.text and "out of memory" in caplog.text
+    # Made once: a later mover works on the same slots.
+    mover.host_pool[1].fill_(7.0)
+    assert float(start.mover().host_pool[1].sum()) == 7.0 * mover.host_pool[1].numel()
+
+
+def test_a_pool_made_at_once_fails_where_it_is_begun(monkeypatch):
+    def no_memory(storage, slots, pin=None):
+        raise RuntimeError("out of memory")
 
     monkeypatch.setattr(host_tier_start, "make_host_pool", no_memory)
-    start = HostTierStart(_storage(), 3 * BLOCK_BYTES / 2**30, 1, None, background=True)
+    start = HostTierStart(_storage(), 3 * BLOCK_BYTES / 2**30, 1, None, background=False)
     with pytest.raises(RuntimeError, match="out of memory"):
-        start.mover()
+        start.begin()
 
 
 def test_off_too_small_and_draft_are_settled_at_once():

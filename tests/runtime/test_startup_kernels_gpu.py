@@ -44,7 +44,8 @@ print(json.dumps({"tokens": planner.run(runner), "cubins": cubins,
 def _start(model: str, precompile: str, tmp: Path, mode: str) -> dict:
     triton_cache, nanopipe_cache = tmp / f"triton-{precompile}", tmp / f"nanopipe-{precompile}"
     env = dict(os.environ, TRITON_CACHE_DIR=str(triton_cache), NANOPIPE_CACHE=str(nanopipe_cache),
-               PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"),
+                                           *filter(None, [os.environ.get("PYTHONPATH")])]))
     out = subprocess.run([sys.executable, "-c", START, model, precompile, str(triton_cache),
                           str(nanopipe_cache), mode], env=env, cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
