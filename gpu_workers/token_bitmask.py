@@ -11,8 +11,10 @@ normally long passed (the step in flight is settled before a constrained step's 
 
 On CUDA the row count is padded to a multiple of 16 by repeating the last row (masking a row
 twice changes nothing): Triton specialises an integer argument on being 1 or a multiple of
-16, so every step runs the one kernel variant that warm_up compiles at start-up, and the
-first constrained request pays no compile.
+16, so every step runs one kernel variant: the first constrained step compiles it (once per
+Triton cache), as the first structured request loads the grammar compiler; start-up does not,
+since importing xgrammar (and transformers with it) cost every start seconds. warm_up
+compiles it ahead (benchmarks that time steady-state steps).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Scratch steps a CUDA runner takes at start-up, on tables of their own: one that measures
 the peak activation memory (the KV cache gets what is left), one per shape the Triton kernels
-specialise on (so the first requests do not pay seconds of JIT compilation); on rank 0 also
-the kernel that applies structured outputs' token bitmask (gpu_workers.token_bitmask).
+specialise on (so the first requests do not pay seconds of JIT compilation). The kernel that
+applies structured outputs' token bitmask is not among them: it needs xgrammar, whose import
+(transformers with it) took seconds of every start on an H200 host, for a kernel that
+compiles once per Triton cache; the first constrained step compiles it, beside the grammar
+compiler that the first structured request loads anyway (gpu_workers.token_bitmask).
 
 They take the runner as a ScratchRunner, what they use of it, so this module needs nothing of
 gpu_workers.model_runner, which calls them while it starts.
@@ -14,7 +17,6 @@ from typing import Protocol
 import torch
 
 from gpu_workers.config import ModelConfig, WorkerConfig
-from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.kv_cache import KVCache
 from gpu_workers.models import CausalLM
 from gpu_workers.peak_memory import PeakMemory
@@ -32,7 +34,6 @@ class ScratchRunner(Protocol):
     device: torch.device
     world_size: int
     num_kv_blocks: int
-    grammars: GrammarBook | None
     startup: PhaseClock
 
     def new_table(self, num_blocks: int | None = None) -> SequenceTable: ...
@@ -121,7 +122,4 @@ def warm_up_kernels(runner: ScratchRunner) -> None:
         table = runner.new_table()
         runner.run_on(prefill_plan(seqs), table)
         runner.run_on(decode_plan(seqs), table)
-    if runner.grammars is not None:  # the logits' dtype and row stride (the padded vocab)
-        stride = runner.model.lm_head.shard * runner.world_size
-        runner.grammars.bitmask.warm_up(runner.device, runner.model_config.dtype, stride)
     torch.cuda.synchronize()
