@@ -91,6 +91,8 @@ PROFILES: dict[str, Entry] = {
         "a victim's TTFT alone and while another client floods the engine", "victim_ttft_ms[hog]"),
     "tp": Entry("frontend.bench.profiles.tp",
                 "every TP rank's profiling window in a pipeline, and the scaling"),
+    "startup": Entry("frontend.bench.profiles.startup",
+                     "one worker's start-up in a fresh process under cProfile, by function"),
     "cpu": Entry("frontend.bench.profiles.cpu",
                  "where a CPU decode step goes, nanopipe against transformers"),
     "timeline": Entry("frontend.bench.profiles.timeline",

@@ -1,7 +1,7 @@
 """The speed tooling as a user runs it on a tiny CPU model: `nanopipe bench throughput`'s GPU
 idle share and figure, `bench serving`'s figure, --make-random smollm2-135m, --peer's refusal
 of a directory that is no checkout, the step loop's modelled worker, and `nanopipe profile`
-step, host and cpu (with and without the matmuls)."""
+step, host, startup and cpu (with and without the matmuls)."""
 
 from __future__ import annotations
 
@@ -146,6 +146,26 @@ def test_profile_host_times_every_stage_of_a_step(tiny_qwen3_dir, tmp_path):
     assert per_step["ModelRunner.launch"] >= per_step["build_batch"] > 0
     assert per_step["build_batch"] >= per_step["lay_out"] > 0
     assert per_step["SequenceTable.apply"] > 0 and per_step["ModelRunner.finish"] > 0
+
+
+def test_profile_startup_profiles_a_second_start_in_a_fresh_process(tiny_qwen3_dir, tmp_path):
+    out = run_script("profile", "startup", "--model", tiny_qwen3_dir, "--device", "cpu",
+                     "--serve-args", "--kv-offloading-size 0 --max-model-len 256", "--cold",
+                     "--top", "6", "--record", str(tmp_path / "r.jsonl")).stdout
+    lines = out.splitlines()
+    filling = next(line for line in lines if line.startswith("filling start (cold caches): "))
+    profiled = next(line for line in lines if line.startswith("profiled start: "))
+    assert "weights" in filling and "kv" in profiled
+    # The profiled start is a ModelRunner's, function by function, in both orders.
+    assert "model_runner.py" in out and "__init__" in out
+    assert "Ordered by: cumulative time" in out and "Ordered by: internal time" in out
+    (record,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    total = float(profiled.split(": ")[1].split(" s")[0])
+    assert record["figures"]["start_s[profiled]"] == pytest.approx(total, abs=0.01)
+    # A flag the engine refuses ends the run with the engine's own words.
+    done = run_script("profile", "startup", "--model", tiny_qwen3_dir, "--device", "cpu",
+                      "--serve-args", "--max-model-len -3", ok=False)
+    assert done.returncode != 0 and "max-model-len" in done.stderr
 
 
 def test_profile_host_says_when_w1_ends_before_the_last_step(tiny_qwen3_dir):
