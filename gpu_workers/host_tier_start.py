@@ -2,8 +2,8 @@
 
 Pinning the host tier (on CUDA up to 16 GiB by default) takes seconds: the driver faults in,
 zeroes and locks every page. What the process maps meanwhile can wait for it (most likely
-on the memory-map lock): beside the warm-up, its scratch tables and staging buffers did (on
-an H200 host the warm-up's 3 s became 12, docs/startup.md). Nothing reads the pool
+on the memory-map lock): beside the warm-up, its scratch tables and staging buffers did (the
+warm-up took 12 s on one H200 host, 3 s on another: docs/startup.md). Nothing reads the pool
 before the first step that moves blocks out of the device pool, which a fresh engine takes
 only once that pool is full, so a CUDA rank starts pinning after its CUDA graphs are
 captured (`begin`), reports ready at once, and the first use of the mover waits for the pool
