@@ -94,8 +94,9 @@ class HostTierStart:
         if self.slots == 0 or self._thread is not None or self._pool is not None:
             return
         if self._background:
-            self._thread = threading.Thread(target=self._allocate, name="host-kv-tier",
-                                            daemon=True)
+            # Not a daemon: a process that stops while it pins waits for it at exit, rather
+            # than tearing CUDA down under a registration in progress.
+            self._thread = threading.Thread(target=self._allocate, name="host-kv-tier")
             self._thread.start()
         else:
             self._pool = make_host_pool(self._storage, self.slots)
