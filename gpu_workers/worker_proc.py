@@ -25,6 +25,7 @@ from gpu_workers.config import WorkerConfig
 from gpu_workers.host_tier_start import pin_by_registering
 from gpu_workers.kv_transfer import KVLink
 from gpu_workers.rendezvous import tcp_rendezvous
+from gpu_workers.serving_compiles import ServingCompiles
 from protocol import Endpoints, ProtocolError, Shutdown, StepPlan
 from protocol.actor_start import from_plain, read_start
 from protocol.checkpoint_match import check_checkpoint_matches
@@ -133,6 +134,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
             served = served_by(runner)  # itself unless NANOPIPE_PROFILE_DIR is set
             timeline = host_timeline("worker", rank)  # NANOPIPE_HOST_TIMELINE
             kv = KVLink.make(rt, links, rank, runner.kv_cache, endpoints)
+            if config.device == "cuda":  # from here on a kernel variant Triton meets stalls
+                ServingCompiles(rank).watch()  # a step: each is logged
 
             def serve() -> None:
                 try:

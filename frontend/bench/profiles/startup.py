@@ -26,7 +26,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-
 from pathlib import Path
 
 from frontend.bench.common.cold_caches import empty_caches
