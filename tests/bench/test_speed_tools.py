@@ -166,6 +166,9 @@ def test_profile_startup_profiles_a_second_start_in_a_fresh_process(tiny_qwen3_d
     done = run_script("profile", "startup", "--model", tiny_qwen3_dir, "--device", "cpu",
                       "--serve-args", "--max-model-len -3", ok=False)
     assert done.returncode != 0 and "max-model-len" in done.stderr
+    done = run_script("profile", "startup", "--model", tiny_qwen3_dir, "--device", "cpu",
+                      "--top", "0", ok=False)
+    assert done.returncode != 0 and "--top must be at least 1" in done.stderr
 
 
 def test_profile_host_says_when_w1_ends_before_the_last_step(tiny_qwen3_dir):

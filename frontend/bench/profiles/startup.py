@@ -30,6 +30,7 @@ from pathlib import Path
 
 from frontend.bench.common.cold_caches import empty_caches
 from frontend.bench.common.model_source import resolve_model_dir
+from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
 
 MODEL = "optional"
@@ -94,6 +95,8 @@ def _line(label: str, times: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> list[Figure]:
+    if args.top < 1:
+        raise BenchUsageError(f"--top must be at least 1, got {args.top}")
     model_dir = resolve_model_dir(args, args.device)
     flags = [*([model_dir] if model_dir else []), "--device", args.device,
              *shlex.split(args.serve_args)]
