@@ -7,7 +7,9 @@ and every sequence in the step stalls with it. Such a stall looks like idle GPU 
 throughput run and nothing else says where it came from, so once the worker is ready it
 watches Triton's hooks (the one before a variant is compiled or loaded, the one after) and
 logs each variant with its time and specialisation: the warm-up's shapes then say what they
-missed. A steady worker launches known variants only, which never reach the hooks.
+missed. Some are met there by design: the structured-output kernels at the first
+constrained step (gpu_workers.warm_up says why). A steady worker launches known variants
+only, which never reach the hooks.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ class ServingCompiles:
         self.seconds += seconds
         if self.count <= LOGGED:
             log.warning("worker %d: Triton kernel %s met a new variant while serving: %.0f ms "
-                        "to compile or load it (start-up's warm-up did not run this shape): "
-                        "%s", self.rank, fn.name, seconds * 1e3,
+                        "to compile or load it (a step waited; start-up had not run it): %s",
+                        self.rank, fn.name, seconds * 1e3,
                         specialisation(kwargs.get("compile", {}), fn) or repr)
         elif self.count % LOGGED == 0:
             log.warning("worker %d: %d kernel variants met while serving, %.1f s in all",
