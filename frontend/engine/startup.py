@@ -32,7 +32,7 @@ from protocol.sockets import MessageSocket
 
 log = logging.getLogger("nanopipe.launcher")
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 """The folder holding nanopipe's packages: children import the same code as the launcher."""
 
 

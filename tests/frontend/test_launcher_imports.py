@@ -107,3 +107,14 @@ def test_on_a_gpu_host_the_launcher_starts_without_torch(tiny_qwen3_dir):
                           ""], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          check=True).stdout
     assert out.split() == ["cuda", "[]"]
+
+
+def test_children_import_the_launchers_own_checkout():
+    # The folder put first on every child's PYTHONPATH holds the packages themselves, so a
+    # child imports the launcher's code, not another copy installed elsewhere.
+    from frontend.engine import startup
+
+    root = Path(startup._PACKAGE_ROOT)
+    assert (root / "frontend" / "engine" / "startup.py").samefile(startup.__file__)
+    assert all((root / package / "__init__.py").is_file()
+               for package in ("frontend", "gpu_workers", "scheduler_proc", "protocol"))
