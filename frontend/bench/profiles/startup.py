@@ -32,6 +32,7 @@ from frontend.bench.common.cold_caches import empty_caches
 from frontend.bench.common.model_source import resolve_model_dir
 from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
+from frontend.engine.startup import _PACKAGE_ROOT as PACKAGE_ROOT
 
 MODEL = "optional"
 CHILD = "from frontend.bench.profiles.startup import child; child()"
@@ -103,7 +104,8 @@ def run(args: argparse.Namespace) -> list[Figure]:
     env = dict(os.environ)
     if args.cold:
         env.update(empty_caches(Path(tempfile.mkdtemp(prefix="nanopipe-cold-"))))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    # The children run this checkout's nanopipe, wherever the profile was started from.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
     filled, _ = _start(flags, False, args.top, env)
     print(_line("filling start" + (" (cold caches)" if args.cold else ""), filled), flush=True)
     profiled, report = _start(flags, True, args.top, env)
