@@ -35,6 +35,8 @@ from frontend.actors.incremental_detok import (
     context_anchor,
     make_decode_fn,
 )
+from frontend.client.outputs import EngineDeadError
+from frontend.client.transport import check_address
 from protocol import ClientHello, ClientWelcome, EngineDead, ProtocolError, TokenDeltas
 from protocol.auth import CREDENTIALS_FILE, Credentials, CurveKeys, load_credentials
 from protocol.engine_messages import EngineStats, WatchGoodbye, WatchHeartbeat, WatchRequest
@@ -61,6 +63,10 @@ def resolve_address(address: str) -> str:
     """A zmq address as given, or a run directory's `deltas_pub` socket (for a tcp pipeline,
     the address its credentials file names)."""
     if "://" in address:
+        try:
+            check_address(address)
+        except (ValueError, EngineDeadError) as exc:
+            raise AttachError(str(exc)) from None
         return address
     if os.path.isdir(address):
         if os.path.exists(os.path.join(address, CREDENTIALS_FILE)):

@@ -61,8 +61,20 @@ an answer was read. Deterministic, and no request waits forever on a refusal; re
 this way are also aborted, so the engine does not run them unseen."""
 
 
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+"""Monitor events of a peer that accepted the connection but did not complete ZeroMQ's
+handshake: it does not speak zmq, or not in time."""
+
+
 def refused(address: str) -> str:
     return f"no pipeline at {address}: the connection was refused (nothing listens there)"
+
+
+def not_zmq(address: str) -> str:
+    return (f"no pipeline at {address}: something accepted the connection but did not answer "
+            "ZeroMQ's handshake (an HTTP port? give the address printed after 'clients "
+            "connect to:'), or the pipeline there is stalled")
 
 
 class Link(enum.Enum):
@@ -156,6 +168,11 @@ class ClientCore:
     def handshaking(self) -> bool:
         return self.phase in (Phase.CONNECTING, Phase.JOINING)
 
+    @property
+    def first_connection(self) -> bool:
+        """No pipeline has welcomed this client yet: a silent peer is no pipeline."""
+        return self.welcome is None
+
     def start(self) -> Open:
         """The first action: open the requests link."""
         return Open(Link.REQUESTS, self.address, encode(ClientHello(self.client_id)))
@@ -191,6 +208,8 @@ class ClientCore:
                                  "answer within the heartbeat timeout); reconnecting: requests "
                                  "in flight fail, new ones are refused until it is back")
                     self._stranded = True
+        elif event & HANDSHAKE_FAILED and self.handshaking and self.first_connection:
+            self.fail_all(not_zmq(self._addresses[link]))
         elif self._watches[link].gave_up(event) and self.handshaking:
             lost = "" if self.lost is None else f"lost the connection to {self.address}; "
             self.fail_all(lost + refused(self._addresses[link]))

@@ -7,31 +7,41 @@ inherits them.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import socket
 import stat
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from frontend.client.core import ClientCore, Link, Open
+from frontend.client.core import HANDSHAKE_FAILED, ClientCore, Link, Open
 from frontend.client.outputs import EngineDeadError
 from protocol.client_link import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
 
 CLOSE_LINGER_MS = 1000
 """How long closing waits for its abort messages to leave."""
-MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
+MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
+                  | HANDSHAKE_FAILED)
+FIRST_HANDSHAKE_MS = 5000
+"""How long the first connection's ZeroMQ handshake may take. A pipeline's sockets answer it
+within milliseconds (zmq's own I/O threads do, however busy the process), so a peer that
+accepts the connection and stays silent this long is no pipeline: an HTTP port, most often.
+Reconnections keep zmq's default (30 s): a stalled pipeline is expected back."""
 
 
 def check_address(address: str) -> None:
-    """Refuse at once an address that is not one a pipeline prints (a ValueError), and an
-    ipc address whose socket file is missing or is no socket: no pipeline can answer there (a
-    pipeline binds its socket before it reports ready)."""
+    """Refuse at once an address that is not one a pipeline prints (a ValueError), a tcp host
+    that does not resolve, and an ipc address whose socket file is missing or is no socket:
+    no pipeline can answer there (a pipeline binds its socket before it reports ready)."""
     if not isinstance(address, str) or not address.startswith(("ipc://", "tcp://")):
-        raise ValueError(f"{address!r} is not a pipeline address: give the one the launcher "
-                         "prints after 'clients connect to:' (ipc://... or tcp://HOST:PORT)")
-    if not address.startswith("ipc://"):
+        raise not_an_address(address)
+    if address.startswith("tcp://"):
+        _check_tcp(address)
         return
     path = address[len("ipc://"):]
+    if not path:
+        raise not_an_address(address, "no socket path")
     if path.startswith("@"):  # Linux abstract namespace: no file to look at
         return
     try:
@@ -40,6 +50,33 @@ def check_address(address: str) -> None:
         raise EngineDeadError(f"no pipeline at {address}: {path}: {exc.strerror}") from None
     if not stat.S_ISSOCK(mode):
         raise EngineDeadError(f"no pipeline at {address}: {path} is not a socket")
+
+
+def not_an_address(address: object, why: str = "") -> ValueError:
+    return ValueError(f"{address!r} is not a pipeline address{': ' + why if why else ''}: give "
+                      "the one the launcher prints after 'clients connect to:' (ipc://... or "
+                      "tcp://HOST:PORT)")
+
+
+def _check_tcp(address: str) -> None:
+    """HOST:PORT with a port in range, and a host that resolves. zmq would take a bad one
+    without complaint and retry it forever, or fail with a bare "Invalid argument"."""
+    hostport = address[len("tcp://"):]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host:
+        raise not_an_address(address, "no HOST:PORT")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise not_an_address(address, f"port {port!r} is not in 1..65535")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(host)
+        return
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise EngineDeadError(f"no pipeline at {address}: the host {host!r} does not resolve "
+                              f"({reason})") from None
 
 
 def open_link(ctx: zmq.Context, core: ClientCore, action: Open) -> tuple[zmq.Socket, zmq.Socket]:
@@ -52,6 +89,8 @@ def open_link(ctx: zmq.Context, core: ClientCore, action: Open) -> tuple[zmq.Soc
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     sock.setsockopt(zmq.IDENTITY, core.client_id.encode())
+    if core.first_connection:
+        sock.setsockopt(zmq.HANDSHAKE_IVL, FIRST_HANDSHAKE_MS)
     monitor = sock.get_monitor_socket(MONITOR_EVENTS)
     monitor.setsockopt(zmq.LINGER, 0)
     sock.connect(action.address)

@@ -20,6 +20,7 @@ from frontend.client.core import (
     Phase,
     Reset,
     Send,
+    not_zmq,
     refused,
 )
 from frontend.client.outputs import (
@@ -213,6 +214,29 @@ def test_refused_connections_fail_the_handshake(link):
     expected = ADDRESS if link is Link.REQUESTS else RESULTS
     assert core.dead == (f"no pipeline at {expected}: the connection was refused "
                          f"(nothing listens there)")
+
+
+@pytest.mark.parametrize("event", [zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                                   zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL])
+def test_a_peer_that_fails_the_first_zmq_handshake_is_no_pipeline(event):
+    """An HTTP port given as the pipeline's address: it accepts and never speaks zmq."""
+    core = ClientCore(ADDRESS)
+    core.start()
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_CONNECTED, now=0.0)
+    core.on_monitor(Link.REQUESTS, event, now=5.0)
+    assert core.phase is Phase.FAILED and core.dead == not_zmq(ADDRESS)
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_DISCONNECTED, now=5.0)
+    assert core.dead == not_zmq(ADDRESS) and core.wait_s(now=5.0) is None
+
+
+def test_a_failed_handshake_while_reconnecting_is_left_to_the_retries():
+    """Once a pipeline has welcomed the client, a silent peer is that pipeline, stalled."""
+    core = ready_core()
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_DISCONNECTED, now=0.0)
+    core.on_timer(now=DISCONNECT_GRACE_S)
+    assert not core.first_connection and core.handshaking
+    core.on_monitor(Link.REQUESTS, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, now=5.0)
+    assert core.dead is None and core.handshaking
 
 
 def test_retries_after_a_connection_are_no_refusal():
