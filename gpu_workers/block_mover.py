@@ -19,6 +19,8 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from gpu_workers.host_pinning import pinned_slots
+from gpu_workers.host_pinning import slice_slots as pool_slice_slots
 from kernels.kv_quant import raw
 from protocol.process_runtime import ExplainedStartupError
 from protocol.step_messages import BlockMoves
@@ -65,12 +67,15 @@ def block_major(pool: torch.Tensor) -> torch.Tensor:
     return pool.movedim(BLOCK_DIM, 0)
 
 
-def slot_runs(slots: Seq[int]) -> list[tuple[int, int, int]]:
+def slot_runs(slots: Seq[int], bound: int | None = None) -> list[tuple[int, int, int]]:
     """(position, first slot, count) for each run of consecutive slots in the list: a run is
-    one contiguous stretch of the host pool, so it moves as one copy."""
+    one contiguous stretch of the host pool, so it moves as one copy. With `bound`, a run
+    also ends where a slot index is a multiple of it (a registered slice's edge: one copy
+    stays within one registration, see gpu_workers.host_pinning)."""
     runs: list[tuple[int, int, int]] = []
     for position, slot in enumerate(slots):
-        if runs and runs[-1][1] + runs[-1][2] == slot:
+        joins = runs and runs[-1][1] + runs[-1][2] == slot
+        if joins and not (bound and slot % bound == 0):
             runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
         else:
             runs.append((position, slot, 1))
@@ -81,11 +86,13 @@ def make_host_pool(device_pool: torch.Tensor, num_slots: int,
                    pin: bool | None = None) -> torch.Tensor:
     """A host pool of num_slots blocks, block index first so that each block, and each run
     of consecutive slots, is one contiguous stretch of memory (pinned under CUDA unless
-    `pin` says otherwise)."""
+    `pin` says otherwise, a slice at a time: gpu_workers.host_pinning)."""
     shape = list(block_major(device_pool).shape)
     shape[0] = num_slots
     pin = device_pool.is_cuda if pin is None else pin
-    return torch.empty(shape, dtype=device_pool.dtype, device="cpu", pin_memory=pin)
+    if pin:
+        return pinned_slots(shape, device_pool.dtype)
+    return torch.empty(shape, dtype=device_pool.dtype, device="cpu")
 
 
 class BlockMover:
@@ -99,11 +106,17 @@ class BlockMover:
     stream, so a load always sees the stores before it.
     """
 
-    def __init__(self, device_pool: torch.Tensor, host_pool: torch.Tensor) -> None:
+    def __init__(self, device_pool: torch.Tensor, host_pool: torch.Tensor,
+                 slice_slots: int | None = None) -> None:
+        """`slice_slots`: the host pool's registered slices, in slots (make_host_pool's
+        on CUDA by default); no copy crosses a multiple of it."""
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.block_bytes = host_pool[0].numel() * host_pool.element_size()
         self._cuda = device_pool.is_cuda
+        if slice_slots is None and self._cuda:
+            slice_slots = pool_slice_slots(self.block_bytes)
+        self._slice_slots = slice_slots
         self._stream = torch.cuda.Stream(device_pool.device) if self._cuda else None
         self._loaded: torch.cuda.Event | None = None
         self.bytes_stored = 0
@@ -128,7 +141,7 @@ class BlockMover:
                 staged = block_major(self.device_pool)[self._index(device_blocks)]
                 gathered = torch.cuda.Event()
                 gathered.record(self._stream)
-                for position, slot, count in slot_runs(host_slots):
+                for position, slot, count in slot_runs(host_slots, self._slice_slots):
                     self.host_pool[slot:slot + count].copy_(
                         staged[position:position + count], non_blocking=True)
             compute.wait_event(gathered)  # the blocks may be handed out again after this
@@ -148,7 +161,7 @@ class BlockMover:
                 index = self._index(device_blocks)
                 staged = torch.empty((len(host_slots), *self.host_pool.shape[1:]),
                                      dtype=self.host_pool.dtype, device=self.device_pool.device)
-                for position, slot, count in slot_runs(host_slots):
+                for position, slot, count in slot_runs(host_slots, self._slice_slots):
                     staged[position:position + count].copy_(
                         self.host_pool[slot:slot + count], non_blocking=True)
                 # The device blocks may have been read by steps still queued (a freed block

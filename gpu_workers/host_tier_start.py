@@ -1,25 +1,26 @@
 """The host KV tier's pinned pool, allocated on a thread once the rank is otherwise ready.
 
-Pinning the host tier (on CUDA up to 16 GiB by default) takes seconds: the driver faults in,
-zeroes and locks every page. What the process maps meanwhile can wait for it (most likely
-on the memory-map lock): beside the warm-up, its scratch tables and staging buffers did (the
-warm-up took 12 s on one H200 host, 3 s on another: docs/startup.md). Nothing reads the pool
-before the first step that moves blocks out of the device pool, which a fresh engine takes
-only once that pool is full, so a CUDA rank starts pinning after its CUDA graphs are
-captured (`begin`), reports ready at once, and the first use of the mover waits for the pool
-(`mover`), as does a later graph capture (a capture forbids other threads' calls that may
-synchronize). Should pinning fail, the tier keeps its slots in pageable memory: its copies
-then wait for the host, and no block the scheduler places there is lost. The slot count,
-which the ranks agree on with a collective, is settled on the main thread first, so every
-rank's collectives stay in one order.
+Pinning the host tier (on CUDA up to 16 GiB by default) takes seconds: the kernel faults in,
+zeroes and locks every page and the driver maps them. Made in one call, beside the warm-up,
+it stalled the warm-up's scratch tables and staging buffers, which map memory (the warm-up
+took 12 s on one H200 host, 3 s on another: docs/startup.md); the pool is now pinned a
+slice at a time (gpu_workers.host_pinning), so another thread waits for one slice at most.
+Nothing reads the pool before the first step that moves blocks out of the device pool, which
+a fresh engine takes only once that pool is full, so a CUDA rank starts pinning after its
+CUDA graphs are captured (`begin`), reports ready at once, and the first use of the mover
+waits for the pool (`mover`), as does a later graph capture (a capture forbids other
+threads' calls that may synchronize). Should pinning fail, the tier keeps its slots in
+pageable memory: its copies then wait for the host, and no block the scheduler places there
+is lost. The slot count, which the ranks agree on with a collective, is settled on the main
+thread first, so every rank's collectives stay in one order.
 
-Unless the user's allocator settings say how to pin, a worker process asks torch to pin by
-registering memory it has already mapped on several threads (`pinned_use_cuda_host_register`),
-rather than with cudaHostAlloc, which faults in and zeroes every page on one thread while it
-holds the driver's lock (the first steps' CUDA calls on the main thread would wait for it).
-It does so before its first pinned allocation (pin_by_registering): torch frees a pinned
-block the way the setting says at the time, so the setting must not change under a live
-block.
+Other pinned buffers (the steps' staging) come from torch's pinned allocator. Unless the
+user's allocator settings say how to pin, a worker process asks it to pin by registering
+memory it has already mapped on several threads (`pinned_use_cuda_host_register`), rather
+than with cudaHostAlloc, which faults in and zeroes every page on one thread while it holds
+the driver's lock. It does so before its first pinned allocation (pin_by_registering): torch
+frees a pinned block the way the setting says at the time, so the setting must not change
+under a live block.
 """
 
 from __future__ import annotations
