@@ -24,8 +24,9 @@ import torch
 
 log = logging.getLogger("nanopipe.worker")
 
-SLICE_BYTES = 64 << 20
-"""How much one registration locks: tens of milliseconds of faulting and mapping at most."""
+SLICE_BYTES = 16 << 20
+"""How much one registration locks: milliseconds of faulting and mapping (a KV block larger
+than this is a slice of its own)."""
 
 Register = Callable[[int, int], None]
 """register(address, nbytes): lock the range for the device's DMA, or raise."""
