@@ -16,6 +16,7 @@ from types import ModuleType
 from frontend.bench.errors import BenchFailed, BenchUsageError
 from frontend.bench.figures import as_record, print_figures
 from frontend.bench.registry import BENCHMARKS, PROFILES, Entry
+from frontend.engine.options import ConfigError
 
 RESULTS = "docs/benchmarks/results.jsonl"
 """Where `--record` without a file appends, relative to the directory it runs in."""
@@ -89,7 +90,7 @@ def run_entry(kind: str, table: dict[str, Entry], argv: list[str]) -> int:
     try:
         _normalise(args, module)
         figures = module.run(args) or []
-    except BenchUsageError as exc:
+    except (BenchUsageError, ConfigError) as exc:  # a flag, or a value the engine refuses
         ap.error(str(exc))
     except BenchFailed as exc:
         print_figures(exc.figures, args.peer[0] if args.peer else None)

@@ -180,15 +180,20 @@ def test_profile_host_says_when_w1_ends_before_the_last_step(tiny_qwen3_dir):
 
 @pytest.mark.slow
 def test_throughput_runs_a_smoke_w1_two_plans_ahead(tiny_qwen3_dir):
-    """Maximum lengths under W1's 100 (the docstring's CPU smoke run) and the ahead2 mode."""
+    """Maximum lengths under W1's 100 (the docstring's CPU smoke run) and the ahead2 mode,
+    with a host KV tier (off by default on the CPU)."""
     out = run_script("bench", "throughput", "--model", tiny_qwen3_dir, "--device", "cpu",
                      "--num-seqs", "4", "--max-input-len", "40", "--max-output-len", "12",
-                     "--modes", "ahead2").stdout
+                     "--modes", "ahead2", "--kv-offloading-size", "0.01").stdout
     (result,) = json_lines(out)
     assert result["mode"] == "ahead2" and 4 <= result["output_tokens"] <= 48
     bad = run_script("bench", "throughput", "--model", tiny_qwen3_dir, "--modes", "fast",
                       ok=False)
     assert bad.returncode == 2 and "--modes takes off, on, ahead" in bad.stderr
+    refused = run_script("bench", "throughput", "--model", tiny_qwen3_dir, "--device", "cpu",
+                         "--kv-offloading-size", "-1", ok=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "kv_offloading_size must be >= 0" in refused.stderr
 
 
 @pytest.mark.slow

@@ -63,6 +63,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     add_kv_cache_dtype(ap)
     ap.add_argument("--kv-cache-bytes", type=int, default=None,
                     help="KV cache size (default: sized from free memory)")
+    ap.add_argument("--kv-offloading-size", type=float, default=None, metavar="GIB",
+                    help="the host KV tier per rank, as `nanopipe serve` takes it; 0 turns "
+                    "it off, which shows what pinning it beside the first run costs "
+                    "(default: the engine's)")
     ap.add_argument("--plot", metavar="OUT.png", help="a figure of the modes (needs matplotlib)")
     ap.add_argument("--profile-json", metavar="FILE",
                     help="`nanopipe profile step --json` output to add to the figure")
@@ -82,7 +86,9 @@ def run_pipeline(model_dir: str, args: argparse.Namespace, mode: str, work) -> d
               max_model_len=w1_max_model_len(args),
               max_num_batched_tokens=args.max_num_batched_tokens,
               enforce_eager=args.enforce_eager, kv_cache_bytes=args.kv_cache_bytes,
-              kv_cache_dtype=args.kv_cache_dtype)
+              kv_cache_dtype=args.kv_cache_dtype,
+              **({} if args.kv_offloading_size is None
+                 else {"kv_offloading_size": args.kv_offloading_size}))
     try:
         produced, elapsed, busy = timed_w1_busy(llm, work)
     finally:
