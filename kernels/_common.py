@@ -21,9 +21,12 @@ except ImportError:  # pragma: no cover - CPU-only installs without Triton
     HAS_TRITON = False
 
 
-def jit(fn):
-    """`triton.jit` when Triton exists; otherwise the plain function (never launched)."""
-    return triton.jit(fn) if HAS_TRITON else fn
+def jit(fn=None, **options):
+    """`triton.jit` when Triton exists; otherwise the plain function (never launched).
+    `@jit(do_not_specialize=...)` passes Triton's options on."""
+    if fn is None:
+        return lambda f: jit(f, **options)
+    return triton.jit(fn, **options) if HAS_TRITON else fn
 
 
 PDL_ENABLED = (os.environ.get("TRITON_INTERPRET") != "1"  # it cannot run the wait

@@ -23,7 +23,10 @@ from kernels._attn_common import (
 from kernels._common import check, jit, next_pow2, require_triton, tl, use_triton
 
 
-@jit
+# The sequence count (a search bound) and the block table's row stride (a row offset) change
+# from step to step, and specialising on them (1, a multiple of 16, neither) would compile
+# up to nine variants of this kernel, some first met while serving, for no faster code.
+@jit(do_not_specialize=("num_seqs", "stride_bt"))
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, cu_seqlens_q_ptr, seq_lens_k_ptr,

@@ -45,9 +45,16 @@ from kernels._common import (
 from kernels.kv_quant import dequantize
 
 MAX_SPLITS = 64
+REDUCE_CHUNK = 16
+"""Partial results the reduce merges per loop step. One compiled reduce serves every split
+count, as one split kernel serves every count above one: the count is not a specialisation
+(do_not_specialize), so the decode graphs' many batch sizes, whose split counts run from 2 to
+64, compile no further variant at capture. Nor is the block table's row stride, which an
+eager step sizes by its longest context (1, a multiple of 16 or neither, from step to
+step): it only offsets a row."""
 
 
-@jit
+@jit(do_not_specialize=("num_splits", "stride_bt"))
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     block_tables_ptr, seq_lens_k_ptr, qk_scale, v_scale, num_splits,
@@ -124,24 +131,34 @@ def _decode_split_kernel(
         tl.store(part_out_ptr + idx[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None])
 
 
-@jit
+@jit(do_not_specialize=("num_splits",))
 def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, num_heads, num_splits, stride_ob, stride_oh,
-    SPLITS_P: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
+    CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
-    s = tl.arange(0, SPLITS_P)
     d = tl.arange(0, HEAD_DIM)
     base = (b.to(tl.int64) * num_heads + h) * num_splits
-    lse = tl.load(part_lse_ptr + base + s, mask=s < num_splits, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # empty sequence: every weight is zero
-    w = tl.exp2(lse - m)
-    parts = tl.load(part_out_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
-                    mask=((s < num_splits) & (lse > float("-inf")))[:, None], other=0.0)
-    out = tl.sum(parts * w[:, None], 0) / tl.maximum(tl.sum(w, 0), 1e-30)
+    # Merged so far: the largest log2-sum-exp2 seen (m), and the output and weight sums
+    # scaled to it; each chunk of partials rescales them to its own larger maximum.
+    m = tl.max(tl.full([CHUNK], float("-inf"), tl.float32), 0)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    total = tl.sum(tl.zeros([CHUNK], tl.float32), 0)
+    for first in range(0, num_splits, CHUNK):
+        s = first + tl.arange(0, CHUNK)
+        lse = tl.load(part_lse_ptr + base + s, mask=s < num_splits, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        pivot = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing yet: all weights 0
+        w = tl.exp2(lse - pivot)
+        parts = tl.load(part_out_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
+                        mask=((s < num_splits) & (lse > float("-inf")))[:, None], other=0.0)
+        rescale = tl.exp2(m - pivot)
+        acc = acc * rescale + tl.sum(parts * w[:, None], 0)
+        total = total * rescale + tl.sum(w, 0)
+        m = m_new
+    out = acc / tl.maximum(total, 1e-30)
     o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
 
@@ -244,7 +261,7 @@ def paged_decode_attention_triton(
     if num_splits > 1:
         _decode_reduce_kernel[(q.shape[0], num_heads)](
             part_out, part_lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
-            SPLITS_P=next_pow2(num_splits), HEAD_DIM=head_dim, PDL=pdl,
+            CHUNK=REDUCE_CHUNK, HEAD_DIM=head_dim, PDL=pdl,
             num_warps=4, **launch_pdl(pdl),
         )
     return out

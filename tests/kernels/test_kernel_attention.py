@@ -102,13 +102,15 @@ def test_decode_split_k_with_max_seqlen_and_empty_sequence(paged_case):
     torch.testing.assert_close(out, ref, **TOL)
 
 
-@pytest.mark.parametrize("num_splits", [4, 16])
+@pytest.mark.parametrize("num_splits", [4, 16, 20, 64])
 def test_decode_short_contexts_in_a_wide_table_fill_every_split(num_splits, paged_case):
     """A decode graph sizes the launch for max_model_len: each sequence divides its own length
     among the splits, so contexts far shorter than the table, of one tile or of several, and
-    splits with no keys at all, all give the reference's result."""
-    case = paged_case([1] * 4, [0, 15, 47, 90], 4, 2, 16, 4)
-    wide = torch.full((4, 64), -1, dtype=torch.int32, device=case["block_tables"].device)
+    splits with no keys at all, all give the reference's result. The reduce merges its
+    partials REDUCE_CHUNK at a time: 20 and 64 splits take it over several chunks, some of
+    them empty for the shorter contexts."""
+    case = paged_case([1] * 5, [0, 15, 47, 90, 700], 4, 2, 16, 4)
+    wide = torch.full((5, 512), -1, dtype=torch.int32, device=case["block_tables"].device)
     wide[:, :case["block_tables"].shape[1]] = case["block_tables"]
     args = (*decode_args(case)[:3], wide, *decode_args(case)[4:])
     out = paged_decode_attention_triton(*args, num_splits=num_splits)
