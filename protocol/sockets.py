@@ -30,10 +30,17 @@ class MessageSocket:
         self.socket = ctx.socket(kind)
         self.socket.setsockopt(zmq.LINGER, 0)
         try:
-            secure(self.socket, security, server=bind)
+            self._setup(kind, address, bind, identity, security, options)
         except BaseException:
+            # Not yet anyone's to close: left open, it would hold the context's term()
+            # (every process's exit path) forever.
             self.socket.close()
             raise
+        self.decoder = Decoder(*accepts) if accepts else None
+
+    def _setup(self, kind: int, address: str, bind: bool, identity: bytes | None,
+               security: CurveKeys | None, options: dict[int, int] | None) -> None:
+        secure(self.socket, security, server=bind)
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
         if identity is not None:
@@ -46,7 +53,6 @@ class MessageSocket:
             self.socket.bind(address)
         else:
             self.socket.connect(address)
-        self.decoder = Decoder(*accepts) if accepts else None
 
     def send(self, msg: Any, flags: int = 0) -> None:
         self.socket.send(encode(msg), flags, copy=False)

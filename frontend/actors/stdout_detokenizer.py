@@ -63,10 +63,11 @@ def resolve_address(address: str) -> str:
     """A zmq address as given, or a run directory's `deltas_pub` socket (for a tcp pipeline,
     the address its credentials file names)."""
     if "://" in address:
-        try:
-            check_address(address)
-        except (ValueError, EngineDeadError) as exc:
-            raise AttachError(str(exc)) from None
+        if not address.startswith("ipc://"):  # an ipc socket's file is checked on opening
+            try:
+                check_address(address)
+            except (ValueError, EngineDeadError) as exc:
+                raise AttachError(str(exc)) from None
         return address
     if os.path.isdir(address):
         if os.path.exists(os.path.join(address, CREDENTIALS_FILE)):

@@ -29,6 +29,7 @@ from frontend.client.outputs import (
     RequestDelta,
     RequestRejected,
 )
+from frontend.client.unreachable import HANDSHAKE_FAILED, HandshakeWatch, not_zmq, refused
 from protocol import (
     AbortRequest,
     ClientHello,
@@ -50,31 +51,12 @@ RECONNECT_RETRY_S = 30.0
 """A reconnecting handshake not done in this long starts over on new sockets. A peer that is
 still stalled holds it (its socket accepts, it does not answer), one that came back answers
 within milliseconds; zmq itself gives up a silent handshake after 30 s."""
-REFUSALS_BEFORE_FAILING = 3
-"""Refused connection attempts (zmq retries every ~100 ms) before the handshake gives up:
-nothing listens there. More than one, so a listener's momentarily full backlog is no error."""
 ORPHAN_ERROR = ("the pipeline refused a request it could not read, without saying which; "
                 "every request of this client still waiting for its first answer fails: ")
 """An error delta with no request id (the server could not read the id from the frame) fails
 every request that has had no answer yet: the culprit is one of them, and a request that got
 an answer was read. Deterministic, and no request waits forever on a refusal; requests failed
 this way are also aborted, so the engine does not run them unseen."""
-
-
-HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-"""Monitor events of a peer that accepted the connection but did not complete ZeroMQ's
-handshake: it does not speak zmq, or not in time."""
-
-
-def refused(address: str) -> str:
-    return f"no pipeline at {address}: the connection was refused (nothing listens there)"
-
-
-def not_zmq(address: str) -> str:
-    return (f"no pipeline at {address}: something accepted the connection but did not answer "
-            "ZeroMQ's handshake (an HTTP port? give the address printed after 'clients "
-            "connect to:'), or the pipeline there is stalled")
 
 
 class Link(enum.Enum):
@@ -118,22 +100,6 @@ class Reset:
 Action = Open | Send | Reset
 Sink = Callable[[RequestDelta | Exception], None]
 """Where a request's deltas go (a queue's put); an exception is its last item."""
-
-
-class HandshakeWatch:
-    """Counts refused connection attempts of one link until it first connects."""
-
-    def __init__(self) -> None:
-        self.connected = False
-        self.refusals = 0
-
-    def gave_up(self, event: int) -> bool:
-        """True when this event shows nothing listens at the address."""
-        if event == zmq.EVENT_CONNECTED:
-            self.connected = True
-        elif event == zmq.EVENT_CONNECT_RETRIED and not self.connected:
-            self.refusals += 1
-        return self.refusals >= REFUSALS_BEFORE_FAILING
 
 
 class ClientCore:

@@ -15,8 +15,9 @@ import stat
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from frontend.client.core import HANDSHAKE_FAILED, ClientCore, Link, Open
+from frontend.client.core import ClientCore, Link, Open
 from frontend.client.outputs import EngineDeadError
+from frontend.client.unreachable import HANDSHAKE_FAILED
 from protocol.client_link import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
 
 CLOSE_LINGER_MS = 1000

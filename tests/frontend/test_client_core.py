@@ -13,15 +13,12 @@ from frontend.client.core import (
     DISCONNECT_GRACE_S,
     ORPHAN_ERROR,
     RECONNECT_RETRY_S,
-    REFUSALS_BEFORE_FAILING,
     ClientCore,
     Link,
     Open,
     Phase,
     Reset,
     Send,
-    not_zmq,
-    refused,
 )
 from frontend.client.outputs import (
     ClientClosedError,
@@ -30,6 +27,7 @@ from frontend.client.outputs import (
     RequestDelta,
     RequestRejected,
 )
+from frontend.client.unreachable import REFUSALS_BEFORE_FAILING, not_zmq, refused
 from protocol import (
     AbortRequest,
     ClientHello,

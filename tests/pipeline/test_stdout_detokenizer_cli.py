@@ -138,12 +138,15 @@ def _unused_tcp_address() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-@pytest.mark.parametrize("kind", ["missing ipc socket", "missing run directory", "silent tcp"])
+@pytest.mark.parametrize("kind", ["missing ipc socket", "missing run directory", "silent tcp",
+                                  "http address", "tcp without a port"])
 def test_a_wrong_address_fails_within_seconds(tiny_qwen3_dir, tmp_path, kind):
     address, expected = {
         "missing ipc socket": (f"ipc://{tmp_path}/deltas_pub", "the socket file does not exist"),
         "missing run directory": (str(tmp_path / "gone"), "neither a zmq address nor a run"),
         "silent tcp": (_unused_tcp_address(), "no pipeline answered at"),
+        "http address": ("http://127.0.0.1:8000", "is not a pipeline address"),
+        "tcp without a port": ("tcp://127.0.0.1", "is not a pipeline address: no HOST:PORT"),
     }[kind]
     printer = Printer(tiny_qwen3_dir, address, "--attach-timeout", "2")
     try:
