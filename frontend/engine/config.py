@@ -248,9 +248,9 @@ class EngineConfig:
             raise ConfigError(owner, "kv_cache_dtype", "fp8 needs the Triton attention "
                               "kernels (flash-attn reads no fp8 KV): use attention_backend "
                               "'auto' or 'triton'")
-        if backend != "torch" and size & (size - 1) and self.resolved_device == "cuda":
-            raise ConfigError(owner, "block_size", f"must be a power of two on cuda "
-                              f"(the Triton attention kernels tile blocks by it), got {size}")
+        if size & (size - 1):  # the torch references index blocks the same way
+            raise ConfigError(owner, "block_size", f"must be a power of two (the attention "
+                              f"kernels tile blocks by it), got {size}")
 
     @property
     def num_replicas(self) -> int:

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from frontend.engine.config import EngineConfig
-from frontend.engine.options import described_fields, to_argv
+from frontend.engine.options import ConfigError, described_fields, to_argv
 from frontend.engine.serve_flags import (
     DEVICE_FLAGS,
     HttpConfig,
@@ -61,6 +61,8 @@ def _other_value(f: dataclasses.Field, opt, typ):
     if typ is bool:
         return not f.default
     if typ is int:
+        if f.name == "block_size":
+            return 4096  # a power of two
         if opt.maximum is None:
             return 4321
         return next(v for v in (int(opt.maximum) - 1, int(opt.maximum)) if v != f.default)
@@ -146,8 +148,9 @@ def test_help_shows_each_fields_own_default():
     (["--speculative", "draft", "--draft-model", "/d", "--ngram-size", "5"],
      "--ngram-size applies to --speculative ngram"),
     (["--device", "cuda", "--block-size", "12"],
-     "--block-size must be a power of two on cuda (the Triton attention kernels tile blocks "
-     "by it), got 12"),
+     "--block-size must be a power of two (the attention kernels tile blocks by it), got 12"),
+    (["--device", "cpu", "--block-size", "3"],
+     "--block-size must be a power of two (the attention kernels tile blocks by it), got 3"),
     (["--device", "cuda", "--attention-backend", "flash_attn", "--block-size", "128"],
      "--block-size must be a multiple of 256 for flash-attn, got 128"),
     (["--device", "cpu", "--attention-backend", "flash_attn"],
@@ -177,11 +180,14 @@ def test_a_bad_keyword_argument_names_the_field(kwargs, expected):
         EngineConfig(**kwargs)
 
 
-def test_a_block_size_that_is_no_power_of_two_is_kept_where_its_kernels_take_it():
-    """The CPU's attention and the torch backend address any block size; only the Triton and
-    flash-attn kernels need theirs (an H200 run with block_size 7 failed at the first step)."""
-    assert EngineConfig(device="cpu", block_size=7).block_size == 7
-    assert EngineConfig(device="cuda", block_size=7, attention_backend="torch").block_size == 7
+def test_a_block_size_that_is_no_power_of_two_is_refused_on_every_device():
+    """The torch references index blocks as the kernels do: a block size of 3 on the CPU was
+    taken, and the first prompt longer than a block killed the worker."""
+    for kwargs in (dict(device="cpu"), dict(device="cuda", attention_backend="torch"),
+                   dict(device="cuda")):
+        with pytest.raises(ConfigError, match="block_size must be a power of two"):
+            EngineConfig(block_size=7, **kwargs)
+    assert EngineConfig(device="cpu", block_size=8).block_size == 8
     assert EngineConfig(device="cuda", block_size=512, attention_backend="flash_attn")
 
 
