@@ -13,6 +13,13 @@ epoch it belongs to and one left by an earlier owner is never used. A batch with
 constrained row never reaches this module (the runner asks the mirror's `constrained` column
 first), so unconstrained requests pay nothing.
 
+A grammar can reach a state that allows no token at all (a pattern that matches nothing, or
+nothing after the text so far): its mask is all zeros, and sampling would draw from nothing.
+Such a row is noted when its mask is filled (`dead_ends`); the step's result tells the
+scheduler, which ends the request with an error instead of keeping the token, and the row is
+masked no more. In a verify step only the mask before any proposal decides this: a later
+one follows proposals the verify may reject.
+
 Speculative decoding: a step that verifies proposals has one logits row per verified
 position, and each must be masked by the grammar as it stands after the proposals before it.
 mask_logits walks the proposals through the matcher (a mask per position), then rolls it
@@ -34,6 +41,7 @@ import numpy as np
 import torch
 
 from gpu_workers.graph_bitmask import GraphBitmask
+from gpu_workers.pending_step import PendingStep
 from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.token_bitmask import TokenBitmask
 from protocol import StepPlan
@@ -42,6 +50,8 @@ from protocol.structured_outputs import StructuredOutputs, build_grammar
 
 log = logging.getLogger("nanopipe.worker")
 
+DEAD_END = ("the structured output cannot be completed: its grammar allows no token after "
+            "the text generated so far (a pattern or schema that matches nothing there)")
 CACHE_SIZE = 128
 """Compiled grammars kept (by spec); the least recently used beyond this are dropped."""
 COMPILE_THREADS = 4
@@ -102,6 +112,8 @@ class GrammarBook:
         self._walked: dict[int, int] = {}
         """Per row, the draft proposals its matcher accepted this step (walk, unwind)."""
         self._stuck: set[int] = set()
+        self.dead_ends: set[tuple[int, int]] = set()
+        """(row, epoch) of the rows whose grammar allowed no token when last masked."""
         self.times = MaskTimes()
 
     def _make_compiler(self) -> Any:
@@ -172,7 +184,9 @@ class GrammarBook:
         if proposals is None:
             matchers, indices = self._live(rows, epochs, constrained)
             if matchers:  # one compact row per matcher (gpu_workers.token_bitmask)
-                self._fill(matchers, self.bitmask.rows(len(matchers), logits.device))
+                mask = self.bitmask.rows(len(matchers), logits.device)
+                self._fill(matchers, mask)
+                self._note_dead_ends(mask, slice(0, len(indices)), rows[indices], epochs[indices])
         else:
             mask = self.bitmask.rows(logits.shape[0], logits.device)
             indices = self._fill_verify(mask, rows, epochs, constrained, proposals)
@@ -192,6 +206,7 @@ class GrammarBook:
         host = bitmask.host()
         if matchers:
             self._fill(matchers, host, indices)
+            self._note_dead_ends(host, indices, rows[indices], epochs[indices])
         bitmask.send(bs, indices)
         self.times.seconds += time.perf_counter() - start
         self.times.steps += 1
@@ -243,6 +258,9 @@ class GrammarBook:
             while m is not None and not m.is_terminated():
                 m.fill_next_token_bitmask(mask, first + walked)
                 indices.append(first + walked)
+                if not walked and self._note_dead_ends(mask, [first], rows[i:i + 1],
+                                                       epochs[i:i + 1]):
+                    break
                 if walked == len(props):
                     break
                 if not m.accept_token(int(props[walked])):
@@ -256,6 +274,28 @@ class GrammarBook:
                 m.rollback(walked)
             first += len(props) + 1
         return indices
+
+    def _note_dead_ends(self, mask: torch.Tensor, filled: slice | list[int], rows: np.ndarray,
+                        epochs: np.ndarray) -> bool:
+        """Note the rows (mask rows `filled`, mirror rows `rows`) whose mask allows nothing;
+        True if any. Their matchers are not advanced again."""
+        dead = np.flatnonzero(~mask.numpy()[filled].any(axis=1)).tolist()
+        for j in dead:
+            row, epoch = int(rows[j]), int(epochs[j])
+            self._entries[row].broken = True
+            self.dead_ends.add((row, epoch))
+        return bool(dead)
+
+    def take_dead_ends(self, step: PendingStep) -> list[tuple[int, str]]:
+        """(seq id, why) for the sequences of a step noted as dead ends; each once."""
+        if not self.dead_ends:
+            return []
+        ended = []
+        for sid, row, epoch in zip(step.seq_ids, step.rows.tolist(), step.epochs.tolist()):
+            if (row, epoch) in self.dead_ends:
+                self.dead_ends.discard((row, epoch))
+                ended.append((sid, DEAD_END))
+        return ended
 
     def walk(self, rows: np.ndarray, epochs: np.ndarray, tokens: np.ndarray,
              on: np.ndarray) -> None:

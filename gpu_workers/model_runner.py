@@ -29,7 +29,7 @@ from gpu_workers.layers.parallel import TPInfo
 from gpu_workers.layers.peer_all_reduce import create_peer_all_reduce
 from gpu_workers.loader import load_weights
 from gpu_workers.models import CausalLM
-from gpu_workers.pending_step import Once, PendingStep, listed, patch_in_flight, pending_patch
+from gpu_workers.pending_step import Once, PendingStep, patch_in_flight, pending_patch
 from gpu_workers.sampler import Sampler, sampled_logprobs, top_logprobs
 from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.speculative import SpecStep, entry_proposals, prepare_proposals, settle_verified
@@ -164,14 +164,8 @@ class ModelRunner:
         pending.wait()
         result = None
         if self.rank == 0:
-            failed = pending.failures
-            result = StepResult(
-                pending.step_id, pending.seq_ids, listed(pending.host_tokens) or [],
-                listed(pending.host_logprobs), listed(pending.host_top_ids),
-                listed(pending.host_top_logprobs), failed_seq_ids=[sid for sid, _ in failed],
-                failed_errors=[error for _, error in failed],
-                num_tokens=listed(pending.counts), num_proposed=listed(pending.num_proposed),
-                gpu_busy_s=self.busy.take())
+            ended = [] if self.grammars is None else self.grammars.take_dead_ends(pending)
+            result = pending.result(self.busy.take(), ended)
             if deliver is not None:
                 deliver(result)
         self._settle(pending)

@@ -10,6 +10,7 @@ import torch
 
 from gpu_workers.batch import StepBatch
 from gpu_workers.sequence_table import SequenceTable
+from protocol import StepResult
 
 
 @dataclass(eq=False)
@@ -45,6 +46,18 @@ class PendingStep:
         none = np.zeros(0, np.int64)
         return cls(step_id, table, [], none, none, none, None, None, host_tokens=none,
                    settled=True, failures=failures or [])
+
+    def result(self, gpu_busy_s: float, ended: list[tuple[int, str]]) -> StepResult:
+        """Rank 0's StepResult of this step, once its tokens are on the host; `ended`: the
+        sequences whose requests end here with an error (StepResult.ended_seq_ids)."""
+        return StepResult(
+            self.step_id, self.seq_ids, listed(self.host_tokens) or [],
+            listed(self.host_logprobs), listed(self.host_top_ids),
+            listed(self.host_top_logprobs), failed_seq_ids=[sid for sid, _ in self.failures],
+            failed_errors=[error for _, error in self.failures],
+            ended_seq_ids=[sid for sid, _ in ended], ended_errors=[why for _, why in ended],
+            num_tokens=listed(self.counts), num_proposed=listed(self.num_proposed),
+            gpu_busy_s=gpu_busy_s)
 
     def copy_to_host(self, stream: torch.cuda.Stream | None) -> None:
         """Start the device-to-host copies on `stream`, where the step ran (pinned memory, so

@@ -140,6 +140,12 @@ class StepResult:
     """Device time of the forward and sample of this and earlier steps whose time was not
     reported yet (read without a sync, so it may lag a step); the sum over results is the
     engine's GPU busy time."""
+    ended_seq_ids: list[int] = field(default_factory=list)
+    """Sequences that ran but whose requests must end here with an error, their token in
+    this result not kept: a structured output whose grammar allows no next token. Unlike
+    the failed ones they stay in seq_ids; later plans drop them as for any finish."""
+    ended_errors: list[str] = field(default_factory=list)
+    """Why, one message per ended sequence."""
 
     def __post_init__(self) -> None:
         if self.num_proposed is not None and not any(self.num_proposed):

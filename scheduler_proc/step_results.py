@@ -33,6 +33,8 @@ def apply_result(state: SchedulerState, result: StepResult) -> TokenDeltas:
         seq.spec_inflight -= k
     if result.failed_seq_ids:
         _fail_refused(state, result)
+    if result.ended_seq_ids:
+        _end_with_error(state, result)
     seqs = _match(plan, result)
     if result.num_tokens is not None:
         return _apply_speculative(state, result, seqs)
@@ -169,6 +171,19 @@ def _fail_refused(state: SchedulerState, result: StepResult) -> None:
         state.finish(seq, ERROR)
         state.deltas.add(sid, [], ERROR, RequestError(
             ErrorKind.REQUEST_FAILED, f"the engine could not run this request: {error}"))
+
+
+def _end_with_error(state: SchedulerState, result: StepResult) -> None:
+    """End the requests the workers say cannot go on (StepResult.ended_seq_ids) with their
+    error. Finished before the step's tokens are applied, their tokens are not kept."""
+    for sid, error in zip(result.ended_seq_ids, result.ended_errors, strict=True):
+        seq = state.seqs.get(sid)
+        if seq is None or seq.status is FINISHED:  # aborted or finished meanwhile
+            continue
+        state.unlink(seq)
+        state.finish(seq, ERROR)
+        state.deltas.add(sid, [], ERROR, RequestError(
+            ErrorKind.INVALID_REQUEST, error, "params.structured_outputs"))
 
 
 def _match(plan: PlanInFlight, result: StepResult) -> list[Sequence]:

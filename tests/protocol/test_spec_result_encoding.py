@@ -38,7 +38,7 @@ def test_zero_proposals_travel_as_none_and_cost_no_byte_per_entry():
 
 
 def test_an_old_frame_with_a_list_of_zeros_decodes_as_no_proposals():
-    fields = [5, [7, 8], [100, 101], None, None, None, [], [], [1, 1], [0, 0], 0.25]
+    fields = [5, [7, 8], [100, 101], None, None, None, [], [], [1, 1], [0, 0], 0.25, [], []]
     back = Decoder(StepResult).decode(msgpack.packb([0x21, *fields]))
     assert back.num_tokens == [1, 1]
     assert back.num_proposed is None  # read as zero proposals per entry
@@ -46,7 +46,7 @@ def test_an_old_frame_with_a_list_of_zeros_decodes_as_no_proposals():
 
 
 def test_absent_speculation_fields_decode_as_one_token_per_entry():
-    fields = [5, [7, 8], [100, 101], None, None, None, [], [], None, None, 0.0]
+    fields = [5, [7, 8], [100, 101], None, None, None, [], [], None, None, 0.0, [], []]
     back = Decoder(StepResult).decode(msgpack.packb([0x21, *fields]))
     assert back.num_tokens is None and back.num_proposed is None
     assert back == StepResult(5, [7, 8], [100, 101], None)

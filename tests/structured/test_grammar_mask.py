@@ -83,3 +83,29 @@ def test_on_the_gpu_as_on_the_cpu(json_dir, n):
     book.bitmask.warm_up(torch.device("cuda"), torch.bfloat16, VOCAB)
     on_gpu = _masked(book, pattern, "cuda", torch.bfloat16)
     assert torch.equal(on_gpu, _masked(GrammarBook(json_dir, VOCAB), pattern))
+
+
+def test_a_grammar_that_allows_nothing_is_noted_once_and_masked_no_more(json_dir):
+    """A regex that matches nothing, and one with nothing after its first character: the
+    row is a dead end where its mask allows no token (the step's result ends its request),
+    its matcher is not advanced again, and a later step masks it no more."""
+    from types import SimpleNamespace
+
+    book = GrammarBook(json_dir, VOCAB)
+    book.add(0, 3, structured_from_user({"regex": r"[^\s\S]"}), [])
+    book.add(1, 3, structured_from_user({"regex": r"a[^\d\D]"}), [])
+    book.add(2, 3, SPEC, [])
+    rows, epochs, on = np.arange(3), np.full(3, 3), np.array([True, True, True])
+    logits = torch.zeros(3, VOCAB)
+    book.mask_logits(logits, rows, epochs, on)
+    assert book.dead_ends == {(0, 3)}
+    step = SimpleNamespace(seq_ids=[10, 11, 12], rows=rows, epochs=epochs)
+    (ended,) = book.take_dead_ends(step)
+    assert ended == (10, grammar_book.DEAD_END) and book.take_dead_ends(step) == []
+    a = _token_ids(book, "a")[0]
+    book.accept(rows, epochs, np.array([0, a, _token_ids(book, "{")[0]]), on)
+    logits = torch.zeros(3, VOCAB)
+    book.mask_logits(logits, rows, epochs, on)
+    assert book.take_dead_ends(step) == [(11, grammar_book.DEAD_END)]
+    assert (logits[0] == 0).all()  # the first dead end: no longer masked
+    assert (logits[2] == 0).sum() < VOCAB  # the live grammar still is

@@ -110,6 +110,28 @@ def test_bad_specs_are_400s_naming_the_field(oai, model, body, param):
     assert info.value.body["param"] == param
 
 
+@pytest.mark.parametrize("body", [
+    {"structured_outputs": {"regex": "[^\\s\\S]"}},  # matches nothing at all
+    {"structured_outputs": {"regex": "a[^\\d\\D]"}},  # nothing after its first token
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "[^\\s\\S]"}},
+        "required": ["a"]}}}},
+])
+def test_a_constraint_that_cannot_be_completed_is_an_error_not_free_text(oai, model, body):
+    """Where the grammar allows no next token the request ends with a 400, never a 200 whose
+    text breaks the constraint; a stream ends with the same error; the engine serves on."""
+    with pytest.raises(openai.BadRequestError, match="cannot be completed") as info:
+        oai.chat.completions.create(model=model, messages=ASK, max_tokens=16, extra_body=body)
+    assert info.value.body["param"] in ("structured_outputs", "response_format")
+    with pytest.raises(openai.APIError, match="cannot be completed"):
+        for _ in oai.chat.completions.create(model=model, messages=ASK, max_tokens=16,
+                                             stream=True, extra_body=body):
+            pass
+    ok = oai.chat.completions.create(model=model, messages=ASK, max_tokens=8, extra_body={
+        "structured_outputs": {"regex": "[0-9]{3}"}})
+    assert re.fullmatch("[0-9]{3}", ok.choices[0].message.content)
+
+
 def test_required_tool_call_round_trip(oai, model):
     first = oai.chat.completions.create(model=model, messages=ASK, tools=[WEATHER, TIME],
                                         tool_choice="required", parallel_tool_calls=False,
