@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.outcomes import FieldError
+from protocol.structured_outputs import StructuredOutputs, build_grammar, short_error
 
 START, END = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
@@ -129,6 +130,12 @@ def _function(tool: Any, i: int) -> dict[str, Any]:
     params = fn.get("parameters")
     if params is not None and not isinstance(params, Mapping):
         raise ToolsError("tools", f"{where}.function.parameters must be a JSON schema object")
+    if params is not None:  # whatever tool_choice is: a call the model writes is parsed by it
+        try:
+            build_grammar(StructuredOutputs("json", json.dumps(params)))
+        except Exception as exc:  # noqa: BLE001 - xgrammar raises kinds of its own
+            raise ToolsError("tools", f"{where}.function.parameters cannot be compiled: "
+                                      f"{short_error(exc)}") from None
     out = {"name": fn["name"], "description": str(fn.get("description") or "")}
     if params is not None:
         out["parameters"] = dict(params)

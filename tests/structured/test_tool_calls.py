@@ -78,6 +78,10 @@ def test_tool_choice_plans():
     ([WEATHER], {"type": "function", "function": {"name": "other"}}, "tool_choice"),
     ([WEATHER], "sometimes", "tool_choice"),
     (None, "required", "tool_choice"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}], None,
+     "tools"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/nowhere"}}}],
+     "auto", "tools"),
 ])
 def test_bad_tools_name_their_field(tools, choice, field):
     with pytest.raises(ToolsError) as info:
