@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 from frontend.openai_server.errors import ApiError, invalid, params_error
 from frontend.structured.tool_calls import (
@@ -219,10 +227,19 @@ class TextPart(BaseModel):
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = Field(None, validate_default=True)
     tool_calls: list[dict[str, Any]] | None = None
     """An assistant turn's calls: written back as the model wrote them (<tool_call> JSON)."""
     tool_call_id: Text | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _needed_but_for_an_assistant(cls, content: Any, info: ValidationInfo) -> Any:
+        """Only an assistant turn may go without content (its tool calls say it all)."""
+        role = info.data.get("role")
+        if content is None and role is not None and role != "assistant":
+            raise ValueError(f"a {role} message needs content")
+        return content
 
     def as_dict(self) -> dict[str, str]:
         content = self.content
