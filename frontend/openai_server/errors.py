@@ -104,7 +104,7 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     param = ""
     for part in loc:
         param += f"[{part}]" if isinstance(part, int) else (f".{part}" if param else str(part))
-    msg = err.get("msg", "invalid value")
+    msg = err.get("msg", "invalid value").removeprefix("Value error, ")  # our own checks
     return invalid(f"{param}: {msg}" if param else msg, param or None)
 
 

@@ -236,7 +236,7 @@ def test_a_failing_choice_aborts_the_others(http, fake):
     ("/v1/completions", {"prompt": "p", "stop": [""]}, "stop"),
     ("/v1/completions", {}, "prompt"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "user"}], "n": 0}, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
     ("/v1/chat/completions", {"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role"),
 ])
 def test_invalid_requests_are_400_naming_the_field(http, fake, path, body, param):
