@@ -15,10 +15,11 @@ first), so unconstrained requests pay nothing.
 
 A grammar can reach a state that allows no token at all (a pattern that matches nothing, or
 nothing after the text so far): its mask is all zeros, and sampling would draw from nothing.
-Such a row is noted when its mask is filled (`dead_ends`); the step's result tells the
-scheduler, which ends the request with an error instead of keeping the token, and the row is
-masked no more. In a verify step only the mask before any proposal decides this: a later
-one follows proposals the verify may reject.
+Such a row is noted when its mask is filled (`dead_ends`) and handed to the step being
+launched (the next step's masks may be filled before this one's result is made). Its result
+tells the scheduler, which ends the request with an error instead of keeping the token, and
+the row is masked no more. In a verify step only the mask before any proposal decides this:
+a later one follows proposals the verify may reject.
 
 Speculative decoding: a step that verifies proposals has one logits row per verified
 position, and each must be masked by the grammar as it stands after the proposals before it.
@@ -113,7 +114,8 @@ class GrammarBook:
         """Per row, the draft proposals its matcher accepted this step (walk, unwind)."""
         self._stuck: set[int] = set()
         self.dead_ends: set[tuple[int, int]] = set()
-        """(row, epoch) of the rows whose grammar allowed no token when last masked."""
+        """(row, epoch) of the rows whose grammar allowed no token in the step being
+        launched (take_dead_ends hands them to that step)."""
         self.times = MaskTimes()
 
     def _make_compiler(self) -> Any:
@@ -287,14 +289,14 @@ class GrammarBook:
         return bool(dead)
 
     def take_dead_ends(self, step: PendingStep) -> list[tuple[int, str]]:
-        """(seq id, why) for the sequences of a step noted as dead ends; each once."""
+        """(seq id, why) for the entries of the step just launched whose grammar allowed no
+        token; the next step's masks start a new list."""
         if not self.dead_ends:
             return []
-        ended = []
-        for sid, row, epoch in zip(step.seq_ids, step.rows.tolist(), step.epochs.tolist()):
-            if (row, epoch) in self.dead_ends:
-                self.dead_ends.discard((row, epoch))
-                ended.append((sid, DEAD_END))
+        ended = [(sid, DEAD_END) for sid, row, epoch in
+                 zip(step.seq_ids, step.rows.tolist(), step.epochs.tolist())
+                 if (row, epoch) in self.dead_ends]
+        self.dead_ends.clear()
         return ended
 
     def walk(self, rows: np.ndarray, epochs: np.ndarray, tokens: np.ndarray,

@@ -154,6 +154,8 @@ class ModelRunner:
         once = Once(meanwhile)
         pending = self._launch(plan, self.table, once)
         once()  # a step with nothing to queue
+        if self.grammars is not None:  # rows whose grammar allowed nothing: its result's
+            pending.ended = self.grammars.take_dead_ends(pending)
         return pending
 
     def finish(self, pending: PendingStep,
@@ -164,8 +166,7 @@ class ModelRunner:
         pending.wait()
         result = None
         if self.rank == 0:
-            ended = [] if self.grammars is None else self.grammars.take_dead_ends(pending)
-            result = pending.result(self.busy.take(), ended)
+            result = pending.result(self.busy.take())
             if deliver is not None:
                 deliver(result)
         self._settle(pending)

@@ -39,6 +39,8 @@ class PendingStep:
     """Speculation: tokens each entry produced (host arrays then hold them flat)."""
     num_proposed: np.ndarray | None = None
     """Speculation: proposals each entry verified."""
+    ended: list[tuple[int, str]] = field(default_factory=list)
+    """(seq id, why) of the entries whose requests end here with an error: StepResult's."""
 
     @classmethod
     def empty(cls, step_id: int, table: SequenceTable,
@@ -47,15 +49,15 @@ class PendingStep:
         return cls(step_id, table, [], none, none, none, None, None, host_tokens=none,
                    settled=True, failures=failures or [])
 
-    def result(self, gpu_busy_s: float, ended: list[tuple[int, str]]) -> StepResult:
-        """Rank 0's StepResult of this step, once its tokens are on the host; `ended`: the
-        sequences whose requests end here with an error (StepResult.ended_seq_ids)."""
+    def result(self, gpu_busy_s: float) -> StepResult:
+        """Rank 0's StepResult of this step, once its tokens are on the host."""
         return StepResult(
             self.step_id, self.seq_ids, listed(self.host_tokens) or [],
             listed(self.host_logprobs), listed(self.host_top_ids),
             listed(self.host_top_logprobs), failed_seq_ids=[sid for sid, _ in self.failures],
             failed_errors=[error for _, error in self.failures],
-            ended_seq_ids=[sid for sid, _ in ended], ended_errors=[why for _, why in ended],
+            ended_seq_ids=[sid for sid, _ in self.ended],
+            ended_errors=[why for _, why in self.ended],
             num_tokens=listed(self.counts), num_proposed=listed(self.num_proposed),
             gpu_busy_s=gpu_busy_s)
 

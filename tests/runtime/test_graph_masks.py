@@ -29,6 +29,8 @@ REGEX = r"[a-z]{2,6}( [a-z]{2,6}){2,5}\."
 CHOICES = ["alpha", "beta gamma"]
 SPECS = [{"json": SCHEMA}, {"regex": REGEX}, {"choice": CHOICES}]
 EOS = 2  # the tiny model's <|im_end|>
+DEAD_STRING = {"type": "object", "required": ["a"],
+               "properties": {"a": {"type": "string", "pattern": r"[^\s\S]"}}}
 
 
 def test_padded_rows_repeat_the_last_row_up_to_a_multiple_of_16():
@@ -139,14 +141,14 @@ def _check_grammars(tokenizer, out, all_stop: bool = True) -> None:
         assert not stopped[rid] or check(texts[rid]), texts[rid]
 
 
-@pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.9, 17)], ids=["greedy", "seeded"])
-def test_constrained_steps_sample_in_the_graph_on_the_cpu(tiny_qwen3_dir, monkeypatch,
-                                                          temperature, seed):
-    """The graph paths with capture stood in by eager replays (test_static_inputs): decode
-    steps with constrained rows replay their size's masked sampling graph, step by step and
-    with lookahead, and give the tokens of the runner without graphs."""
+def _one_pass(runner) -> None:
+    runner.sampler.one_pass = True
+
+
+def _eager_graphs(monkeypatch, runners: list):
+    """An attach() giving a runner decode graphs whose capture is stood in by eager replays
+    (test_static_inputs); each runner it changes is appended to `runners`."""
     from test_static_inputs import _record_eagerly
-    from transformers import AutoTokenizer
 
     import gpu_workers.decode_graphs as decode_graphs
     import gpu_workers.prefill_graphs as prefill_graphs
@@ -156,23 +158,32 @@ def test_constrained_steps_sample_in_the_graph_on_the_cpu(tiny_qwen3_dir, monkey
     for module in (decode_graphs, prefill_graphs):
         monkeypatch.setattr(module, "record", _record_eagerly)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    runners = []
-
-    def one_pass(runner) -> None:
-        runner.sampler.one_pass = True
 
     def with_graphs(runner) -> None:
-        one_pass(runner)
+        _one_pass(runner)
         with torch.inference_mode():
             runner.graphs = StepGraphs(runner.model, runner.config, runner.device,
                                        lambda text: None,
                                        **graph_samplers(runner.model, runner.sampler, 1, True))
         runners.append(runner)
 
+    return with_graphs
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.9, 17)], ids=["greedy", "seeded"])
+def test_constrained_steps_sample_in_the_graph_on_the_cpu(tiny_qwen3_dir, monkeypatch,
+                                                          temperature, seed):
+    """The graph paths with capture stood in by eager replays (test_static_inputs): decode
+    steps with constrained rows replay their size's masked sampling graph, step by step and
+    with lookahead, and give the tokens of the runner without graphs."""
+    from transformers import AutoTokenizer
+
+    runners = []
+    with_graphs = _eager_graphs(monkeypatch, runners)
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
     reqs = _requests(tokenizer, temperature, seed)
     kw = dict(max_model_len=128, max_num_batched_tokens=128)
-    plain, _ = generate(tiny_qwen3_dir, reqs, SyncWorker, 1 << 20, attach=one_pass, **kw)
+    plain, _ = generate(tiny_qwen3_dir, reqs, SyncWorker, 1 << 20, attach=_one_pass, **kw)
     _check_grammars(tokenizer, plain)
     sync, _ = generate(tiny_qwen3_dir, reqs, SyncWorker, 1 << 20, attach=with_graphs, **kw)
     ahead, _ = generate(tiny_qwen3_dir, reqs, LookaheadWorker, 1 << 20, attach=with_graphs,
@@ -188,6 +199,31 @@ def test_constrained_steps_sample_in_the_graph_on_the_cpu(tiny_qwen3_dir, monkey
     decode = runners[-1].graphs.decode
     assert decode.samples and not decode.masked_graphs and decode.masked_steps == 0
     assert runners[-1].grammars.times.steps == 0
+
+
+def test_a_grammar_with_no_next_token_ends_its_request_in_the_graph_and_out(
+        tiny_qwen3_dir, monkeypatch):
+    """A regex that matches nothing (its first, eager, step) and a schema whose string
+    matches nothing (dead once its key is written: a decode step, the graph's bitmask): each
+    request ends with an error, step by step and with lookahead, the token drawn from nothing
+    not kept; the requests beside them run as they would alone."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    reqs = [AddRequest(rid, tokenizer.encode("hello there"), SamplingParams(
+        temperature=0, max_tokens=12, **extra), [EOS]) for rid, extra in enumerate([
+            {"structured_outputs": structured_from_user({"regex": r"[^\s\S]"})},
+            {"structured_outputs": structured_from_user({"json": DEAD_STRING})},
+            {"structured_outputs": structured_from_user({"regex": REGEX})}, {}])]
+    kw = dict(max_model_len=128, max_num_batched_tokens=128)
+    alone, _ = generate(tiny_qwen3_dir, reqs[2:], SyncWorker, 1 << 20, attach=_one_pass, **kw)
+    with_graphs = _eager_graphs(monkeypatch, [])
+    for worker in (SyncWorker, LookaheadWorker):
+        out, _ = generate(tiny_qwen3_dir, reqs, worker, 1 << 20, attach=with_graphs, **kw)
+        assert out[0] == ([], FinishReason.ERROR)
+        assert out[1][1] is FinishReason.ERROR
+        assert tokenizer.decode(out[1][0]) == '{"a": "'  # the next token was not kept
+        assert {rid: out[rid] for rid in (2, 3)} == alone
 
 
 @pytest.mark.gpu
