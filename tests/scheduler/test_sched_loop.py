@@ -140,7 +140,9 @@ def test_an_idle_loop_sleeps_though_it_spins_for_results():
             h.front.send(r)
         h.collect_until(finished(range(3)))
         time.sleep(0.3)  # the last result's bookkeeping
-        assert _loop_cpu_share(h) < 0.02
+        # A spinning loop takes a whole core (~1.0); a sleeping one a few wake-ups, which a
+        # loaded 2-core machine stretches to a few per cent.
+        assert _loop_cpu_share(h) < 0.1
     finally:
         h.close()
 
