@@ -215,8 +215,8 @@ class ModelRunner:
             graphs, key = self.graphs.select(num_new, run_new)
         start = table.num_computed[rows]
         if self.device.type == "cuda" and graphs is None:
-            # Block tables as wide as the longest context needs, in buckets: Triton
-            # specialises on the row stride and sizes the decode split grid from the width.
+            # Block tables as wide as the longest context needs, in buckets: the decode
+            # split grid is sized from the width, so few widths make few split counts.
             # A graph's step takes the exact width (gpu_workers.graph_tables).
             width = bucket_width(needed_width(int((start + run_new).max()), self.config.block_size),
                                  self.config.max_blocks_per_seq)

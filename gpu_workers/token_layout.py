@@ -45,8 +45,8 @@ def layout_inputs(input_ids: torch.Tensor, positions: torch.Tensor,
 
 def bucket_width(needed: int, max_width: int) -> int:
     """The block-table width of a step run without a CUDA graph on the GPU: `needed` columns
-    rounded up to a power of two from 16 (row strides stay multiples of 16, which is what
-    Triton specialises on), capped at the table's full width."""
+    rounded up to a power of two from 16 (few distinct widths, so few decode split counts),
+    capped at the table's full width."""
     width = 16
     while width < needed:
         width *= 2
