@@ -22,7 +22,7 @@ from typing import Any
 
 from frontend.engine.children import Child
 from frontend.engine.config import EngineConfig
-from frontend.engine.startup import _PACKAGE_ROOT, StartupError
+from frontend.engine.startup import _PACKAGE_ROOT, StartupError, child_env
 from protocol import Endpoints
 from protocol.actor_start import ActorStart, encode_start, to_plain
 from protocol.auth import CREDENTIALS_FILE, write_credentials
@@ -55,9 +55,7 @@ class ActorHost:
                 s.close()
 
     def start(self, module: str, role: str, rank: int, config: dict[str, Any]) -> int:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH"))
-                                            if p)
+        env = child_env()
         self.proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
                                      env=env, start_new_session=True, close_fds=True)
         assert self.proc.stdin is not None

@@ -36,6 +36,14 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 """The folder holding nanopipe's packages: children import the same code as the launcher."""
 
 
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's environment) with this checkout first on PYTHONPATH,
+    for a child process that must run the launcher's own nanopipe."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
 REPLICA_ROLES = ("worker", "scheduler")
 """The processes each data-parallel replica has of its own; the others serve them all."""
 
@@ -53,9 +61,7 @@ def spawn(children: list[Child], role: str, rank: int, module: str, config: dict
     write still ends it."""
     start = ActorStart(role=role, rank=rank, launcher_pid=os.getpid(),
                        config={**config, "endpoints": to_plain(endpoints)})
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env = child_env()
     env.update(env_overrides or {})
     # A session of its own: a Ctrl-C in the user's terminal reaches the launcher, which
     # then stops the children in order, instead of every process at once.

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from frontend.bench.common.cold_caches import empty_caches
 from frontend.bench.common.model_source import resolve_model_dir
 from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
-from frontend.engine.startup import _PACKAGE_ROOT as PACKAGE_ROOT
+from frontend.engine.startup import child_env
 
 MODEL = "optional"
 CHILD = "from frontend.bench.profiles.startup import child; child()"
@@ -101,11 +100,9 @@ def run(args: argparse.Namespace) -> list[Figure]:
     model_dir = resolve_model_dir(args, args.device)
     flags = [*([model_dir] if model_dir else []), "--device", args.device,
              *shlex.split(args.serve_args)]
-    env = dict(os.environ)
+    env = child_env()  # the children run this checkout's nanopipe, wherever started from
     if args.cold:
         env.update(empty_caches(Path(tempfile.mkdtemp(prefix="nanopipe-cold-"))))
-    # The children run this checkout's nanopipe, wherever the profile was started from.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
     filled, _ = _start(flags, False, args.top, env)
     print(_line("filling start" + (" (cold caches)" if args.cold else ""), filled), flush=True)
     profiled, report = _start(flags, True, args.top, env)
