@@ -16,13 +16,10 @@ viewing the buffer is freed.
 from __future__ import annotations
 
 import ctypes
-import logging
 import mmap
 from collections.abc import Callable
 
 import torch
-
-log = logging.getLogger("nanopipe.worker")
 
 SLICE_BYTES = 16 << 20
 """How much one registration locks: milliseconds of faulting and mapping (a KV block larger

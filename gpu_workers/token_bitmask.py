@@ -13,8 +13,8 @@ On CUDA the row count is padded to a multiple of 16 by repeating the last row (m
 twice changes nothing): Triton specialises an integer argument on being 1 or a multiple of
 16, so every step runs one kernel variant: the first constrained step compiles it (once per
 Triton cache), as the first structured request loads the grammar compiler; start-up does not,
-since importing xgrammar (and transformers with it) cost every start seconds. warm_up
-compiles it ahead (benchmarks that time steady-state steps).
+since importing xgrammar (and transformers with it) cost every start seconds. A benchmark
+that times steady-state steps compiles it ahead with `TokenBitmask.warm_up`.
 """
 
 from __future__ import annotations

@@ -49,9 +49,8 @@ REDUCE_CHUNK = 16
 """Partial results the reduce merges per loop step. One compiled reduce serves every split
 count, as one split kernel serves every count above one: the count is not a specialisation
 (do_not_specialize), so the decode graphs' many batch sizes, whose split counts run from 2 to
-64, compile no further variant at capture. Nor is the block table's row stride, which an
-eager step sizes by its longest context (1, a multiple of 16 or neither, from step to
-step): it only offsets a row."""
+64, compile no further variant at capture. Nor is the block table's row stride, which
+changes with an eager step's width and only offsets a row."""
 
 
 @jit(do_not_specialize=("num_splits", "stride_bt"))
