@@ -19,8 +19,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from gpu_workers.host_pinning import pinned_slots
-from gpu_workers.host_pinning import slice_slots as pool_slice_slots
+from gpu_workers.host_pinning import PinnedPool
 from kernels.kv_quant import raw
 from protocol.process_runtime import ExplainedStartupError
 from protocol.step_messages import BlockMoves
@@ -83,16 +82,18 @@ def slot_runs(slots: Seq[int], bound: int | None = None) -> list[tuple[int, int,
 
 
 def make_host_pool(device_pool: torch.Tensor, num_slots: int,
-                   pin: bool | None = None) -> torch.Tensor:
+                   pin: bool | None = None) -> tuple[torch.Tensor, PinnedPool | None]:
     """A host pool of num_slots blocks, block index first so that each block, and each run
-    of consecutive slots, is one contiguous stretch of memory (pinned under CUDA unless
-    `pin` says otherwise, a slice at a time: gpu_workers.host_pinning)."""
+    of consecutive slots, is one contiguous stretch of memory; under CUDA, unless `pin` says
+    otherwise, with the PinnedPool that page-locks it a slice at a time
+    (gpu_workers.host_pinning)."""
     shape = list(block_major(device_pool).shape)
     shape[0] = num_slots
     pin = device_pool.is_cuda if pin is None else pin
     if pin:
-        return pinned_slots(shape, device_pool.dtype)
-    return torch.empty(shape, dtype=device_pool.dtype, device="cpu")
+        pins = PinnedPool(shape, device_pool.dtype)
+        return pins.tensor, pins
+    return torch.empty(shape, dtype=device_pool.dtype, device="cpu"), None
 
 
 class BlockMover:
@@ -107,16 +108,15 @@ class BlockMover:
     """
 
     def __init__(self, device_pool: torch.Tensor, host_pool: torch.Tensor,
-                 slice_slots: int | None = None) -> None:
-        """`slice_slots`: the host pool's registered slices, in slots (make_host_pool's
-        on CUDA by default); no copy crosses a multiple of it."""
+                 pins: PinnedPool | None = None) -> None:
+        """`pins`: what page-locks host_pool (its tensor), if anything does: a copy's slices
+        are pinned before it, and no copy crosses a slice's edge."""
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.block_bytes = host_pool[0].numel() * host_pool.element_size()
         self._cuda = device_pool.is_cuda
-        if slice_slots is None and self._cuda:
-            slice_slots = pool_slice_slots(self.block_bytes)
-        self._slice_slots = slice_slots
+        self._pins = pins
+        self._slice_slots = None if pins is None else pins.slice_slots
         self._stream = torch.cuda.Stream(device_pool.device) if self._cuda else None
         self._loaded: torch.cuda.Event | None = None
         self.bytes_stored = 0
@@ -135,6 +135,8 @@ class BlockMover:
             slots = torch.as_tensor(list(host_slots), dtype=torch.long)
             self.host_pool[slots] = block_major(self.device_pool)[self._index(device_blocks)]
         else:
+            if self._pins is not None:
+                self._pins.ensure(host_slots)
             compute = torch.cuda.current_stream(self.device_pool.device)
             self._stream.wait_stream(compute)
             with torch.cuda.stream(self._stream):
@@ -157,6 +159,8 @@ class BlockMover:
             raw(self.device_pool).index_copy_(BLOCK_DIM, self._index(device_blocks),
                                               raw(self.host_pool[slots].movedim(0, BLOCK_DIM)))
         else:
+            if self._pins is not None:
+                self._pins.ensure(host_slots)
             with torch.cuda.stream(self._stream):
                 index = self._index(device_blocks)
                 staged = torch.empty((len(host_slots), *self.host_pool.shape[1:]),

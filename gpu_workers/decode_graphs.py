@@ -105,9 +105,6 @@ class DecodeGraphs:
         self.masked_tokens: dict[int, torch.Tensor] = {}
         self.masked_steps = 0
         """Steps sampled under their bitmask in a graph (tests and profiles read it)."""
-        self.before_capture: Callable[[], object] = lambda: None
-        """Runs before a capture while serving: it settles other threads' CUDA work (the
-        host KV tier's pinning), which the capture would forbid."""
 
     @property
     def samples(self) -> bool:
@@ -198,7 +195,6 @@ class DecodeGraphs:
 
     def capture_masked(self) -> None:
         """Capture every size's constrained sampling graph, largest first (as capture)."""
-        self.before_capture()
         for bs in reversed(self.sizes):
             self._capture_sampling(bs, self.pool, masked=True)
         torch.cuda.synchronize()

@@ -21,7 +21,7 @@ from gpu_workers.config import ModelConfig, WorkerConfig, check_model_len
 from gpu_workers.cuda_sizing import part, size_kv_pool
 from gpu_workers.grammar_book import GrammarBook
 from gpu_workers.graph_sampling import graph_sample_inputs, graph_samplers, graph_tokens
-from gpu_workers.host_tier_start import HostTierStart
+from gpu_workers.host_tier import HostTier
 from gpu_workers.kv_cache import KVCache
 from gpu_workers.layers.attention import resolve_backend
 from gpu_workers.layers.cpu_linear import use_onednn_weights
@@ -86,9 +86,9 @@ class ModelRunner:
         self.kv_cache = KVCache(mc, blocks, config.block_size, self.device, config.kv_pool_mappable)
         self.kv_cache.bind(self.model.attention_layers())
         part(clock, self.device, "kv.pool")
-        self.host_tier = HostTierStart(self.kv_cache.storage, config.kv_offloading_size,
-                                       world_size, self.drafter)  # its pool: begin() below
-        self.num_host_slots, self._mover = self.host_tier.slots, None
+        self.host_tier = HostTier(self.kv_cache.storage, config.kv_offloading_size,
+                                  world_size, self.drafter)  # pinned while idle: pin_idle
+        self.num_host_slots = self.host_tier.slots
         if self.drafter is not None:
             self.drafter.bind_cache(self.num_kv_blocks, world_size)
         self.table = self.new_table(self.num_kv_blocks)
@@ -104,15 +104,12 @@ class ModelRunner:
                 if self.drafter is not None:
                     progress("capturing CUDA graphs for the draft model")
                     self.drafter.capture_graphs(pool=self.graphs.pool)
-                self.graphs.decode.before_capture = lambda: self.mover
             clock.mark("graphs")
-        self.host_tier.begin()  # on CUDA pinned beside the first steps, none of which waits
 
     @property
     def mover(self) -> BlockMover | None:
-        """The host tier's block mover (None: no tier); the first use waits for its pool."""
-        self._mover = self._mover or (self.host_tier.mover() if self.num_host_slots else None)
-        return self._mover
+        """The host tier's block mover (None: no tier)."""
+        return self.host_tier.mover
 
     def new_table(self, num_blocks: int | None = None) -> SequenceTable:
         c = self.config

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import zmq
 
 from gpu_workers.config import WorkerConfig
-from gpu_workers.host_tier_start import pin_by_registering
+from gpu_workers.host_tier import HostTier, pin_by_registering
 from gpu_workers.kv_transfer import KVLink
 from gpu_workers.rendezvous import tcp_rendezvous
 from gpu_workers.serving_compiles import ServingCompiles
@@ -48,6 +48,10 @@ LOOKAHEAD_POLL_S = 20e-6
 SPIN_S = 5e-3
 """How long a worker with a step in flight polls without sleeping: about a decode step. With
 nothing in flight it blocks in poll (scheduler_proc.plans_in_flight: the depth rule)."""
+IDLE_S = 0.05
+"""No plan for this long and the worker is idle: it pins its host tier a slice at a time
+(gpu_workers.host_tier), checking for a plan between slices every PIN_POLL_MS."""
+PIN_POLL_MS = 1
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
 
 
@@ -107,7 +111,7 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
     if imports_s is not None:
         clock.parts.append(StartupPhase("processes.imports", imports_s))
     if config.device == "cuda":
-        pin_by_registering()  # before anything is pinned (gpu_workers.host_tier_start)
+        pin_by_registering()  # before anything is pinned (gpu_workers.host_tier)
     with actor_process("worker", endpoints, rank) as rt:
         def start() -> Started:
             from gpu_workers.model_runner import ModelRunner
@@ -139,7 +143,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
 
             def serve() -> None:
                 try:
-                    _serve(served, steps, results, rt, config.lookahead, timeline, kv)
+                    _serve(served, steps, results, rt, config.lookahead, timeline, kv,
+                           runner.host_tier)
                 finally:
                     timeline.write()
                     if kv is not None:
@@ -161,7 +166,8 @@ def run_worker(config: WorkerConfig, rank: int, world_size: int, endpoints: Endp
 
 def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
            rt: ProcessRuntime, lookahead: bool = False,
-           timeline: Timeline = NO_TIMELINE, kv: KVLink | None = None) -> None:
+           timeline: Timeline = NO_TIMELINE, kv: KVLink | None = None,
+           host_tier: HostTier | None = None) -> None:
     """Execute plans in order. With lookahead a step stays in flight while the next plan is
     awaited: if that plan arrives before the step's tokens reach the host, it is launched
     first, so the device goes from one step to the next without waiting for the host. (A
@@ -181,8 +187,12 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
     (protocol.profiling.host_timeline)..
 
     `kv` (prefill/decode disaggregation): exports and cancels come in plan order; transfers
-    are pumped between steps and while idle (gpu_workers.kv_transfer)."""
+    are pumped between steps and while idle (gpu_workers.kv_transfer).
+
+    `host_tier`: pinned a slice at a time once no plan has come for IDLE_S, so a plan that
+    arrives meanwhile waits for one slice at most."""
     in_flight = None
+    last_plan = time.monotonic()
 
     def send(result) -> None:
         timeline.mark(result.step_id, "result_out")  # encoding is the hop's
@@ -196,7 +206,11 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
         if kv is not None:
             kv.pump()
         if in_flight is None:
-            if not (steps.poll(POLL_MS) if kv is None else kv.wait(steps, POLL_MS)):
+            pinning = host_tier is not None and host_tier.pinning
+            wait_ms = PIN_POLL_MS if pinning else POLL_MS
+            if not (steps.poll(wait_ms) if kv is None else kv.wait(steps, wait_ms)):
+                if pinning and time.monotonic() - last_plan > IDLE_S:
+                    host_tier.pin_idle()
                 continue
         elif not _plan_before_tokens(steps, in_flight):
             finish(in_flight)
@@ -212,6 +226,7 @@ def _serve(runner, steps: MessageSocket, results: MessageSocket | None,
         if kv is not None and kv.handle(msg):
             continue
         timeline.mark(msg.step_id, "plan_in")
+        last_plan = time.monotonic()
         previous, in_flight = in_flight, None
 
         def meanwhile(step_id: int = msg.step_id, previous=previous) -> None:

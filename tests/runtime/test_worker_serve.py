@@ -1,9 +1,11 @@
 """The worker's serving loop with lookahead: each step in flight is finished inside the next
 step's launch, once that step is queued and before its bookkeeping, and the results leave in
 order with the tokens of step-by-step execution (a real ModelRunner on the CPU, its plan and
-result sockets stood in by lists)."""
+result sockets stood in by lists). The host tier is pinned in idle time only."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from rt_helpers import BLOCK_SIZE, make_runner
@@ -109,3 +111,53 @@ def test_meanwhile_runs_once_for_a_step_with_nothing_to_queue(tiny_qwen3_dir):
     empty = StepPlan(0, [], [], CachedSequences([], [], []))
     pending = runner.launch(empty, lambda: calls.append(1))
     assert calls == [1] and np.asarray(runner.finish(pending).token_ids).size == 0
+
+
+class SlicesToPin:
+    """A host tier with `left` slices to pin, noting when each is pinned."""
+
+    def __init__(self, left: int) -> None:
+        self.left, self.pinned_at = left, []
+
+    @property
+    def pinning(self) -> bool:
+        return self.left > 0
+
+    def pin_idle(self) -> bool:
+        self.pinned_at.append(time.monotonic())
+        self.left -= 1
+        return True
+
+
+class Quiet:
+    """A plan socket with nothing for `for_s` seconds, then a Shutdown."""
+
+    def __init__(self, for_s: float) -> None:
+        self.until, self.timeouts = time.monotonic() + for_s, []
+
+    def poll(self, timeout: int = 0) -> bool:
+        self.timeouts.append(timeout)
+        if time.monotonic() >= self.until:
+            return True
+        time.sleep(timeout / 1000)
+        return False
+
+    def recv(self):
+        return Shutdown("done")
+
+
+def test_the_host_tier_is_not_pinned_between_steps_that_keep_coming(tiny_qwen3_dir):
+    runner, results, tier = make_runner(tiny_qwen3_dir), Results([]), SlicesToPin(3)
+    worker_proc._serve(runner, Plans(plans(), results), results, Running(), lookahead=True,
+                       host_tier=tier)
+    assert len(results.sent) == len(plans()) and tier.pinned_at == []
+
+
+def test_the_host_tier_is_pinned_a_slice_at_a_time_once_the_worker_idles():
+    began, tier, plans_in = time.monotonic(), SlicesToPin(3), Quiet(0.4)
+    worker_proc._serve(None, plans_in, None, Running(), host_tier=tier)
+    assert len(tier.pinned_at) == 3 and tier.pinned_at[0] >= began + worker_proc.IDLE_S
+    # While slices are left it checks for a plan between them; then it blocks as before.
+    short = plans_in.timeouts.count(worker_proc.PIN_POLL_MS)
+    assert short >= 3 and plans_in.timeouts[short:] == \
+        [worker_proc.POLL_MS] * (len(plans_in.timeouts) - short) and short < len(plans_in.timeouts)

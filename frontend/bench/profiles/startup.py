@@ -53,7 +53,7 @@ def child() -> None:
     import pstats
 
     from frontend.engine.serve_flags import parse_serve_args
-    from gpu_workers.host_tier_start import pin_by_registering
+    from gpu_workers.host_tier import pin_by_registering
 
     *flags, profile, top = sys.argv[1:]
     config = parse_serve_args(flags).engine.worker_config("tcp://127.0.0.1:0")
