@@ -82,18 +82,17 @@ def slot_runs(slots: Seq[int], bound: int | None = None) -> list[tuple[int, int,
 
 
 def make_host_pool(device_pool: torch.Tensor, num_slots: int,
-                   pin: bool | None = None) -> tuple[torch.Tensor, PinnedPool | None]:
+                   pin: bool | None = None) -> torch.Tensor | PinnedPool:
     """A host pool of num_slots blocks, block index first so that each block, and each run
     of consecutive slots, is one contiguous stretch of memory; under CUDA, unless `pin` says
-    otherwise, with the PinnedPool that page-locks it a slice at a time
+    otherwise, a PinnedPool, which page-locks it a slice at a time
     (gpu_workers.host_pinning)."""
     shape = list(block_major(device_pool).shape)
     shape[0] = num_slots
     pin = device_pool.is_cuda if pin is None else pin
     if pin:
-        pins = PinnedPool(shape, device_pool.dtype)
-        return pins.tensor, pins
-    return torch.empty(shape, dtype=device_pool.dtype, device="cpu"), None
+        return PinnedPool(shape, device_pool.dtype)
+    return torch.empty(shape, dtype=device_pool.dtype, device="cpu")
 
 
 class BlockMover:
@@ -107,10 +106,12 @@ class BlockMover:
     stream, so a load always sees the stores before it.
     """
 
-    def __init__(self, device_pool: torch.Tensor, host_pool: torch.Tensor,
-                 pins: PinnedPool | None = None) -> None:
-        """`pins`: what page-locks host_pool (its tensor), if anything does: a copy's slices
-        are pinned before it, and no copy crosses a slice's edge."""
+    def __init__(self, device_pool: torch.Tensor, host_pool: torch.Tensor | PinnedPool) -> None:
+        """A PinnedPool's slices are pinned before a copy uses them, and no copy crosses a
+        slice's edge."""
+        pins = host_pool if isinstance(host_pool, PinnedPool) else None
+        if pins is not None:
+            host_pool = pins.tensor
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.block_bytes = host_pool[0].numel() * host_pool.element_size()

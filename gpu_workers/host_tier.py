@@ -80,8 +80,9 @@ class HostTier:
         self.mover: BlockMover | None = None
         self._pins: PinnedPool | None = None
         if slots:
-            pool, self._pins = make_host_pool(storage, slots, pin)
-            self.mover = BlockMover(storage, pool, self._pins)
+            pool = make_host_pool(storage, slots, pin)
+            self._pins = pool if isinstance(pool, PinnedPool) else None
+            self.mover = BlockMover(storage, pool)
 
     @property
     def pinning(self) -> bool:

@@ -140,7 +140,7 @@ def test_a_mover_pins_the_slices_it_copies_through_and_blocks_round_trip():
     pins = PinnedPool([9, 2, 3, 16, 2, 64], torch.bfloat16,
                       slice_bytes=2 * 2 * 3 * 16 * 2 * 64 * 2)  # two blocks a slice
     assert pins.pinned_slices == 0
-    mover = BlockMover(device, pins.tensor, pins)
+    mover = BlockMover(device, pins)
     mover.store([0, 1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 7])  # every run crosses a slice
     assert pins.pinned_slices == 4 and pins.tensor[1:8].is_pinned()
     device.zero_()
