@@ -47,8 +47,11 @@ def cache(tmp_path, monkeypatch):
 
 
 def _runner(model_dir: str, **overrides):
+    # No parallel compile ahead of the fake forward: it records real launches
+    # (tests/runtime/test_startup_kernels_gpu.py runs it).
     config = WorkerConfig(**{"model": model_dir, "device": "cuda", "dtype": "float32",
-                             "max_num_batched_tokens": 4096, **overrides})
+                             "max_num_batched_tokens": 4096, "precompile_kernels": False,
+                             **overrides})
     return SimpleNamespace(config=config, model_config=ModelConfig.for_worker(config),
                            world_size=1, device=torch.device("cpu"))
 
