@@ -61,7 +61,7 @@ class WorkerConfig:
     """GiB of host memory per rank for the host KV tier (0: off)."""
     enforce_eager: bool = False
     """Disable CUDA graphs for decode batches."""
-    precompile_kernels: bool = True
+    precompile_kernels: bool = False
     """A start with no cached peak memory compiles its Triton kernels on parallel processes
     before its first step (gpu_workers.startup_kernels); opt-in until measured."""
     peer_all_reduce: bool = False

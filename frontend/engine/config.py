@@ -134,10 +134,11 @@ class EngineConfig:
         "compute capability 8.9 or newer", choices=KV_CACHE_DTYPES)
     enforce_eager: bool = option(False, "no CUDA graphs for decode")
     precompile_kernels: bool = option(
-        True, "on a first start, compile start-up's Triton kernels one after another instead "
-        "of on parallel processes first (one tensor-parallel rank; on an H200 the parallel "
-        "compile made a cold start 15.6 s instead of 21.3)",
-        flags=("--no-precompile-kernels",))
+        False, "on a first start (nothing in nanopipe's cache for this configuration), find "
+        "the Triton kernels start-up will compile and compile them on parallel processes "
+        "first (one tensor-parallel rank); on an H200 a cold start took 15.6 s with it and "
+        "21.3 s without, but it can leave the KV sizing with less memory than it should, "
+        "hence off by default")
     peer_all_reduce: bool = option(
         False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
         "other's memory (PyTorch symmetric memory, one kernel) instead of NCCL; not yet "

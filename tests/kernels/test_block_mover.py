@@ -70,13 +70,13 @@ def test_a_plan_carries_its_moves_over_the_wire():
 def test_cuda_moves_are_ordered_after_the_writes_before_them_and_before_the_reads_after():
     device = torch.zeros(2, 4, 64, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
     mover = BlockMover(device, make_host_pool(device, 32))
-    assert mover.host_pool.is_pinned()
     # Work queued on the compute stream writes the blocks; the store must see it.
     big = torch.randn(4096, 4096, device="cuda")
     for _ in range(8):
         big = big @ big / 64
     device[:, :, 10:20] = 3.0
     mover.store(list(range(10, 20)), list(range(20, 30)))
+    assert mover.host_pool[20:30].is_pinned()  # its slice, pinned for the copy
     device[:, :, 10:20] = 5.0  # the block is handed out again: the store read it before this
     mover.synchronize()
     assert torch.all(mover.host_pool[20:30] == 3.0)

@@ -70,7 +70,7 @@ def test_pinning_by_registering_keeps_the_users_settings():
 
 PINNED_BY_REGISTERING = """
 import torch
-from gpu_workers.host_tier_start import pin_by_registering
+from gpu_workers.host_tier import pin_by_registering
 pin_by_registering()
 host = torch.arange(16 << 20, dtype=torch.int32).pin_memory()  # 64 MiB
 assert host.is_pinned()
