@@ -83,3 +83,12 @@ class KVCache:
         for i, layer in enumerate(layers):
             layer.k_cache = self.storage[0, i]
             layer.v_cache = self.storage[1, i]
+
+    @staticmethod
+    def unbind(attention_layers) -> None:
+        """Point the layers at no cache: a scratch cache bound to them is then freed with its
+        last other reference, not when the next cache is bound (memory measured in between
+        would count it)."""
+        for layer in attention_layers:
+            layer.k_cache = torch.empty(0)
+            layer.v_cache = torch.empty(0)

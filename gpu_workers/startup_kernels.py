@@ -114,6 +114,7 @@ def record_startup_kernels(runner: RecordingRunner) -> list[KernelSpec]:
                     break
         for warm_up in _graph_warm_ups(runner):
             capture(warm_up)
+    KVCache.unbind(runner.model.attention_layers())  # the peak measured next must not see it
     del kv
     torch.cuda.synchronize(runner.device)
     torch.cuda.empty_cache()

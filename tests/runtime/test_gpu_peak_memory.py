@@ -1,7 +1,8 @@
 """On CUDA: the start-up parts; a second runner with the same configuration sizes its KV
 pool from the figures the first one's profiling forward stored, without that forward, to the
 same pool (less the memory the first forward already left in use in this process), and
-generates the same; the host tier pinned beside the warm-up."""
+generates the same; the host tier pinned in idle time. A first start that compiles its kernels
+in parallel first sizes the same pool as one that does not."""
 
 from __future__ import annotations
 
@@ -47,3 +48,21 @@ def test_a_cached_peak_sizes_the_pool_without_the_profiling_forward(tiny_qwen3_d
         pass
     assert not second.host_tier.pinning and second.mover.host_pool.is_pinned()
     assert second.num_host_slots == second.mover.host_pool.shape[0] > 0
+
+
+def test_compiling_the_kernels_first_leaves_the_kv_sizing_as_it_was(tiny_qwen3_dir, tmp_path,
+                                                                     monkeypatch):
+    import torch
+
+    kw = dict(device="cuda", kv_cache_bytes=None, gpu_memory_utilization=0.5,
+              max_num_batched_tokens=2048, kv_offloading_size=0)
+    monkeypatch.setenv("NANOPIPE_CACHE", str(tmp_path / "plain"))
+    plain = make_runner(tiny_qwen3_dir, **kw)
+    blocks = plain.num_kv_blocks
+    del plain
+    gc.collect()
+    torch.cuda.empty_cache()
+    monkeypatch.setenv("NANOPIPE_CACHE", str(tmp_path / "precompiled"))
+    first = make_runner(tiny_qwen3_dir, precompile_kernels=True, **kw)
+    assert [p.name for p in first.startup.parts][:2] == ["kv.precompile", "kv.profile"]
+    assert 0.95 * blocks <= first.num_kv_blocks <= blocks * 1.005

@@ -91,3 +91,25 @@ def test_the_recording_pass_runs_every_scratch_plan_with_its_tokens_settled_as_z
     decodes = sent[2::2]
     assert [rows for _, rows in decodes] == [len(seqs) for seqs in shapes]
     assert all(plan.cached.seq_ids for plan, _ in decodes)
+
+
+def test_a_scratch_cache_unbound_from_the_layers_is_freed_with_its_last_reference(
+        tiny_qwen3_dir):
+    """The kernel recording's scratch cache is unbound before the peak is measured: bound, the
+    layers' views would keep it allocated through the measurement, which would count it."""
+    import gc
+    import weakref
+
+    from gpu_workers.kv_cache import KVCache
+
+    runner = make_runner(tiny_qwen3_dir)
+    layers = runner.model.attention_layers()
+    scratch = KVCache(runner.model_config, 8, runner.config.block_size, runner.device)
+    scratch.bind(layers)
+    storage = weakref.ref(scratch.storage)
+    assert all(layer.k_cache.numel() > 0 for layer in layers)
+    KVCache.unbind(layers)
+    del scratch
+    gc.collect()
+    assert storage() is None
+    assert all(layer.k_cache.numel() == 0 == layer.v_cache.numel() for layer in layers)
