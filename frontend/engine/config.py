@@ -137,8 +137,7 @@ class EngineConfig:
         False, "on a first start (nothing in nanopipe's cache for this configuration), find "
         "the Triton kernels start-up will compile and compile them on parallel processes "
         "first (one tensor-parallel rank); on an H200 a cold start took 15.6 s with it and "
-        "21.3 s without, but it can leave the KV sizing with less memory than it should, "
-        "hence off by default")
+        "21.3 s without; off by default until its KV sizing is checked again on a GPU")
     peer_all_reduce: bool = option(
         False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
         "other's memory (PyTorch symmetric memory, one kernel) instead of NCCL; not yet "
