@@ -58,8 +58,8 @@ def pin_by_registering() -> None:
 
 
 class HostTier:
-    """One rank's host tier: `slots` (0: off), the pool's `pins` while they are not all done,
-    and the `mover` over the pool."""
+    """One rank's host tier: `slots` (0: off), the `mover` over its pool, and whether slices of
+    the pool are left to pin (`pinning`, `pin_idle`)."""
 
     def __init__(self, storage: torch.Tensor, gib: float, world_size: int,
                  drafter: object | None, pin: bool | None = None) -> None:
