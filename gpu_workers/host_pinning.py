@@ -116,7 +116,7 @@ class PinnedPool:
 
     @property
     def pinned_slices(self) -> int:
-        return sum(self._pinned)
+        return len(self._mapping.registered)
 
     def ensure(self, slots: Iterable[int]) -> None:
         """Pin the slices holding these slots, those not pinned yet."""

@@ -36,10 +36,10 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 """The folder holding nanopipe's packages: children import the same code as the launcher."""
 
 
-def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """`env` (default: this process's environment) with this checkout first on PYTHONPATH,
-    for a child process that must run the launcher's own nanopipe."""
-    env = dict(os.environ if env is None else env)
+def child_env() -> dict[str, str]:
+    """This process's environment with this checkout first on PYTHONPATH, for a child
+    process that must run the launcher's own nanopipe."""
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     return env
 

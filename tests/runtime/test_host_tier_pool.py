@@ -34,10 +34,13 @@ def test_a_pinned_pool_is_usable_at_once_and_pinned_a_slice_per_idle_call(monkey
     registered: list[tuple[int, int]] = []
     monkeypatch.setattr(host_pinning, "cuda_register", lambda a, n: registered.append((a, n)))
     monkeypatch.setattr(host_pinning, "cuda_unregister", lambda a: None)
-    tier = HostTier(_storage(), 5 * BLOCK_BYTES / 2**30, 1, None, pin=True)
+    storage = torch.arange(torch.Size(STORAGE_SHAPE).numel(), dtype=torch.float32)
+    storage = storage.view(STORAGE_SHAPE)
+    tier = HostTier(storage, 5 * BLOCK_BYTES / 2**30, 1, None, pin=True)
     assert tier.pinning and registered == []  # nothing pinned by making it
     tier.mover.store([3, 4], [0, 1])  # on the CPU a plain copy; the pins are CUDA's concern
-    assert torch.equal(tier.mover.host_pool[0], _storage()[:, :, 3])
+    assert torch.equal(tier.mover.host_pool[0], storage[:, :, 3])
+    assert torch.equal(tier.mover.host_pool[1], storage[:, :, 4])
     calls = 0
     while tier.pin_idle():
         calls += 1
