@@ -14,6 +14,10 @@ from kernels._common import FLOAT_DTYPES, check, check_same_device, jit, next_po
 from kernels.kv_quant import dequantize, is_fp8
 
 LOG2E = 1.4426950408889634
+P_FP8_SCALE = 256.0
+"""With fp8 dots for P·V (FP8_DOTS == 2), the probabilities, in [0, 1], are multiplied by this
+before they become e4m3, so that small ones keep mantissa bits instead of falling into the
+format's subnormals (below 2^-6); the output is divided by it again (the kernel's v_scale)."""
 
 
 def check_paged_inputs(
@@ -93,6 +97,22 @@ def fp16_queries(q, WIDEN: tl.constexpr):
     return q
 
 
+def check_fp8_dots(fp8_dots: int, q: torch.Tensor, fp8: bool) -> None:
+    check(fp8_dots in (0, 1, 2), f"fp8_dots is 0, 1 or 2, got {fp8_dots}")
+    check(fp8_dots == 0 or (fp8 and q.dtype in (torch.bfloat16, torch.float16)),
+          "fp8 dots need an fp8 cache and 16-bit queries")
+
+
+@jit
+def fp8_queries(q, QK_SCALE):
+    """q as e4m3, each row scaled to the format's range, and QK_SCALE times each row's scale
+    (the factor that brings the row's scores back), for tensor-core dots of fp8 q and fp8 K:
+    no K tile is widened. A row of zeros (padding) stays zeros."""
+    scale = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), 1), 1e-30) / 448.0  # FP8_MAX
+    q8 = (q.to(tl.float32) / scale[:, None]).to(tl.float8e4nv)
+    return q8, QK_SCALE * scale[:, None]
+
+
 def gather_kv(
     cache: torch.Tensor, block_ids: torch.Tensor, length: int, dtype: torch.dtype,
     scale: float = 1.0,
@@ -108,8 +128,13 @@ def attn_tile(
     stride_kb, stride_ks, stride_vb, stride_vs, kv_head_off_k, kv_head_off_v,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FP8_DOTS: tl.constexpr,
 ):
-    """One online-softmax step over keys [start, start + BLOCK_N) of a paged sequence."""
+    """One online-softmax step over keys [start, start + BLOCK_N) of a paged sequence.
+
+    FP8_DOTS (an fp8 cache only): 0 widens K and V to q's dtype; 1 takes q as e4m3
+    (fp8_queries; qk_scale then holds a scale per row) for Q·Kᵀ on the fp8 tile as loaded,
+    and widens V to float16; 2 also takes P, scaled by P_FP8_SCALE, as e4m3 for P·V."""
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
     if BLOCK_SIZE >= BLOCK_N:
@@ -137,7 +162,6 @@ def attn_tile(
         k = tl.load(k_cache_ptr + kv_head_off_k + k_rows[:, None] + d[None, :])
         v = tl.load(v_cache_ptr + kv_head_off_v + v_rows[:, None] + d[None, :])
     kt = tl.trans(k.to(q.dtype))
-    v = v.to(q.dtype)
     s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         keep = n[None, :] < kv_end
@@ -148,5 +172,12 @@ def attn_tile(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    if FP8_DOTS == 0:
+        v = v.to(q.dtype)
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    elif FP8_DOTS == 1:
+        pv = tl.dot(p.to(tl.float16), v.to(tl.float16))
+    else:
+        pv = tl.dot((p * 256.0).to(v.dtype), v)  # P_FP8_SCALE
+    acc = acc * alpha[:, None] + pv
     return acc, m_new, l_i

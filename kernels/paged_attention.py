@@ -88,13 +88,13 @@ def _paged_attention_kernel(
         acc, m_i, l_i = attn_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, kv_end, pos, qk_scale,
             stride_kb, stride_ks, stride_vb, stride_vs, k_head, v_head,
-            BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, True, DOT_PRECISION,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, True, DOT_PRECISION, 0,
         )
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = attn_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, kv_end, pos, qk_scale,
             stride_kb, stride_ks, stride_vb, stride_vs, k_head, v_head,
-            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, True, DOT_PRECISION,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, True, DOT_PRECISION, 0,
         )
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     if FP8:

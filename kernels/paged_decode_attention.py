@@ -22,10 +22,13 @@ import torch.nn.functional as F
 
 from kernels._attn_common import (
     LOG2E,
+    P_FP8_SCALE,
     attn_tile,
+    check_fp8_dots,
     check_paged_inputs,
     check_triton_layout,
     dot_precision,
+    fp8_queries,
     fp16_queries,
     kv_scales,
     widen_fp8_to_f16,
@@ -62,6 +65,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, QLEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr,
+    FP8_DOTS: tl.constexpr,
 ):
     pdl_wait(PDL)
     b = tl.program_id(0)
@@ -93,7 +97,10 @@ def _decode_split_kernel(
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + token[:, None] * stride_qb + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
-    q = fp16_queries(q, F16)
+    if FP8_DOTS:
+        q, qk_scale = fp8_queries(q, qk_scale)
+    else:
+        q = fp16_queries(q, F16)
     m_i = tl.full([ROWS], -1.0e30, tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
@@ -107,14 +114,14 @@ def _decode_split_kernel(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n, end, pos, qk_scale,
             stride_kb, stride_ks, stride_vb, stride_vs,
             kv_head * stride_kh, kv_head * stride_vh,
-            BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, False, DOT_PRECISION,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, False, DOT_PRECISION, FP8_DOTS,
         )
     for n in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = attn_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n, end, pos, qk_scale,
             stride_kb, stride_ks, stride_vb, stride_vs,
             kv_head * stride_kh, kv_head * stride_vh,
-            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, QLEN > 1, DOT_PRECISION,
+            BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, QLEN > 1, DOT_PRECISION, FP8_DOTS,
         )
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     if FP8:  # the splits' merge is linear in them, so each may carry v_scale
@@ -211,9 +218,12 @@ def paged_decode_attention_triton(
     block_n: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_dots: int = 0,
 ) -> torch.Tensor:
     """`max_seqlen_k` defaults to the block-table capacity (static, so CUDA-graph safe);
-    `block_n` (keys per tile, a power of two >= 16) is a benchmark's knob."""
+    `block_n` (keys per tile, a power of two >= 16) and `fp8_dots` (an fp8 cache's dots on
+    the tensor cores in e4m3: 1 for Q·Kᵀ, 2 for P·V as well; attn_tile) are a benchmark's
+    knobs."""
     require_triton()
     num_seqs = _num_seqs(q, q_per_seq)
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens_k, num_seqs)
@@ -245,6 +255,9 @@ def paged_decode_attention_triton(
     else:
         part_out = part_lse = out  # unused
     k_scale, v_scale, fp8 = kv_scales(k_cache, k_scale, v_scale)
+    check_fp8_dots(fp8_dots, q, fp8)
+    if fp8_dots == 2:
+        v_scale /= P_FP8_SCALE
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens_k,
         scale * LOG2E * k_scale, v_scale, num_splits,
@@ -254,7 +267,7 @@ def paged_decode_attention_triton(
         GROUP=group, QLEN=q_per_seq, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype), PDL=pdl, FP8=fp8,
-        F16=widen_fp8_to_f16(q, fp8),
+        F16=widen_fp8_to_f16(q, fp8), FP8_DOTS=fp8_dots,
         num_warps=num_warps, num_stages=num_stages, **launch_pdl(pdl),
     )
     if num_splits > 1:
