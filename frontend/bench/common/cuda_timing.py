@@ -35,6 +35,18 @@ def bench_graphed(fn, iters: int, reps: int = LAYERS) -> float:
     return bench(graph.replay, iters) * 1e3 / reps
 
 
+def bench_graphed_over(fn, weights: list[torch.Tensor], iters: int) -> float:
+    """Mean microseconds per call of fn(w), one call per weight in one CUDA graph (distinct
+    weights, as a decode step's layers have, so none is read from L2)."""
+    fn(weights[0])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            fn(w)
+    return bench(graph.replay, iters) * 1e3 / len(weights)
+
+
 def make_cache(seq_lens: list[int], block_size: int, width: int = 0, kv_heads: int = 8,
                head_dim: int = 128, dtype: torch.dtype = torch.bfloat16):
     """A paged cache holding these contexts; the block table is `width` blocks wide when that is

@@ -11,7 +11,10 @@ kernel, alone, with the SiLU-mul before it (down_proj) and with the RMSNorm befo
 sampler (--only sampler) draws from W1's logits (153 rows of Qwen3's 151,936-token vocabulary)
 against torch's softmax and multinomial.
 
-    nanopipe bench kernels [--block-size 256] [--iters 50] [--only small|attention|gemv|sampler]
+The projections at W1's batch (--only gemm) are kernels_gemm.py's.
+
+    nanopipe bench kernels [--block-size 256] [--iters 50]
+                           [--only small|attention|gemv|gemm|sampler]
 """
 
 from __future__ import annotations
@@ -23,10 +26,17 @@ import random
 import torch
 import torch.nn.functional as F
 
-from frontend.bench.common.cuda_timing import LAYERS, bench, bench_graphed, make_cache
+from frontend.bench.common.cuda_timing import (
+    LAYERS,
+    bench,
+    bench_graphed,
+    bench_graphed_over,
+    make_cache,
+)
 from frontend.bench.common.hardware import COPY_BYTES_PER_S
 from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
+from frontend.bench.workloads.kernels_gemm import bench_gemm
 from kernels.activation import silu_and_mul_triton
 from kernels.paged_attention import paged_attention_triton
 from kernels.paged_decode_attention import paged_decode_attention_triton
@@ -51,13 +61,16 @@ def try_flash_attn():
 
 def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa,
                  capacity: int = 0, splits: tuple[int, ...] = (), heads=(H, HKV, D),
-                 tiles: tuple[int, ...] = (), kv_dtype: torch.dtype = DTYPE) -> Figure:
+                 tiles: tuple[int, ...] = (), kv_dtype: torch.dtype = DTYPE,
+                 fp8_dots: tuple[int, ...] = ()) -> Figure:
     """The automatic choice's microseconds, against the KV read at the copy bandwidth and
     against flash-attn where it is importable. capacity: the block table's width in tokens, as
     a decode graph sizes it (0: the longest context); every case then runs from a CUDA graph,
     as in a decode step. `splits`: also time
     these fixed numbers of splits; `tiles`: these keys per tile (block_n); `heads`: (q heads,
-    kv heads, head dim); `kv_dtype`: the cache's (fp8: flash-attn does not take it)."""
+    kv heads, head dim); `kv_dtype`: the cache's (fp8: flash-attn does not take it);
+    `fp8_dots`: these modes of e4m3 tensor-core dots (an fp8 cache), each with its largest
+    difference from the widened path's output."""
     h, hkv, d = heads
     rng = random.Random(0)
     lens = [rng.randint(lo, hi) for _ in range(batch)]
@@ -87,6 +100,10 @@ def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa,
         cases[f"triton decode ({n}-key tiles)"] = functools.partial(
             paged_decode_attention_triton, q, k_cache, v_cache, table, seq_lens, scale,
             block_n=n)
+    for mode in fp8_dots:
+        cases[f"triton decode (fp8 dots {FP8_DOTS[mode]})"] = functools.partial(
+            paged_decode_attention_triton, q, k_cache, v_cache, table, seq_lens, scale,
+            fp8_dots=mode)
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
     cases["triton unified paged_attention"] = lambda: paged_attention_triton(
         q, k_cache, v_cache, table, cu, seq_lens, scale)
@@ -104,13 +121,24 @@ def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa,
                 raise
             print(f"  {name:34s} failed: {str(exc).splitlines()[0][:100]}")
             continue
-        print(f"  {name:34s} {ms * 1e3:8.1f} us  {kv_bytes / ms / 1e6:7.0f} GB/s")
+        print(f"  {name:34s} {ms * 1e3:8.1f} us  {kv_bytes / ms / 1e6:7.0f} GB/s"
+              + _difference(fn, cases["triton decode (auto split)"], "fp8 dots" in name))
     fa_ms = times.get("flash-attn with_kvcache")
     fp8 = "" if kv_dtype == DTYPE else "[fp8]"
     return Figure(f"decode_attention_us@{batch}x{lo}-{hi}{fp8}",
                   round(times["triton decode (auto split)"] * 1e3, 2), "us",
                   bound=round(kv_bytes / COPY_BYTES_PER_S * 1e6, 2), higher_is_better=False,
                   peer=None if fa_ms is None else round(fa_ms * 1e3, 2), peer_name="flash-attn")
+
+
+FP8_DOTS = {1: "QK", 2: "QK+PV"}
+
+
+def _difference(fn, reference, compare: bool) -> str:
+    """`fn`'s largest absolute difference from `reference`'s output, when asked."""
+    if not compare:
+        return ""
+    return f"  max |diff| {(fn().float() - reference().float()).abs().max().item():.4f}"
 
 
 def bench_prefill(seq_len: int, num_seqs: int, block_size: int, iters: int, fa) -> None:
@@ -149,7 +177,7 @@ def bench_gemv(iters: int) -> None:
                          ("gate_up_proj", (6144, 1024)), ("down_proj", (1024, 3072))):
         weights = [torch.randn(n, k, dtype=DTYPE, device="cuda") * 0.02 for _ in range(LAYERS)]
         for rows in (1, 2, 4, 8):
-            times = {c: _graphed_over(fn, weights, iters)
+            times = {c: bench_graphed_over(fn, weights, iters)
                      for c, fn in _gemv_cases(name, rows, k).items()}
             used = "used" if use_skinny(rows, n, k) else "not used"
             print(f"  {name:12s} {rows} row(s), {n * k * 2 / 1e6:4.1f} MB (floor "
@@ -173,17 +201,6 @@ def _gemv_cases(name: str, rows: int, k: int) -> dict:
         cases["skinny, add+RMSNorm inside"] = functools.partial(
             norm_linear_triton, x, residual, norm_w, 1e-6)
     return cases
-
-
-def _graphed_over(fn, weights: list[torch.Tensor], iters: int) -> float:
-    """Microseconds per call of fn(w), one call per weight in one CUDA graph."""
-    fn(weights[0])
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for w in weights:
-            fn(w)
-    return bench(graph.replay, iters) * 1e3 / len(weights)
 
 
 def unfused_qkv(qkv, positions, cos_sin, qw, kw, k_cache, v_cache, slots, heads, kv_heads):
@@ -255,7 +272,7 @@ def bench_sampler(rows: int, vocab: int, iters: int) -> Figure:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--only", choices=["small", "attention", "gemv", "sampler"],
+    parser.add_argument("--only", choices=["small", "attention", "gemv", "gemm", "sampler"],
                         default=None)
 
 
@@ -270,13 +287,15 @@ def run(args: argparse.Namespace) -> list[Figure]:
         figures.append(bench_sampler(153, 151_936, args.iters))
     if args.only == "sampler":
         return figures
-    if args.only != "attention":
+    if args.only in (None, "small"):
         bench_small_ops(170, args.block_size, args.iters)  # W1's decode steps
         bench_small_ops(170, args.block_size, args.iters, heads=8, kv_heads=4)  # a TP=2 rank
         bench_small_ops(4096, args.block_size, args.iters)  # a prefill chunk
     if args.only in (None, "gemv"):
         bench_gemv(args.iters)
-    if args.only in ("small", "gemv"):
+    if args.only in (None, "gemm"):
+        bench_gemm(args.iters)
+    if args.only in ("small", "gemv", "gemm"):
         return figures
     bench_decode(256, 500, 700, args.block_size, args.iters, fa, splits=(2,))
     # W1 at full load: ~150 sequences whose contexts spread from 200 to 2,000 tokens.
@@ -284,7 +303,8 @@ def run(args: argparse.Namespace) -> list[Figure]:
                  splits=(2, 3, 4, 6, 8), tiles=(64,)))
     # The same with an fp8 cache: half the bytes, so a tile of twice the keys moves as much.
     figures.append(bench_decode(153, 200, 2000, args.block_size, args.iters, fa, capacity=4096,
-                                splits=(2, 4), tiles=(64, 256), kv_dtype=torch.float8_e4m3fn))
+                                splits=(2, 4), tiles=(64, 256), kv_dtype=torch.float8_e4m3fn,
+                                fp8_dots=(1, 2)))
     # W1 on the SmolLM2-135M shape (9 q heads on 3 kv heads of 64; flash-attn's build here
     # has head dim 128 only): ~190 sequences.
     bench_decode(190, 200, 2000, args.block_size, args.iters, None, capacity=4096,
