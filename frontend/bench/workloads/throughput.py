@@ -102,26 +102,13 @@ def run_runtime(model_dir: str, args: argparse.Namespace, work) -> dict:
     """W1 through a Scheduler and a ModelRunner in this process, without overlap."""
     import torch
 
-    from frontend.bench.common import W1_WARMUP_PROMPT, run, w1_params
-    from gpu_workers import ModelRunner, WorkerConfig
+    from frontend.bench.common import run, w1_params
+    from frontend.bench.common.w1_runtime import warm_runtime
     from protocol.limits import BLOCK_SIZE
-    from scheduler_proc import Scheduler, SchedulerConfig
 
-    max_model_len = w1_max_model_len(args)
-    config = WorkerConfig(  # the engine's block size for the device, as the pipeline runs
-        model=model_dir, device=args.device, max_model_len=max_model_len,
-        block_size=BLOCK_SIZE[args.device],
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=max(args.max_num_batched_tokens,
-                                   args.max_input_len + args.max_output_len),
-        kv_cache_bytes=args.kv_cache_bytes, kv_cache_dtype=args.kv_cache_dtype,
-        enforce_eager=args.enforce_eager)
-    runner = ModelRunner(config)
-    scheduler = Scheduler(SchedulerConfig(
-        num_kv_blocks=runner.num_kv_blocks, block_size=config.block_size,
-        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=max_model_len, overlap=False))
-    run(scheduler, runner, [(W1_WARMUP_PROMPT, w1_params(16))], 1 << 40)
+    scheduler, runner = warm_runtime(  # the engine's block size for the device, as it runs
+        args, model_dir, args.device, block_size=BLOCK_SIZE[args.device],
+        max_model_len=w1_max_model_len(args))
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
