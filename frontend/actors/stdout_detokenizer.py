@@ -4,13 +4,14 @@
 
 ADDRESS is the pipeline's public client address (what the launcher prints as "clients
 connect to:"), its `deltas_pub` address, or its run directory (a tcp pipeline needs the
-latter: its keys are there). The printer subscribes to the scheduler's best-effort copy of
-each step's TokenDeltas, so it never slows the main path. It says "attached" (on stderr) once
-the scheduler has greeted its subscription and its tokenizer is loaded: every request
-submitted from then on is printed whole; a request that began earlier is decoded from where
-it joined. Text is written to stdout as it arrives; a `[client request id]` tag starts a new
-line whenever the output switches to another request, and each request ends with a
-`<finish: ...>` line.
+latter: its keys are there). An abstract ipc address (`ipc://@name`, Linux) has no socket
+file to check, so a wrong name is reported only after --attach-timeout. The printer
+subscribes to the scheduler's best-effort copy of each step's TokenDeltas, so it never slows
+the main path. It says "attached" (on stderr) once the scheduler has greeted its subscription
+and its tokenizer is loaded: every request submitted from then on is printed whole; a request
+that began earlier is decoded from where it joined. Text is written to stdout as it arrives;
+a `[client request id]` tag starts a new line whenever the output switches to another
+request, and each request ends with a `<finish: ...>` line.
 
 It exits 0 when the pipeline stops, and 1 with a one-line message when it cannot attach
 (nothing at ADDRESS answers within --attach-timeout), when the engine dies, or when the
@@ -63,7 +64,7 @@ def resolve_address(address: str) -> str:
     """A zmq address as given, or a run directory's `deltas_pub` socket (for a tcp pipeline,
     the address its credentials file names)."""
     if "://" in address:
-        if not address.startswith("ipc://"):  # an ipc socket's file is checked on opening
+        if not address.startswith("ipc://"):  # an ipc address is checked on opening
             try:
                 check_address(address)
             except (ValueError, EngineDeadError) as exc:
@@ -93,9 +94,25 @@ def _credentials(run_dir: str) -> Credentials:
 def open_socket(rt: ProcessRuntime, kind: int, address: str,
                 accepts: tuple[type, ...], keys: CurveKeys | None = None) -> MessageSocket:
     """Every socket of the printer is made here, with the run's keys where it has them."""
-    if address.startswith("ipc://") and not os.path.exists(address.removeprefix("ipc://")):
-        raise AttachError(f"no pipeline at {address}: the socket file does not exist")
+    if address.startswith("ipc://"):
+        check_ipc_address(address)
     return rt.socket(kind, address, bind=False, accepts=accepts, security=keys)
+
+
+def check_ipc_address(address: str) -> None:
+    """Fail at once where an ipc address can be seen to be wrong: a filesystem socket whose
+    file is missing (a pipeline binds before it reports ready), or an abstract one (`@name`,
+    Linux) with no name. An abstract name has no file to look for: a wrong one shows only as
+    silence, which `attach` reports once its timeout has passed."""
+    path = address.removeprefix("ipc://")
+    if path.startswith("@"):
+        try:
+            check_address(address)  # the name is all there is to check
+        except ValueError as exc:
+            raise AttachError(str(exc)) from None
+        return
+    if not os.path.exists(path):
+        raise AttachError(f"no pipeline at {address}: the socket file does not exist")
 
 
 class StdoutPrinter:

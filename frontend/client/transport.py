@@ -44,6 +44,8 @@ def check_address(address: str) -> None:
     if not path:
         raise not_an_address(address, "no socket path")
     if path.startswith("@"):  # Linux abstract namespace: no file to look at
+        if path == "@":
+            raise not_an_address(address, "no socket name after '@'")
         return
     try:
         mode = os.stat(path).st_mode

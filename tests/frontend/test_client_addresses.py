@@ -26,6 +26,7 @@ from frontend.client.outputs import EngineDeadError
     ("tcp://127.0.0.1:99999", "port '99999' is not in 1..65535"),
     ("tcp://127.0.0.1:http", "port 'http' is not in 1..65535"),
     ("ipc://", "no socket path"),
+    ("ipc://@", "no socket name after '@'"),
 ])
 def test_a_malformed_address_is_a_value_error_that_says_why(address, why):
     with pytest.raises(ValueError, match=f"is not a pipeline address: {why}.*clients connect"):
