@@ -3,8 +3,8 @@ compiled grammars they come from, and the token bitmask applied to the logits (a
 forward, or inside a decode graph: fill_graph_rows).
 
 Compiling a grammar (the token masks of a JSON schema over the whole vocabulary) takes
-milliseconds to seconds, so it runs on a thread of its own and is cached by spec (bounded,
-least recently used first out): a sequence's grammar is compiled from the step that brings
+milliseconds to seconds, so it runs on a thread of its own and is cached by spec
+(gpu_workers.grammar_compiles): a sequence's grammar is compiled from the step that brings
 the sequence, while that step's forward runs, and a spec seen before costs nothing. Sampling
 is the first thing that needs it; only then, and only for a new spec, the step waits.
 
@@ -18,8 +18,11 @@ nothing after the text so far): its mask is all zeros, and sampling would draw f
 Such a row is noted when its mask is filled (`dead_ends`) and handed to the step being
 launched (the next step's masks may be filled before this one's result is made). Its result
 tells the scheduler, which ends the request with an error instead of keeping the token, and
-the row is masked no more. In a verify step only the mask before any proposal decides this:
-a later one follows proposals the verify may reject.
+the row is masked no more. A verify step's walk stops at the first position whose mask allows
+nothing, and keeps that position: it follows proposals the verify may reject, so the verify's
+result decides (accept, with its counts). An entry that accepted every proposal before the
+dead position drew its token there and ends as above; one that did not goes on. A draft
+step's mask past the first follows draft proposals the same way and is left to the verify.
 
 Speculative decoding: a step that verifies proposals has one logits row per verified
 position, and each must be masked by the grammar as it stands after the proposals before it.
@@ -33,30 +36,25 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from gpu_workers.grammar_compiles import CACHE_SIZE, GrammarCompiles
 from gpu_workers.graph_bitmask import GraphBitmask
 from gpu_workers.pending_step import PendingStep
 from gpu_workers.sequence_table import SequenceTable
 from gpu_workers.token_bitmask import TokenBitmask
 from protocol import StepPlan
-from protocol import model_config as hf
-from protocol.structured_outputs import StructuredOutputs, build_grammar
+from protocol.structured_outputs import StructuredOutputs
 
 log = logging.getLogger("nanopipe.worker")
 
 DEAD_END = ("the structured output cannot be completed: its grammar allows no token after "
             "the text generated so far (a pattern or schema that matches nothing there)")
-CACHE_SIZE = 128
-"""Compiled grammars kept (by spec); the least recently used beyond this are dropped."""
-COMPILE_THREADS = 4
-"""xgrammar's own threads per compile (the token-mask precomputation is parallel)."""
 FILL_THREADS = 4
 """At most this many threads fill one step's masks."""
 FILL_ROWS_PER_THREAD = 64
@@ -83,29 +81,11 @@ class MaskTimes:
     rows: int = 0
 
 
-def _tokenizer_info(model_dir: str, vocab_size: int) -> Any:
-    import xgrammar as xgr
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    eos = set(hf.eos_token_ids(hf.read_generation_config(model_dir)))
-    if hf.has_model_config(model_dir):
-        eos.update(hf.eos_token_ids(hf.read_model_config(model_dir)))
-    if tokenizer.eos_token_id is not None:
-        eos.add(tokenizer.eos_token_id)
-    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                              stop_token_ids=sorted(eos))
-
-
 class GrammarBook:
     def __init__(self, model_dir: str, vocab_size: int, cache_size: int = CACHE_SIZE) -> None:
         self.model_dir = model_dir
         self.vocab_size = vocab_size
-        self.cache_size = cache_size
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
-        self._compiler: Future | None = None
-        """Made with the first compile: an engine that never sees a grammar never loads it."""
-        self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self._compiles = GrammarCompiles(model_dir, vocab_size, cache_size)
         self._entries: dict[int, _Entry] = {}
         self._batches: dict[int, Any] = {}
         """xgrammar batch fillers by thread count."""
@@ -116,30 +96,14 @@ class GrammarBook:
         self.dead_ends: set[tuple[int, int]] = set()
         """(row, epoch) of the rows whose grammar allowed no token in the step being
         launched (take_dead_ends hands them to that step)."""
+        self._dead_at: dict[tuple[int, int], int] = {}
+        """(row, epoch) -> the verified position whose mask allowed nothing, in the verify
+        being launched; its accept decides whether the entry reached it."""
         self.times = MaskTimes()
-
-    def _make_compiler(self) -> Any:
-        import xgrammar as xgr
-
-        info = _tokenizer_info(self.model_dir, self.vocab_size)
-        return xgr.GrammarCompiler(info, max_threads=COMPILE_THREADS, cache_enabled=False)
-
-    def _compile(self, spec: StructuredOutputs) -> Any:
-        return self._compiler.result().compile_grammar(build_grammar(spec))
 
     def compiled(self, spec: StructuredOutputs) -> Future:
         """The compile of `spec`, started now or earlier (cached by spec)."""
-        future = self._compiled.get(spec.key)
-        if future is not None:
-            self._compiled.move_to_end(spec.key)
-            return future
-        if self._compiler is None:
-            self._compiler = self._pool.submit(self._make_compiler)
-        future = self._pool.submit(self._compile, spec)
-        self._compiled[spec.key] = future
-        while len(self._compiled) > self.cache_size:
-            self._compiled.popitem(last=False)
-        return future
+        return self._compiles.compiled(spec)
 
     def add(self, row: int, epoch: int, spec: StructuredOutputs, generated: list[int]) -> None:
         """A constrained sequence now owns `row`; `generated`: its output tokens so far."""
@@ -251,17 +215,23 @@ class GrammarBook:
         probability 0, so the verify rejects it (greedy, sampled or against a draft's q) and
         no draw past it is ever kept. Cutting the proposal instead would change the batch
         already laid out. Once a proposed stop token ends the grammar, later positions stay
-        unmasked: the sequence finishes at that token and their draws are discarded."""
+        unmasked: the sequence finishes at that token and their draws are discarded. A mask
+        that allows nothing ends the walk too, its position kept for the verify's result
+        (_end_reached_dead_ends); positions past it stay unmasked: reaching them means
+        reaching it, which ends the request."""
         indices: list[int] = []
+        self._dead_at.clear()
+        host = mask.numpy()
         first = 0
         for i, props in enumerate(proposals):
-            m = self._matcher(int(rows[i]), int(epochs[i])) if constrained[i] else None
+            key = (int(rows[i]), int(epochs[i]))
+            m = self._matcher(*key) if constrained[i] else None
             walked = 0
             while m is not None and not m.is_terminated():
                 m.fill_next_token_bitmask(mask, first + walked)
                 indices.append(first + walked)
-                if not walked and self._note_dead_ends(mask, [first], rows[i:i + 1],
-                                                       epochs[i:i + 1]):
+                if not host[first + walked].any():
+                    self._dead_at[key] = walked
                     break
                 if walked == len(props):
                     break
@@ -277,16 +247,31 @@ class GrammarBook:
             first += len(props) + 1
         return indices
 
+    def _end_reached_dead_ends(self, rows: list[int], epochs: list[int],
+                               counts: list[int]) -> None:
+        """A verify's result: an entry whose mask allowed nothing after j proposals drew
+        its token there when it accepted j or more (counts[i] = accepted + 1); that one
+        ends. One stopped before goes on, its matcher advanced by what it kept."""
+        for row, epoch, count in zip(rows, epochs, counts, strict=True):
+            dead_at = self._dead_at.get((row, epoch))
+            if dead_at is not None and count > dead_at:
+                self._end(row, epoch)
+        self._dead_at.clear()
+
     def _note_dead_ends(self, mask: torch.Tensor, filled: slice | list[int], rows: np.ndarray,
-                        epochs: np.ndarray) -> bool:
-        """Note the rows (mask rows `filled`, mirror rows `rows`) whose mask allows nothing;
-        True if any. Their matchers are not advanced again."""
-        dead = np.flatnonzero(~mask.numpy()[filled].any(axis=1)).tolist()
-        for j in dead:
-            row, epoch = int(rows[j]), int(epochs[j])
-            self._entries[row].broken = True
-            self.dead_ends.add((row, epoch))
-        return bool(dead)
+                        epochs: np.ndarray) -> None:
+        """Note the rows (mask rows `filled`, mirror rows `rows`) whose mask allows nothing.
+        A row that walked draft proposals is left to the verify (_fill_verify)."""
+        for j in np.flatnonzero(~mask.numpy()[filled].any(axis=1)).tolist():
+            row = int(rows[j])
+            if row not in self._walked:
+                self._end(row, int(epochs[j]))
+
+    def _end(self, row: int, epoch: int) -> None:
+        """The grammar of `row` allowed no token where the step drew one: its request ends
+        (take_dead_ends) and its matcher is not advanced again."""
+        self._entries[row].broken = True
+        self.dead_ends.add((row, epoch))
 
     def take_dead_ends(self, step: PendingStep) -> list[tuple[int, str]]:
         """(seq id, why) for the entries of the step just launched whose grammar allowed no
@@ -326,10 +311,13 @@ class GrammarBook:
         """Advance the matchers of the entries `on` selects (constrained rows) by their
         tokens: one per entry, or counts[i] for entry i (a verify's accepted proposals and
         the draw after them), in order."""
-        if counts is None:
+        verified = counts is not None
+        if not verified:
             counts = np.ones(len(rows), np.int64)
         ends, counts = np.cumsum(counts).tolist(), counts.tolist()
         rows, epochs, tokens = rows.tolist(), epochs.tolist(), tokens.tolist()  # item by item
+        if verified and self._dead_at:
+            self._end_reached_dead_ends(rows, epochs, counts)
         for i in np.flatnonzero(on).tolist():
             entry = self._entries.get(rows[i])
             if entry is None or entry.epoch != epochs[i] or entry.broken:

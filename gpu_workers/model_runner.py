@@ -252,9 +252,9 @@ class ModelRunner:
             pending = settle_verified(PendingStep(
                 step_id=plan.step_id, table=table,
                 seq_ids=[seq_ids[i] for i in batch.sample_entries], rows=batch.sample_rows,
-                positions=start, epochs=start, tokens=tokens, logprobs=logprobs, top=top,
-                failures=failures), batch, spec, self.stream)
-            self._accept_grammars(pending, table.epoch[pending.rows], pending.counts)
+                positions=start, epochs=table.epoch[batch.sample_rows], tokens=tokens,
+                logprobs=logprobs, top=top, failures=failures), batch, spec, self.stream)
+            self._accept_grammars(pending, pending.epochs, pending.counts)
             return pending
         pos, epochs = table.append_placeholders(batch.sample_rows)
         pending = PendingStep(

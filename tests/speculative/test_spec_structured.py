@@ -126,6 +126,43 @@ def test_verify_masks_follow_the_proposals_and_leave_the_matcher_where_it_was(
     assert torch.equal(again[0] == 0, allowed([]))
 
 
+def _ended(tiny_qwen3_dir, tokenizer, regex: str, **how):
+    """Greedy output of a request whose prompt repeats "xqz." under `regex`, and the errors
+    the steps' results ended requests with."""
+    params = SamplingParams(temperature=0.0, max_tokens=12, structured_outputs={"regex": regex})
+    reqs = [AddRequest(0, tokenizer.encode("xqz." * 4), params, [EOS])]
+    out, _, worker = generate(tiny_qwen3_dir, reqs, **how)
+    return out[0], [error for result in worker.results for error in result.ended_errors]
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_a_grammar_that_dies_past_accepted_proposals_ends_the_request(tiny_qwen3_dir,
+                                                                     tokenizer, draft):
+    """After "xqz." the grammar allows nothing, and each token before is the only one it
+    allows: the proposals (n-gram lookup in the prompt, or the target as its own draft) walk
+    it there and are all accepted, so the verify draws at the dead position and the request
+    ends with the dead-end error, as without speculation."""
+    from gpu_workers.grammar_book import DEAD_END
+
+    regex = r"xqz\.[^\d\D]"
+    how = dict(k=3, draft=tiny_qwen3_dir) if draft else dict(k=4, ngram=2)
+    expected = (FinishReason.ERROR, [DEAD_END])
+    (_, reason), ended = _ended(tiny_qwen3_dir, tokenizer, regex)
+    assert (reason, ended) == expected
+    (_, reason), ended = _ended(tiny_qwen3_dir, tokenizer, regex, **how)
+    assert (reason, ended) == expected
+
+
+def test_a_dead_position_the_verify_does_not_reach_leaves_the_request_alone(tiny_qwen3_dir,
+                                                                           tokenizer):
+    """The n-gram proposals "qz.x" lead to a dead end after "xqz."; the grammar also allows
+    "xqy..", which the target prefers: it rejects "z" and goes on as without speculation."""
+    regex = r"xq(z\.[^\d\D]|y+)"
+    base = _ended(tiny_qwen3_dir, tokenizer, regex)
+    assert tokenizer.decode(base[0][0]).startswith("xqy") and base[1] == []
+    assert _ended(tiny_qwen3_dir, tokenizer, regex, k=4, ngram=2) == base
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_with_cuda_graphs(tiny_qwen3_dir, tokenizer, draft_dir):
     """Verify steps replay CUDA graphs there; the masks are applied on the device."""

@@ -1,8 +1,12 @@
 """GrammarBook's masks land on the constrained rows alone, wherever those rows sit in the
 batch (the compact host rows are scattered on the device when they are not the first ones),
-whatever the number of fill threads, and on the GPU as on the CPU."""
+whatever the number of fill threads, and on the GPU as on the CPU. A mask that allows nothing
+ends its request where the step draws from it: in a verify step, only where the verify
+accepted the proposals that lead to it."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -89,8 +93,6 @@ def test_a_grammar_that_allows_nothing_is_noted_once_and_masked_no_more(json_dir
     """A regex that matches nothing, and one with nothing after its first character: the
     row is a dead end where its mask allows no token (the step's result ends its request),
     its matcher is not advanced again, and a later step masks it no more."""
-    from types import SimpleNamespace
-
     book = GrammarBook(json_dir, VOCAB)
     book.add(0, 3, structured_from_user({"regex": r"[^\s\S]"}), [])
     book.add(1, 3, structured_from_user({"regex": r"a[^\d\D]"}), [])
@@ -109,3 +111,56 @@ def test_a_grammar_that_allows_nothing_is_noted_once_and_masked_no_more(json_dir
     assert book.take_dead_ends(step) == [(11, grammar_book.DEAD_END)]
     assert (logits[0] == 0).all()  # the first dead end: no longer masked
     assert (logits[2] == 0).sum() < VOCAB  # the live grammar still is
+
+
+DIES = structured_from_user({"regex": r"Q(R[^\d\D]|S+)"})
+"""After "QR" the grammar allows nothing; after "QS", more S or the end."""
+
+
+def _step(n: int) -> SimpleNamespace:
+    """A launched step of entries 0..n-1 (mirror rows 0..n-1, epoch 3, seq ids 10, 11, ..)."""
+    return SimpleNamespace(seq_ids=[10 + i for i in range(n)], rows=np.arange(n),
+                           epochs=np.full(n, 3))
+
+
+def test_a_verify_ends_a_request_at_a_dead_position_only_where_it_reaches_it(json_dir):
+    """Entries 0 and 1 propose "QR", after which nothing is allowed: entry 0 accepts both
+    (its bonus draw comes from the dead mask) and ends; entry 1 rejects "R" and goes on,
+    its grammar after "QS". Entry 2's grammar allows nothing from the start: it ends."""
+    book = GrammarBook(json_dir, VOCAB)
+    q, r, s = _token_ids(book, "QRS")
+    for row in (0, 1):
+        book.add(row, 3, DIES, [])
+    book.add(2, 3, structured_from_user({"regex": r"[^\s\S]"}), [])
+    step, on = _step(3), np.array([True, True, True])
+    logits = torch.zeros(7, VOCAB)
+    book.mask_logits(logits, step.rows, step.epochs, on, [np.array([q, r])] * 2 + [np.array([])])
+    assert not (logits[2] == 0).any() and not (logits[5] == 0).any()  # after "QR"
+    assert book.dead_ends == set()  # the verify has not said yet
+    book.accept(step.rows, step.epochs, np.array([q, r, 0, q, s, 0]), on, np.array([3, 2, 1]))
+    assert book.take_dead_ends(step) == [(10, grammar_book.DEAD_END), (12, grammar_book.DEAD_END)]
+    logits = torch.zeros(3, VOCAB)
+    book.mask_logits(logits, step.rows, step.epochs, on)
+    assert (logits[0] == 0).all() and (logits[2] == 0).all()  # ended: masked no more
+    assert torch.equal(logits[1] == 0, allowed_after(book.compiled(DIES).result(), [q, s], VOCAB))
+    assert book.take_dead_ends(step) == []
+
+
+def test_a_dead_position_after_draft_proposals_is_left_to_the_verify(json_dir):
+    """A draft step masked after the walked proposals "QR" allows nothing; the draft's mask
+    does not end the request, the verify's result decides: this one rejects "R", so the
+    request goes on."""
+    book = GrammarBook(json_dir, VOCAB)
+    q, r, s = _token_ids(book, "QRS")
+    book.add(0, 3, DIES, [])
+    step, on = _step(1), np.array([True])
+    for token in (q, r):
+        book.mask_logits(torch.zeros(1, VOCAB), step.rows, step.epochs, on)
+        book.walk(step.rows, step.epochs, np.array([token]), on)
+    dead = torch.zeros(1, VOCAB)
+    book.mask_logits(dead, step.rows, step.epochs, on)
+    assert not (dead == 0).any() and book.dead_ends == set()
+    book.unwind()
+    book.mask_logits(torch.zeros(3, VOCAB), step.rows, step.epochs, on, [np.array([q, r])])
+    book.accept(step.rows, step.epochs, np.array([q, s]), on, np.array([2]))
+    assert book.take_dead_ends(step) == []
