@@ -6,7 +6,8 @@ small struct and no nested JSON values. Two levels of checking:
   * the struct's own check (on every decode, cheap): a known kind and a bounded spec;
   * `check_compiles` where a request is made (SamplingParams, the HTTP body, the tokenizer):
     xgrammar parses the spec, so a bad schema, regex or grammar is refused there with an error
-    naming the field, before the request reaches the scheduler.
+    naming the field, before the request reaches the scheduler; so is a schema with a keyword
+    xgrammar would skip (protocol.schema_keywords).
 xgrammar (and torch beneath it) is imported only by the checks and by `build_grammar`.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.outcomes import FieldError
+from protocol.schema_keywords import first_unenforced
 from protocol.wire_registry import struct
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
@@ -115,13 +117,30 @@ def _spec_text(kind: str, raw: Any, where: str) -> str:
 
 
 def check_compiles(spec: StructuredOutputs, field: str = FIELD) -> None:
-    """xgrammar parses the spec (no tokenizer needed: cheap next to compiling it)."""
+    """xgrammar parses the spec (no tokenizer needed: cheap next to compiling it), and a
+    schema may use only keywords its grammar enforces: xgrammar skips some silently, and
+    the output would then break the schema. Every way a request comes in passes here."""
+    where = f"{field}.{spec.kind}"
+    if spec.kind == "json":
+        _check_enforced(spec.spec, where)
     try:
         build_grammar(spec)
     except Exception as exc:  # xgrammar raises RuntimeError/ValueError/its own kinds
-        where = f"{field}.{spec.kind}"
         raise StructuredOutputsError(
             where, f"{where} cannot be compiled: {short_error(exc)}") from None
+
+
+def _check_enforced(schema_text: str, where: str) -> None:
+    """Refuse a schema that relies on a keyword xgrammar would skip, naming it and where."""
+    try:
+        schema = json.loads(schema_text)
+    except (ValueError, RecursionError):
+        return  # xgrammar's own parse says what is wrong
+    found = first_unenforced(schema)
+    if found is not None:
+        raise StructuredOutputsError(
+            where, f'{where} uses "{found.keyword}" at {found.path}, which structured outputs '
+                   f"cannot enforce ({found.reason}); the output could break the schema")
 
 
 _XGRAMMAR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")

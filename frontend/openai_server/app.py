@@ -129,7 +129,8 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
         key = client_key(request, body.user)
         choices = [({**prompt, "client_key": key}, p) for prompt in body.prompt_kwargs()
                    for p in params]
-        return await _respond(request, client, choices, body.stream, fmt, drained)
+        return await _respond(request, client, choices, body.stream, fmt, drained,
+                              body.constraint_field())
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -139,7 +140,8 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
         fmt = ChatFormat(model_name, body.include_usage, len(params), tools=body.tool_plan())
         messages = {"messages": body.wire_messages(), "client_key": client_key(request, body.user)}
         choices = [(messages, p) for p in params]
-        return await _respond(request, client, choices, body.stream, fmt, drained)
+        return await _respond(request, client, choices, body.stream, fmt, drained,
+                              body.constraint_field())
 
     return app
 
@@ -150,7 +152,8 @@ def _is_dead(client: AsyncClient) -> bool:
 
 
 async def _respond(request: Request, client: AsyncClient, choices: list[Choice], stream: bool,
-                   fmt: CompletionFormat | ChatFormat, drained: asyncio.Event) -> Response:
+                   fmt: CompletionFormat | ChatFormat, drained: asyncio.Event,
+                   constrained_by: str | None) -> Response:
     if _is_dead(client):
         raise EngineDeadError(client.dead_reason or "the pipeline is not running")
-    return await answer(request, client, choices, stream, fmt, drained)
+    return await answer(request, client, choices, stream, fmt, drained, constrained_by)

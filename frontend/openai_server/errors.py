@@ -68,12 +68,16 @@ def in_body_words(message: str) -> str:
                              message)
 
 
-def http_param(field: str | None) -> str | None:
+def http_param(field: str | None, constrained_by: str | None = None) -> str | None:
     """The body's name of a field the engine names as a GenerateRequest field
-    ("params.max_tokens" is `max_tokens`, "prompt_token_ids" is `prompt`)."""
+    ("params.max_tokens" is `max_tokens`, "prompt_token_ids" is `prompt`). The engine calls
+    every output constraint "params.structured_outputs"; `constrained_by` is the body field
+    that set it (response_format, tool_choice...), which is what the client can fix."""
     if field is None:
         return None
     name = field.removeprefix("params.")
+    if constrained_by is not None and name.split(".")[0] == "structured_outputs":
+        return constrained_by
     return _BODY_NAMES.get(name, name)
 
 
@@ -108,9 +112,10 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     return invalid(f"{param}: {msg}" if param else msg, param or None)
 
 
-def api_error(exc: BaseException) -> ApiError:
+def api_error(exc: BaseException, constrained_by: str | None = None) -> ApiError:
     """What the client is told about `exc`: its own mistakes 400, busy 429, a dead engine 503,
-    a request the engine could not run or a bug 500."""
+    a request the engine could not run or a bug 500. `constrained_by`: the body field that
+    constrained the request's output (see http_param)."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, ConnectionLostError):
@@ -127,5 +132,6 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, RequestRejected) and exc.kind is ErrorKind.REQUEST_FAILED:
         return ApiError(500, str(exc), type="server_error")
     if isinstance(exc, RequestFieldError | RequestRejected):
-        return ApiError(400, in_body_words(str(exc)), param=http_param(exc.field))
+        return ApiError(400, in_body_words(str(exc)),
+                        param=http_param(exc.field, constrained_by))
     return ApiError(500, f"internal error: {exc}", type="server_error")

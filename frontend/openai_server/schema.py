@@ -119,6 +119,13 @@ class _SamplingRequest(BaseModel):
                           "output", "structured_outputs")
         return from_format or given
 
+    def constraint_field(self) -> str | None:
+        """The body field that constrains the output: an engine error about the constraint
+        (one that cannot be completed) names it, as the client wrote it."""
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            return "response_format"
+        return "structured_outputs" if self.structured_outputs is not None else None
+
     def _check_unsupported(self) -> None:
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             raise invalid(f"n must be between 1 and {MAX_CHOICES}, got {self.n}", "n")
@@ -278,6 +285,13 @@ class ChatCompletionRequest(_SamplingRequest):
         except ToolsError as exc:
             raise invalid(str(exc), exc.field) from None
 
+    def constraint_field(self) -> str | None:
+        """tool_choice when it constrains the output (required or a named function)."""
+        plan = self.tool_plan()
+        if plan is not None and plan.structured_outputs() is not None:
+            return "tool_choice"
+        return super().constraint_field()
+
     def wire_messages(self) -> list[ChatMessage]:
         messages = [m.as_dict() for m in self.messages]
         plan = self.tool_plan()
@@ -296,8 +310,8 @@ class ChatCompletionRequest(_SamplingRequest):
             try:
                 structured = structured_from_user(plan.structured_outputs())
             except StructuredOutputsError as exc:
-                raise invalid(f"tools: a function's parameters cannot be compiled: {exc}",
-                              "tools") from None
+                raise invalid(f"tools: a function's parameters cannot constrain the output: "
+                              f"{exc}", "tools") from None
         top = self.top_logprobs or 0
         if not 0 <= top <= MAX_TOP_LOGPROBS:
             raise invalid(

@@ -14,10 +14,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from frontend.client.outputs import RequestRejected
 from frontend.openai_server.draining import shutting_down
 from frontend.openai_server.errors import api_error
 from frontend.openai_server.responses import ChatFormat, CompletionFormat
 from protocol import SamplingParams
+from protocol.client_messages import RequestFieldError
 
 if TYPE_CHECKING:
     from frontend.client.async_client import AsyncClient
@@ -73,25 +75,35 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def answer(request: Request, client: AsyncClient, choices: list[Choice], stream: bool,
-                 fmt: CompletionFormat | ChatFormat, drained: asyncio.Event) -> Response:
+                 fmt: CompletionFormat | ChatFormat, drained: asyncio.Event,
+                 constrained_by: str | None = None) -> Response:
     """One engine request per choice (each prompt times `n`); a prompt shared by n choices is
     a prefix-cache hit. Once `drained` is set (the server stopping, its grace over) what
-    still runs is a 503."""
+    still runs is a 503. `constrained_by`: the body field that constrained the output, which
+    the engine's errors about that constraint are told to name (errors.http_param)."""
     if not stream:
-        outs = await _until_disconnected(request, _all_or_none(
-            [client.generate(**prompt, params=p) for prompt, p in choices]), drained)
+        outs = await _named(constrained_by, _until_disconnected(request, _all_or_none(
+            [client.generate(**prompt, params=p) for prompt, p in choices]), drained))
         return JSONResponse(fmt.response(outs))
     streams = [client.stream(**prompt, params=p) for prompt, p in choices]
     try:
         # Wait for each choice's first delta before answering 200, so a rejection is a 400.
-        firsts = await _until_disconnected(request, _all_or_none(
-            [anext(s, None) for s in streams]), drained)
+        firsts = await _named(constrained_by, _until_disconnected(request, _all_or_none(
+            [anext(s, None) for s in streams]), drained))
     except BaseException:
         await _close_all(*streams)
         raise
-    events = _sse(fmt, len(streams), _merged(firsts, streams, drained))
+    events = _sse(fmt, len(streams), _merged(firsts, streams, drained), constrained_by)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS,
                              background=BackgroundTask(_close_all, events, *streams))
+
+
+async def _named(constrained_by: str | None, work: Awaitable[T]) -> T:
+    """`work`'s result; an engine rejection becomes the HTTP error naming the body's fields."""
+    try:
+        return await work
+    except (RequestRejected, RequestFieldError) as exc:
+        raise api_error(exc, constrained_by) from None
 
 
 async def _all_or_none(works: list[Awaitable[T]]) -> list[T]:
@@ -145,7 +157,8 @@ async def _merged(firsts: list[Any], streams: list[AsyncIterator[Any]], drained:
 
 
 async def _sse(fmt: CompletionFormat | ChatFormat, num_choices: int,
-               deltas: AsyncIterator[tuple[int, Any]]) -> AsyncIterator[bytes]:
+               deltas: AsyncIterator[tuple[int, Any]], constrained_by: str | None = None
+               ) -> AsyncIterator[bytes]:
     try:
         for chunk in fmt.start_chunks(num_choices):
             yield _event(chunk)
@@ -156,7 +169,7 @@ async def _sse(fmt: CompletionFormat | ChatFormat, num_choices: int,
             yield _event(chunk)
     except Exception as exc:
         # Headers are gone already: the error travels as an event, as OpenAI's server does.
-        yield _event(api_error(exc).body())
+        yield _event(api_error(exc, constrained_by).body())
     finally:
         await _close(deltas)
     yield b"data: [DONE]\n\n"
