@@ -14,6 +14,12 @@ Which job runs next:
 A job may be cancelled: dropped if still queued, or flagged if running (the I/O loop then
 discards its result). Finished jobs come back through `drain`; `fileno` becomes readable
 when there are some, so the I/O loop can poll it with its sockets.
+
+Jobs come back in the order their client sent them (within a size class): a job finished
+by one thread waits for the same client's earlier jobs still on another. Otherwise a thread
+slowed for a moment (its first call, a lost time slice) sends the client's first request
+to the scheduler behind all its later ones, and the scheduler, first come first served
+within a client, runs them first.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class TokenizeJob:
     result: Any = None
     """Set by the handler: what the I/O loop needs to forward the request, or an error."""
     _running: bool = field(default=False, repr=False)
+    _finished: bool = field(default=False, repr=False)
 
     @property
     def large(self) -> bool:
@@ -89,6 +96,8 @@ class TokenizePool:
         self._large = _FairQueue()
         self._large_running = 0
         self._done: deque[TokenizeJob] = deque()
+        self._sent: dict[tuple[bytes, bool], deque[TokenizeJob]] = {}
+        """Each client's unreturned jobs per size class, in the order it sent them."""
         self._bytes_by_peer: dict[bytes, int] = {}
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()
@@ -113,16 +122,22 @@ class TokenizePool:
         with self._lock:
             self._bytes_by_peer[job.peer] = self._bytes_by_peer.get(job.peer, 0) + job.size
             (self._large if job.large else self._small).push(job)
+            self._sent.setdefault((job.peer, job.large), deque()).append(job)
             self._lock.notify_all()
 
     def cancel(self, job: TokenizeJob) -> bool:
         """True if the job was still queued (it is dropped); else it is flagged cancelled."""
         with self._lock:
             job.cancelled = True
-            if job._running or not (self._large if job.large else self._small).remove(job):
+            if job._running or job._finished or not (
+                    self._large if job.large else self._small).remove(job):
                 return False
             self._release(job)
-            return True
+            self._sent[(job.peer, job.large)].remove(job)
+            returned = self._return_in_order(job.peer, job.large)
+        if returned:  # later jobs of the client were waiting on this one
+            self._wake()
+        return True
 
     def drain(self) -> list[TokenizeJob]:
         try:
@@ -161,11 +176,17 @@ class TokenizePool:
                     self._large_running -= 1
                     self._lock.notify_all()
                 self._release(job)
-                self._done.append(job)
-            try:
-                os.write(self._wake_w, b"\0")
-            except OSError:
-                pass  # the pipe is full (the I/O loop will wake anyway) or closed
+                job._finished = True
+                returned = self._return_in_order(job.peer, job.large)
+            if returned:
+                self._wake()
+
+    def _wake(self) -> None:
+        """Make `fileno` readable: there are jobs to drain."""
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:
+            pass  # the pipe is full (the I/O loop will wake anyway) or closed
 
     def _next_job(self) -> TokenizeJob | None:
         with self._lock:
@@ -181,6 +202,19 @@ class TokenizePool:
                 job._running = True
                 return job
             return None
+
+    def _return_in_order(self, peer: bytes, large: bool) -> bool:
+        """Move the client's finished jobs that no earlier job of theirs waits on to the
+        done list (under the lock); whether any moved."""
+        key = (peer, large)
+        sent = self._sent.get(key)
+        moved = False
+        while sent and sent[0]._finished:
+            self._done.append(sent.popleft())
+            moved = True
+        if sent is not None and not sent:
+            del self._sent[key]
+        return moved
 
     def _release(self, job: TokenizeJob) -> None:
         left = self._bytes_by_peer[job.peer] - job.size

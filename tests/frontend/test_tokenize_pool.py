@@ -1,4 +1,5 @@
-"""The tokenizing pool's order: small jobs first, clients in turns, one thread kept free."""
+"""The tokenizing pool's order: small jobs first, clients in turns, one thread kept free, each
+client's jobs returned in the order it sent them."""
 
 from __future__ import annotations
 
@@ -110,4 +111,55 @@ def test_a_failing_handler_still_returns_its_job():
         (done,) = wait_done(pool, 1)
         assert isinstance(done.result, RuntimeError)
     finally:
+        pool.close()
+
+
+def test_a_clients_jobs_come_back_in_the_order_it_sent_them():
+    """A-0 is slow on one thread while the other finishes A-1 and A-2: they wait for it (the
+    scheduler serves a client first come first served), and B's job does not."""
+    release = threading.Event()
+
+    def handler(j: TokenizeJob) -> None:
+        if j.client_request_id == "A-0":
+            assert release.wait(10)
+        j.result = j.client_request_id
+
+    pool = TokenizePool([handler, handler])
+    try:
+        for name in ("A-0", "A-1", "A-2"):
+            pool.submit(job(b"A", name, SMALL))
+        pool.submit(job(b"B", "B-0", SMALL))
+        assert [j.result for j in wait_done(pool, 1)] == ["B-0"]
+        time.sleep(0.2)
+        assert pool.drain() == []  # A-1 and A-2 are done, but A-0 is not
+        release.set()
+        assert [j.result for j in wait_done(pool, 3)] == ["A-0", "A-1", "A-2"]
+    finally:
+        release.set()
+        pool.close()
+
+
+def test_a_cancelled_queued_job_holds_back_none_of_its_clients_later_ones():
+    release = threading.Event()
+
+    def handler(j: TokenizeJob) -> None:
+        if j.client_request_id.endswith("slow"):
+            assert release.wait(10)
+        j.result = j.client_request_id
+
+    pool = TokenizePool([handler, handler])
+    try:
+        pool.submit(job(b"A", "A-0-slow", SMALL))
+        pool.submit(job(b"B", "B-0-slow", SMALL))  # both threads are busy now
+        time.sleep(0.1)
+        cancelled = job(b"A", "A-1", SMALL)
+        pool.submit(cancelled)
+        pool.submit(job(b"A", "A-2", SMALL))
+        assert pool.cancel(cancelled)
+        release.set()
+        done = [j.result for j in wait_done(pool, 3)]
+        assert [name for name in done if name.startswith("A")] == ["A-0-slow", "A-2"]
+        assert "B-0-slow" in done
+    finally:
+        release.set()
         pool.close()
