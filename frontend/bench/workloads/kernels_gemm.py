@@ -33,7 +33,7 @@ def _floor_us(rows: int, n: int, k: int) -> float:
 
 
 def _time_ways(rows: int, n: int, k: int, copies: int, iters: int) -> dict[str, float]:
-    """Microseconds per call of each way of computing x @ Wᵀ over `copies` distinct weights."""
+    """Microseconds per call of each way of computing x @ Wᵀ, over `copies` distinct weights."""
     x = torch.randn(rows, k, dtype=torch.bfloat16, device="cuda")
     weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
                for _ in range(copies)]
@@ -50,16 +50,15 @@ def bench_gemm(iters: int) -> None:
     print(f"decode projections at W1's batch: {LAYERS} distinct bf16 weights per graph, "
           f"microseconds per call")
     for rows in ROWS:
-        total = {}
+        total: dict[str, float] = {}
+        floor = 0.0
         for name, (n, k) in {**PROJECTIONS, "logits": (VOCAB, 1024)}.items():
-            copies = 1 if name == "logits" else LAYERS
-            times = _time_ways(rows, n, k, copies, iters)
-            per_step = copies if name != "logits" else 1
+            calls = 1 if name == "logits" else LAYERS  # per decode step, distinct weights
+            times = _time_ways(rows, n, k, calls, iters)
+            floor += _floor_us(rows, n, k) * calls
             for way, us in times.items():
-                total[way] = total.get(way, 0.0) + us * per_step
+                total[way] = total.get(way, 0.0) + us * calls
             print(f"  {rows} rows {name:12s} floor {_floor_us(rows, n, k):6.1f}: "
                   + ", ".join(f"{way} {us:6.1f}" for way, us in times.items()))
-        floor = sum(_floor_us(rows, n, k) * LAYERS for n, k in PROJECTIONS.values())
-        floor += _floor_us(rows, VOCAB, 1024)
         print(f"  {rows} rows, a step's products: floor {floor / 1e3:.3f} ms; "
               + ", ".join(f"{way} {us / 1e3:.3f} ms" for way, us in total.items()))
