@@ -129,15 +129,15 @@ class TokenizePool:
         """True if the job was still queued (it is dropped); else it is flagged cancelled."""
         with self._lock:
             job.cancelled = True
-            if job._running or job._finished or not (
-                    self._large if job.large else self._small).remove(job):
+            if job._running or not (self._large if job.large else self._small).remove(job):
                 return False
             self._release(job)
-            self._sent[(job.peer, job.large)].remove(job)
-            returned = self._return_in_order(job.peer, job.large)
-        if returned:  # later jobs of the client were waiting on this one
-            self._wake()
-        return True
+            # Still queued, so no later job of its client has run: none waits on it.
+            key = (job.peer, job.large)
+            self._sent[key].remove(job)
+            if not self._sent[key]:
+                del self._sent[key]
+            return True
 
     def drain(self) -> list[TokenizeJob]:
         try:
@@ -207,12 +207,12 @@ class TokenizePool:
         """Move the client's finished jobs that no earlier job of theirs waits on to the
         done list (under the lock); whether any moved."""
         key = (peer, large)
-        sent = self._sent.get(key)
+        sent = self._sent[key]
         moved = False
         while sent and sent[0]._finished:
             self._done.append(sent.popleft())
             moved = True
-        if sent is not None and not sent:
+        if not sent:
             del self._sent[key]
         return moved
 
