@@ -17,7 +17,6 @@ from tqdm.auto import tqdm
 from frontend.actors.request_validation import CHAT_ROLES
 from frontend.client.async_client import AsyncClient
 from frontend.client.chat_input import as_chat_message
-from frontend.client.outputs import OutputCollector
 from frontend.engine.config import ENGINE_FIELDS, EngineConfig
 from frontend.engine.pipeline import Pipeline
 from frontend.engine.prompt_input import as_requests
@@ -163,17 +162,13 @@ class LLM:
         async with AsyncClient(self.pipeline.address) as client:
 
             async def one(kwargs: dict[str, Any], sp: SamplingParams) -> dict[str, Any]:
-                collector = OutputCollector("")
-                first = True
-                async for delta in client.stream(params=sp, **kwargs):
-                    collector.add(delta)
-                    if first and delta.token_ids:
-                        meter.prefill_tokens += delta.prompt_tokens
-                        first = False
-                    meter.decode_tokens += len(delta.token_ids)
+                # The whole output in one delta: a stream would cost the detokenizer and this
+                # process a message per request per step, more than a small model's step.
+                out = await client.generate(params=sp, **kwargs)
+                meter.prefill_tokens += out.prompt_tokens
+                meter.decode_tokens += out.completion_tokens
                 bar.update(1)
                 bar.set_postfix_str(meter.postfix(), refresh=False)
-                out = collector.output()
                 result = {"text": out.text, "token_ids": out.token_ids,
                           "finish_reason": out.finish_reason, "metrics": out.metrics}
                 if sp.logprobs:
@@ -309,6 +304,8 @@ def _message(message: Any, where: str) -> dict[str, str]:
 
 
 class _Throughput:
+    """The progress bar's speeds, counted from finished requests (as vLLM's estimate is)."""
+
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.prefill_tokens = 0
@@ -316,5 +313,5 @@ class _Throughput:
 
     def postfix(self) -> str:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
-        return (f"Prefill: {self.prefill_tokens / elapsed:.0f}tok/s, "
-                f"Decode: {self.decode_tokens / elapsed:.0f}tok/s")
+        return (f"est. speed input: {self.prefill_tokens / elapsed:.0f} tok/s, "
+                f"output: {self.decode_tokens / elapsed:.0f} tok/s")

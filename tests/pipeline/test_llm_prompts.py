@@ -98,3 +98,23 @@ def test_a_closed_llm_says_so(tiny_qwen3_dir):
                  lambda: llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)):
         with pytest.raises(RuntimeError, match="this LLM is closed"):
             call()
+
+
+def test_generate_takes_each_output_whole(llm, monkeypatch):
+    """A stream would be a message per request per step, to the detokenizer and to this
+    process; on a small model's short steps the user's process fell behind the engine."""
+    from frontend.client.async_client import AsyncClient
+
+    deltas: list[str] = []
+    next_delta = AsyncClient._next
+
+    async def counted(self, request_id, q):
+        delta = await next_delta(self, request_id, q)
+        deltas.append(request_id)
+        return delta
+
+    monkeypatch.setattr(AsyncClient, "_next", counted)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    results = llm.generate(["The capital", IDS, IDS], params, use_tqdm=False)
+    assert [len(r["token_ids"]) for r in results] == [12, 12, 12]
+    assert len(deltas) == len(set(deltas)) == 3
