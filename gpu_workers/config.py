@@ -61,9 +61,9 @@ class WorkerConfig:
     """GiB of host memory per rank for the host KV tier (0: off)."""
     enforce_eager: bool = False
     """Disable CUDA graphs for decode batches."""
-    precompile_kernels: bool = False
+    precompile_kernels: bool = True
     """A start with no cached peak memory compiles its Triton kernels on parallel processes
-    before its first step (gpu_workers.startup_kernels); opt-in until measured."""
+    before its first step (gpu_workers.startup_kernels)."""
     peer_all_reduce: bool = False
     """Ranks on one host all-reduce small tensors through each other's memory (one kernel)
     instead of NCCL's ring (gpu_workers.layers.peer_all_reduce); opt-in until measured."""

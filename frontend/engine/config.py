@@ -134,10 +134,10 @@ class EngineConfig:
         "compute capability 8.9 or newer", choices=KV_CACHE_DTYPES)
     enforce_eager: bool = option(False, "no CUDA graphs for decode")
     precompile_kernels: bool = option(
-        False, "on a first start (nothing in nanopipe's cache for this configuration), find "
-        "the Triton kernels start-up will compile and compile them on parallel processes "
-        "first (one tensor-parallel rank); on an H200 a cold start took 15.6 s with it and "
-        "21.3 s without; off by default until its KV sizing is checked again on a GPU")
+        True, "compile a first start's Triton kernels one after another as start-up meets "
+        "them, instead of finding them first and compiling them on parallel processes (one "
+        "tensor-parallel rank; on an H200 a cold start took 15.6 s with the parallel compile "
+        "and 21.3 s without)", flags=("--no-precompile-kernels",))
     peer_all_reduce: bool = option(
         False, "tensor-parallel ranks on one host all-reduce tensors up to 8 MiB through each "
         "other's memory (PyTorch symmetric memory, one kernel) instead of NCCL; not yet "
