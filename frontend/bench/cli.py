@@ -2,7 +2,8 @@
 
 The named module (frontend.bench.registry) adds its own flags to the shared ones and runs;
 the figures it returns are printed with their ratios to the hardware bound and the peer, and
-with --record FILE appended as one JSON record (frontend.bench.record).
+with --record FILE appended as one JSON record (frontend.bench.record); both name the device
+ceilings the run's bounds were taken at (frontend.bench.ceilings).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shlex
 import sys
 from types import ModuleType
 
+from frontend.bench.ceilings import used_ceilings
 from frontend.bench.errors import BenchFailed, BenchUsageError
 from frontend.bench.figures import as_record, print_figures
 from frontend.bench.registry import BENCHMARKS, PROFILES, Entry
@@ -93,11 +95,11 @@ def run_entry(kind: str, table: dict[str, Entry], argv: list[str]) -> int:
     except (BenchUsageError, ConfigError) as exc:  # a flag, or a value the engine refuses
         ap.error(str(exc))
     except BenchFailed as exc:
-        print_figures(exc.figures, args.peer[0] if args.peer else None)
+        print_figures(exc.figures, args.peer[0] if args.peer else None, used_ceilings())
         print(f"{prog}: FAILED: {exc}", file=sys.stderr, flush=True)
         return 1
     peer = args.peer[0] if args.peer else None
-    print_figures(figures, peer)
+    print_figures(figures, peer, used_ceilings())
     if args.record:
         from frontend.bench.record import append, make_record, portable
 
@@ -107,7 +109,7 @@ def run_entry(kind: str, table: dict[str, Entry], argv: list[str]) -> int:
         workload = name if kind == "bench" else f"profile {name}"
         command = shlex.join(["nanopipe", kind, name, *portable(rest)])
         append(args.record, make_record(workload, command, args.device, as_record(figures),
-                                        args.notes))
+                                        args.notes, used_ceilings()))
         print(f"recorded in {args.record}", flush=True)
     return 0
 

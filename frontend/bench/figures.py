@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frontend.bench.ceilings import DeviceCeilings
+
 
 def fmt(x: float) -> str:
     """A figure as people read it: thousands separated, four significant digits below."""
@@ -62,12 +64,17 @@ class Figure:
         return out
 
 
-def print_figures(figures: list[Figure], peer_name: str | None = None) -> None:
+def print_figures(figures: list[Figure], peer_name: str | None = None,
+                  ceilings: DeviceCeilings | None = None) -> None:
+    """The figures, one a line, and the ceilings their hardware bounds were taken at."""
     if not figures:
         return
     print("figures:", flush=True)
     for f in figures:
         print(f"  {f.line(peer_name)}", flush=True)
+    if ceilings is not None and any(f.bound is not None and f.bound_name is None
+                                    for f in figures):
+        print(f"  hardware bound at: {ceilings.describe()}", flush=True)
 
 
 def as_record(figures: list[Figure]) -> dict[str, float]:

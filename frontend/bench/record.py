@@ -1,11 +1,14 @@
 """One JSON line per benchmark run, appended to a results file (docs/benchmarks/results.jsonl):
 
     {"workload", "command", "date", "hardware", "commit", "figures": {NAME: number, ...},
-     "notes"?}
+     "notes"?, "ceilings"?: {"copy_tb_s", "matmul_tflop_s", "measured", "device"}}
 
 `figures` holds each figure and, where known, NAME/bound and NAME/peer (its ratios); `commit`
-is null where unknown; `notes` is there when given. The command keeps no path of the machine
-it ran on (`portable`).
+is null where unknown; `notes` is there when given; `ceilings` are the device's copy
+bandwidth and matmul rate that the run's hardware bounds used (frontend.bench.ceilings;
+`measured` false: the nominal H200 figures), there when the run computed a bound (older
+records have none: their bounds used the nominal figures). The command keeps no path of the
+machine it ran on (`portable`).
 Reading is tolerant: a line that is not such a record is counted and skipped, so a hand
 edit or an older format never stops `nanopipe bench report`.
 """
@@ -19,6 +22,8 @@ import platform
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from frontend.bench.ceilings import DeviceCeilings
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +39,8 @@ class Record:
     figures: dict[str, float] = field(default_factory=dict)
     notes: str = ""
     """What else a reader needs (the lease, what changed); left out of the line when empty."""
+    ceilings: DeviceCeilings | None = None
+    """The ceilings the figures' bounds used; None where the run computed no hardware bound."""
 
 
 def hardware(device: str | None) -> str:
@@ -70,10 +77,10 @@ def commit() -> str | None:
 
 
 def make_record(workload: str, command: str, device: str | None, figures: dict[str, float],
-                notes: str = "") -> Record:
+                notes: str = "", ceilings: DeviceCeilings | None = None) -> Record:
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     return Record(workload, command, now.isoformat().replace("+00:00", "Z"), hardware(device),
-                  commit(), figures, notes)
+                  commit(), figures, notes, ceilings)
 
 
 def portable(argv: list[str], cwd: Path | None = None, home: Path | None = None) -> list[str]:
@@ -105,6 +112,10 @@ def append(path: str | Path, record: Record) -> None:
     line = asdict(record)
     if not line["notes"]:
         del line["notes"]
+    if record.ceilings is None:
+        del line["ceilings"]
+    else:
+        line["ceilings"] = record.ceilings.record()
     with path.open("a") as f:
         f.write(json.dumps(line) + "\n")
 
@@ -123,7 +134,7 @@ def _parse(line: str) -> Record | None:
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return Record(raw["workload"], str(raw.get("command", "")), str(raw.get("date", "")),
                   str(raw.get("hardware", "")), str(raw.get("commit") or ""), numbers,
-                  str(raw.get("notes") or ""))
+                  str(raw.get("notes") or ""), DeviceCeilings.from_record(raw.get("ceilings")))
 
 
 def read(path: str | Path) -> tuple[list[Record], int]:

@@ -12,8 +12,10 @@ hides another's.
     nanopipe bench report --results FILE --doc FILE --plots DIR
 
 Tolerant by design: unreadable lines are skipped and counted, a record without the
-workload's headline figure shows its first figure, an unknown workload is tabled as it is,
-and without matplotlib the table is still written (the plots are skipped, saying so).
+workload's headline figure shows its first figure, an unknown workload is tabled as it is, a
+record without the device ceilings its bound used (one from before they were recorded) shows
+the ratio alone, and without matplotlib the table is still written (the plots are skipped,
+saying so).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import re
 import shlex
 from pathlib import Path
 
+from frontend.bench.ceilings import DeviceCeilings
 from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure, fmt
 from frontend.bench.record import Record, read
@@ -108,6 +111,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def bound_cell(ratio: float | None, ceilings: DeviceCeilings | None) -> str:
+    """The ratio to the bound, and the ceilings it was taken at where the record has them."""
+    if ratio is None:
+        return "-"
+    if ceilings is None:
+        return f"{ratio:.3f}"
+    return (f"{ratio:.3f} at {ceilings.copy_tb_s:.3g} TB/s, {ceilings.matmul_tflop_s:.0f} "
+            f"TFLOP/s" + ("" if ceilings.measured else " (nominal)"))
+
+
 def table(records: dict[str, Record], plots: dict[str, str]) -> str:
     rows = ["| workload | figure | value | of the bound | vs peer | hardware | commit | date "
             "| command |",
@@ -120,7 +133,7 @@ def table(records: dict[str, Record], plots: dict[str, str]) -> str:
         label = f"[{row}]({plots[row]})" if row in plots else row
         rows.append("| " + " | ".join(_cell(c) for c in (
             label, name, "-" if value is None else fmt(value),
-            "-" if bound is None else f"{bound:.3f}", "-" if peer is None else f"{peer:.3f}x",
+            bound_cell(bound, rec.ceilings), "-" if peer is None else f"{peer:.3f}x",
             rec.hardware or "-", rec.commit or "-", rec.date[:10] or "-",
             f"`{rec.command}`" if rec.command else "-")) + " |")
     return "\n".join(rows)

@@ -1,6 +1,6 @@
 """`nanopipe bench` and `nanopipe profile` as a user runs them: every CPU-capable workload end to
-end on a tiny model with --record, the record it appends, and `nanopipe bench report` turning
-records into the page's table and plots; the registry's contract; one-line usage errors."""
+end on a tiny model with --record and the record it appends (the report that reads them:
+test_report.py); the registry's contract; one-line usage errors."""
 
 from __future__ import annotations
 
@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 
 from frontend.bench.cli import add_shared
-from frontend.bench.figures import Figure
-from frontend.bench.record import portable, read
+from frontend.bench.record import portable
 from frontend.bench.registry import BENCHMARKS, PROFILES
 
 pytestmark = pytest.mark.slow  # the benchmark tool's runs
 
 ROOT = Path(__file__).resolve().parents[2]
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RECORD_KEYS = {"workload", "command", "date", "hardware", "commit", "figures"}
 
 
@@ -38,12 +36,17 @@ def nanopipe(*args: str, ok: bool = True, cwd: Path = ROOT,
     return done
 
 
-def recorded(path: Path, workload: str, notes: str | None = None) -> dict[str, float]:
-    """The one record the run appended: its keys, workload, command and figures."""
+def recorded(path: Path, workload: str, notes: str | None = None,
+             measured: bool | None = None) -> dict[str, float]:
+    """The one record the run appended: its keys, workload, command and figures, and the
+    device ceilings of its hardware bound (measured or nominal) where `measured` is given."""
     lines = path.read_text().splitlines()
     assert len(lines) == 1
     raw = json.loads(lines[0])
-    assert set(raw) == RECORD_KEYS | ({"notes"} if notes else set())
+    assert set(raw) == (RECORD_KEYS | ({"notes"} if notes else set())
+                        | ({"ceilings"} if measured is not None else set()))
+    if measured is not None:
+        assert raw["ceilings"]["measured"] is measured and raw["ceilings"]["copy_tb_s"] > 0
     assert raw["workload"] == workload and raw.get("notes") == notes
     assert raw["command"].startswith("nanopipe ") and raw["date"].endswith("Z")
     assert raw["hardware"] and raw["commit"] and raw["figures"]
@@ -82,16 +85,6 @@ def test_usage_errors_are_one_line():
     assert bad_dtype.returncode == 2 and "--dtype float17: not a torch dtype" in bad_dtype.stderr
 
 
-def test_a_figure_prints_its_ratios():
-    tok = Figure("output_tok_s", 25_000.0, "tok/s", bound=35_800.0, peer=16_668.0)
-    assert tok.line("nano-vllm") == ("output_tok_s: 25,000 tok/s  [0.6983 of the hardware bound "
-                                     "(35,800 tok/s); 1.500x nano-vllm (16,668 tok/s)]")
-    assert tok.record() == {"output_tok_s": 25_000.0, "output_tok_s/bound": 0.6983,
-                            "output_tok_s/peer": 1.5}
-    tpot = Figure("tpot_ms", 2.0, "ms", bound=0.5, higher_is_better=False)
-    assert tpot.ratio_to_bound == 0.25 and tpot.ratio_to_peer is None
-
-
 @pytest.mark.slow
 def test_throughput_records_its_figures(tiny_qwen3_dir, tmp_path):
     rec = tmp_path / "results.jsonl"
@@ -99,10 +92,11 @@ def test_throughput_records_its_figures(tiny_qwen3_dir, tmp_path):
                    "--num-seqs", "3", "--max-input-len", "40", "--max-output-len", "8",
                    "--kv-cache-bytes", str(4 << 20), "--modes", "ahead,runtime",
                    "--record", str(rec)).stdout
-    figures = recorded(rec, "throughput")
+    figures = recorded(rec, "throughput", measured=False)  # the nominal figures on a CPU
     assert figures["output_tok_s"] > 0 and figures["output_tok_s[runtime]"] > 0
     assert 0 < figures["output_tok_s/bound"] < 1 and 0 <= figures["gpu_idle_pct[ahead]"] < 100
     assert "of the hardware bound" in out.split("figures:")[1]
+    assert "hardware bound at: copy 4.3 TB/s, bf16 matmul 790 TFLOP/s, nominal H200" in out
 
 
 @pytest.mark.slow
@@ -134,7 +128,7 @@ def test_latency_records_tpot_against_its_floor(tiny_qwen3_dir, tmp_path):
     nanopipe("bench", "latency", "--model", tiny_qwen3_dir, "--device", "cpu",
              "--prompt-len", "32", "--max-tokens", "8", "--reps", "2", "--hop-iters", "200",
              "--record", str(rec))
-    figures = recorded(rec, "latency")
+    figures = recorded(rec, "latency", measured=False)
     assert figures["tpot_ms"] > 0 and figures["ttft_ms"] > 0 and figures["tpot_ms[direct]"] > 0
     assert 0 < figures["tpot_ms/bound"] < 1  # a tiny model on a CPU is far from the H200 floor
     assert figures["zmq_hop_us[result]"] > 0 and figures["zmq_hop_us[plan]"] > 0
@@ -207,7 +201,7 @@ def test_tp_parity_and_w1_per_size_over_gloo(tiny_qwen3_dir, tmp_path):
              "--num-prompts", "2", "--max-tokens", "4", "--w1-num-seqs", "2",
              "--w1-max-input-len", "100", "--w1-max-output-len", "100", "--min-match", "0",
              "--record", str(rec), timeout=600)
-    figures = recorded(rec, "tp")
+    figures = recorded(rec, "tp", measured=False)
     assert 0 <= figures["parity_match@tp2"] <= 1
     assert figures["output_tok_s@tp1"] > 0 and figures["output_tok_s@tp2"] > 0
 
@@ -235,7 +229,7 @@ def test_a_recorded_command_keeps_no_machine_path(tmp_path):
 def test_kernels_record_the_sampler_against_torch(tmp_path):
     rec = tmp_path / "r.jsonl"
     nanopipe("bench", "kernels", "--only", "sampler", "--iters", "5", "--record", str(rec))
-    figures = recorded(rec, "kernels")
+    figures = recorded(rec, "kernels", measured=True)
     assert figures["sampler_us"] > 0 and figures["sampler_us/peer"] > 0
 
 
@@ -245,7 +239,7 @@ def test_throughput_on_the_gpu_records_its_ratio_to_the_bound(tmp_path):
     nanopipe("bench", "throughput", "--make-random", "smollm2-135m", "--num-seqs", "16",
              "--max-input-len", "256", "--max-output-len", "128", "--record", str(rec),
              timeout=600)
-    figures = recorded(rec, "throughput")
+    figures = recorded(rec, "throughput", measured=True)
     assert 0 < figures["output_tok_s/bound"] < 1
 
 
@@ -267,101 +261,6 @@ def test_kv_transfer_times_both_modes_between_two_processes(tmp_path):
     for mode in ("frames", "shared"):
         assert figures[f"gib_s[{mode}]"] > 0 and figures[f"ms_per_request[{mode}]"] > 0
     assert figures["shared_speedup"] > 0
-
-
-def _write_records(path: Path) -> None:
-    lines = [
-        dict(workload="throughput", command="nanopipe bench throughput --make-random qwen3-0.6b",
-             date="2026-12-01T10:00:00Z", hardware="1x NVIDIA H200", commit="aaaa",
-             figures={"output_tok_s": 24000.0, "output_tok_s/bound": 0.67}),
-        "not json at all",
-        dict(workload="throughput", command="nanopipe bench throughput --make-random qwen3-0.6b "
-             "--peer nano-vllm ~/nano-vllm", date="2026-12-03T10:00:00Z",
-             hardware="1x NVIDIA H200", commit="bbbb",
-             figures={"output_tok_s": 25000.0, "output_tok_s/bound": 0.70,
-                      "output_tok_s/peer": 1.5}),
-        dict(workload="latency", command="nanopipe bench latency --make-random qwen3-0.6b",
-             date="2026-12-02T10:00:00Z", hardware="1x NVIDIA H200", commit="cccc",
-             figures={"ttft_ms": 7.3, "tpot_ms": 1.05, "tpot_ms/bound": 0.4}),
-        dict(workload="returning", command="nanopipe bench returning", date="2026-12-03",
-             hardware="cpu", commit="dddd", figures={"prefill_tokens": 123}),
-        dict(workload="broken", figures="none"),
-        dict(workload="latency", command="nanopipe bench latency --make-random qwen3-0.6b "
-             "--max-model-len 131072 --record --notes 'a later, longer variant'",
-             date="2026-12-03T10:00:00Z", hardware="1x NVIDIA H200", commit="ffff",
-             figures={"tpot_ms": 1.09}),
-    ]
-    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
-
-
-def test_report_tables_the_latest_record_per_workload_and_plots_them(tmp_path):
-    results = tmp_path / "docs" / "benchmarks" / "results.jsonl"
-    results.parent.mkdir(parents=True)
-    _write_records(results)
-    doc = tmp_path / "docs" / "benchmarks.md"
-    doc.write_text("# Benchmarks\n\nWritten by hand, kept.\n")
-    out = nanopipe("bench", "report", cwd=tmp_path).stdout
-    assert "4 row(s) from 5 record(s), 2 unreadable line(s) skipped" in out
-    text = doc.read_text()
-    assert text.startswith("# Benchmarks\n\nWritten by hand, kept.\n")
-    rows = [line for line in text.splitlines() if line.startswith("| [")]
-    assert len(rows) == 4
-    # A peer adds a ratio to the same measurement: one row; another --max-model-len is a
-    # variant of its own, and the later record of one variant hides nothing of another's.
-    assert rows[0].startswith(
-        "| [throughput --make-random qwen3-0.6b](benchmarks/throughput-make-random-qwen3-0.6b"
-        ".png) | output_tok_s | 25,000 | 0.700 | 1.500x | 1x NVIDIA H200 | bbbb | 2026-12-03 |")
-    assert rows[1].startswith("| [latency --make-random qwen3-0.6b](benchmarks/latency-make-"
-                              "random-qwen3-0.6b.png) | tpot_ms | 1.05 | 0.400 | - |")
-    assert rows[2].startswith("| [returning](benchmarks/returning.png) | prefill_tokens | 123 |")
-    assert rows[3].startswith("| [latency --make-random qwen3-0.6b --max-model-len 131072]"
-                              "(benchmarks/latency-make-random-qwen3-0.6b-max-model-len-131072"
-                              ".png) | tpot_ms | 1.09 |")
-    for row in rows:
-        png = row.split("](benchmarks/", 1)[1].split(")", 1)[0]
-        assert (results.parent / png).read_bytes().startswith(PNG_MAGIC)
-    # Run again after one more record: the table is replaced, not appended.
-    with results.open("a") as f:
-        f.write(json.dumps(dict(workload="latency", command="c", date="2026-12-04T00:00:00Z",
-                                hardware="h", commit="eeee", figures={"tpot_ms": 1.0})) + "\n")
-    nanopipe("bench", "report", "--no-plots", cwd=tmp_path)
-    again = doc.read_text()
-    assert again.count("nanopipe bench report: begin") == 1
-    assert "| latency | tpot_ms | 1 | - | - | h | eeee | 2026-12-04 | `c` |" in again
-
-
-def test_report_reads_what_a_run_recorded(tiny_qwen3_dir, tmp_path):
-    """The record a workload appends is one the report reads back (the same format)."""
-    rec = tmp_path / "results.jsonl"
-    nanopipe("bench", "steploop", "--steps", "20", "--repeats", "1", "--record", str(rec))
-    records, skipped = read(rec)
-    assert skipped == 0 and [r.workload for r in records] == ["steploop"]
-    nanopipe("bench", "report", "--results", str(rec), "--doc", str(tmp_path / "b.md"),
-             "--no-plots")
-    assert "| steploop --steps 20 --repeats 1 | us_per_step@1 |" in (tmp_path / "b.md").read_text()
-
-
-def test_report_runs_without_torch(tmp_path):
-    """The report is plain data work: it loads neither torch nor a workload module."""
-    results = tmp_path / "results.jsonl"
-    _write_records(results)
-    code = ("import sys\n"
-            "from frontend.bench.cli import run_command\n"
-            f"assert run_command('bench', ['report', '--results', {str(results)!r}, '--doc', "
-            f"{str(tmp_path / 'b.md')!r}, '--no-plots']) == 0\n"
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith("
-            "'frontend.bench.workloads')))")
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, PYTHONPATH=path))
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]"
-
-
-def test_report_without_records_says_how_to_make_them(tmp_path):
-    done = nanopipe("bench", "report", "--results", str(tmp_path / "none.jsonl"), ok=False)
-    assert done.returncode == 2
-    assert f"no records at {tmp_path / 'none.jsonl'} (a benchmark run with --record" in done.stderr
 
 
 @pytest.mark.slow
@@ -427,12 +326,12 @@ def test_throughput_and_latency_record_their_ratio_to_a_peer(tiny_qwen3_dir, tmp
                    "--num-seqs", "3", "--max-input-len", "40", "--max-output-len", "8",
                    "--kv-cache-bytes", str(4 << 20), "--peer", "nano-vllm", peer_checkout,
                    "--record", str(rec)).stdout
-    figures = recorded(rec, "throughput")
+    figures = recorded(rec, "throughput", measured=False)
     assert figures["output_tok_s[nano-vllm]"] > 0 and figures["output_tok_s/peer"] > 0
     assert "x nano-vllm (" in out
     rec.unlink()
     nanopipe("bench", "latency", "--model", tiny_qwen3_dir, "--device", "cpu", "--prompt-len",
              "32", "--max-tokens", "24", "--reps", "3", "--hop-iters", "200", "--peer",
              "nano-vllm", peer_checkout, "--record", str(rec))
-    figures = recorded(rec, "latency")
+    figures = recorded(rec, "latency", measured=False)
     assert figures["tpot_ms/peer"] > 0 and figures["ttft_ms/peer"] > 0

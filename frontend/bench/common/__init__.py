@@ -5,12 +5,7 @@ workloads that run on a GPU)."""
 
 from frontend.bench.common.drive import drain, process, run
 from frontend.bench.common.engine_stats import StatsFollower, timed_w1_busy
-from frontend.bench.common.hardware import (
-    COPY_BYTES_PER_S,
-    MATMUL_FLOPS_PER_S,
-    Throughput,
-    hardware_bound_s,
-)
+from frontend.bench.common.hardware import Throughput, hardware_bound_s
 from frontend.bench.common.printing import emit, leading_match, sig
 from frontend.bench.common.random_model import (
     SHAPES,
@@ -33,9 +28,7 @@ from frontend.bench.common.workloads import (
 )
 
 __all__ = [
-    "COPY_BYTES_PER_S",
     "ID_CAP",
-    "MATMUL_FLOPS_PER_S",
     "SHAPES",
     "StatsFollower",
     "Throughput",

@@ -1,8 +1,9 @@
-"""The hardware bound of a workload (H200 figures) and a throughput's ratio to it.
+"""The hardware bound of a workload and a throughput's ratio to it.
 
 docs/benchmarks.md: a benchmark prints its ratio to the bound computed for its own workload. The
 bound reads every sequence's KV cache once per decode step and the weights once per step at
-the copy bandwidth, and computes the prefill FLOPs at the matmul rate.
+the copy bandwidth, and computes the prefill FLOPs at the matmul rate: the ceilings measured
+on the device at the start of the run (frontend.bench.ceilings), passed in by the caller.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-COPY_BYTES_PER_S = 4.3e12
-MATMUL_FLOPS_PER_S = 790e12
+from frontend.bench.ceilings import DeviceCeilings
 
 
-def hardware_bound_s(mc, num_params: int, work) -> tuple[float, dict]:
+def hardware_bound_s(mc, num_params: int, work,
+                     ceilings: DeviceCeilings) -> tuple[float, dict]:
     """Seconds at least for `work` ((prompt, output tokens) pairs) on a model with config
-    `mc` (a gpu_workers.ModelConfig), and the parts: KV and weight reads, prefill FLOPs."""
+    `mc` (a gpu_workers.ModelConfig) on a device with these ceilings, and the parts: KV and
+    weight reads, prefill FLOPs."""
     kv_tok = mc.kv_bytes_per_token()
     elem = torch.empty((), dtype=mc.dtype).element_size()
     kv_read = sum(kv_tok * (out * len(p) + out * (out - 1) // 2) for p, out in work)
@@ -25,7 +27,8 @@ def hardware_bound_s(mc, num_params: int, work) -> tuple[float, dict]:
     weights = num_params * elem * steps
     attn = 2 * 2 * mc.num_layers * mc.num_heads * mc.head_dim  # QK^T and PV, causal half
     flops = sum(2 * num_params * len(p) + attn * len(p) ** 2 // 2 for p, _ in work)
-    t = (kv_read + weights) / COPY_BYTES_PER_S + flops / MATMUL_FLOPS_PER_S
+    t = ((kv_read + weights) / ceilings.copy_bytes_per_s
+         + flops / ceilings.matmul_flops_per_s)
     return t, dict(kv_read_tb=kv_read / 1e12, weights_tb=weights / 1e12,
                    prefill_tflop=flops / 1e12)
 

@@ -11,7 +11,9 @@ kernel, alone, with the SiLU-mul before it (down_proj) and with the RMSNorm befo
 sampler (--only sampler) draws from W1's logits (153 rows of Qwen3's 151,936-token vocabulary)
 against torch's softmax and multinomial.
 
-The projections at W1's batch (--only gemm) are kernels_gemm.py's.
+The projections at W1's batch (--only gemm) are kernels_gemm.py's. Every floor is taken at the
+device's copy bandwidth and matmul rate, measured at the start of the run
+(frontend.bench.ceilings).
 
     nanopipe bench kernels [--block-size 256] [--iters 50]
                            [--only small|attention|gemv|gemm|sampler]
@@ -26,6 +28,7 @@ import random
 import torch
 import torch.nn.functional as F
 
+from frontend.bench.ceilings import DeviceCeilings, device_ceilings
 from frontend.bench.common.cuda_timing import (
     LAYERS,
     bench,
@@ -33,7 +36,6 @@ from frontend.bench.common.cuda_timing import (
     bench_graphed_over,
     make_cache,
 )
-from frontend.bench.common.hardware import COPY_BYTES_PER_S
 from frontend.bench.errors import BenchUsageError
 from frontend.bench.figures import Figure
 from frontend.bench.workloads.kernels_gemm import bench_gemm
@@ -59,18 +61,18 @@ def try_flash_attn():
     return flash_attn_varlen_func, flash_attn_with_kvcache
 
 
-def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa,
-                 capacity: int = 0, splits: tuple[int, ...] = (), heads=(H, HKV, D),
-                 tiles: tuple[int, ...] = (), kv_dtype: torch.dtype = DTYPE,
+def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa, *,
+                 ceilings: DeviceCeilings, capacity: int = 0, splits: tuple[int, ...] = (),
+                 heads=(H, HKV, D), tiles: tuple[int, ...] = (), kv_dtype: torch.dtype = DTYPE,
                  fp8_dots: tuple[int, ...] = ()) -> Figure:
-    """The automatic choice's microseconds, against the KV read at the copy bandwidth and
-    against flash-attn where it is importable. capacity: the block table's width in tokens, as
-    a decode graph sizes it (0: the longest context); every case then runs from a CUDA graph,
-    as in a decode step. `splits`: also time
-    these fixed numbers of splits; `tiles`: these keys per tile (block_n); `heads`: (q heads,
-    kv heads, head dim); `kv_dtype`: the cache's (fp8: flash-attn does not take it);
-    `fp8_dots`: these modes of e4m3 tensor-core dots (an fp8 cache), each with its largest
-    difference from the widened path's output."""
+    """The automatic choice's microseconds, against the KV read at the copy bandwidth of
+    `ceilings` and against flash-attn where it is importable. capacity: the block table's
+    width in tokens, as a decode graph sizes it (0: the longest context); every case then
+    runs from a CUDA graph, as in a decode step. `splits`: also time these fixed numbers of
+    splits; `tiles`: these keys per tile (block_n); `heads`: (q heads, kv heads, head dim);
+    `kv_dtype`: the cache's (fp8: flash-attn does not take it); `fp8_dots`: these modes of
+    e4m3 tensor-core dots (an fp8 cache), each with its largest difference from the widened
+    path's output."""
     h, hkv, d = heads
     rng = random.Random(0)
     lens = [rng.randint(lo, hi) for _ in range(batch)]
@@ -128,7 +130,8 @@ def bench_decode(batch: int, lo: int, hi: int, block_size: int, iters: int, fa,
     fp8 = "" if kv_dtype == DTYPE else "[fp8]"
     return Figure(f"decode_attention_us@{batch}x{lo}-{hi}{fp8}",
                   round(times["triton decode (auto split)"] * 1e3, 2), "us",
-                  bound=round(kv_bytes / COPY_BYTES_PER_S * 1e6, 2), higher_is_better=False,
+                  bound=round(kv_bytes / ceilings.copy_bytes_per_s * 1e6, 2),
+                  higher_is_better=False,
                   peer=None if fa_ms is None else round(fa_ms * 1e3, 2), peer_name="flash-attn")
 
 
@@ -167,7 +170,7 @@ def bench_prefill(seq_len: int, num_seqs: int, block_size: int, iters: int, fa) 
         print(f"  {name:34s} {ms * 1e3:8.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s")
 
 
-def bench_gemv(iters: int) -> None:
+def bench_gemv(iters: int, ceilings: DeviceCeilings) -> None:
     """Qwen3-0.6B's four projections (out, in) at a decode step's few rows."""
     from kernels.skinny_linear import use_skinny
 
@@ -180,7 +183,7 @@ def bench_gemv(iters: int) -> None:
                      for c, fn in _gemv_cases(name, rows, k).items()}
             used = "used" if use_skinny(rows, n, k) else "not used"
             print(f"  {name:12s} {rows} row(s), {n * k * 2 / 1e6:4.1f} MB (floor "
-                  f"{n * k * 2 / 4.3e6:4.1f}), skinny {used}: "
+                  f"{n * k * 2 / ceilings.copy_bytes_per_s * 1e6:4.1f}), skinny {used}: "
                   + ", ".join(f"{c} {t:5.2f}" for c, t in times.items()))
 
 
@@ -252,7 +255,7 @@ def bench_small_ops(tokens: int, block_size: int, iters: int, heads: int = H,
     print(f"  saved per forward step: {saved / 1e3:.3f} ms")
 
 
-def bench_sampler(rows: int, vocab: int, iters: int) -> Figure:
+def bench_sampler(rows: int, vocab: int, iters: int, ceilings: DeviceCeilings) -> Figure:
     """Temperature sampling (0.6, W1's) from bf16 logits: one read of them by the kernel."""
     logits = torch.randn(rows, vocab, dtype=DTYPE, device="cuda") * 3
     inv = torch.full((rows,), 1 / 0.6, dtype=torch.float32, device="cuda")
@@ -263,7 +266,7 @@ def bench_sampler(rows: int, vocab: int, iters: int) -> Figure:
     gbs = logits.numel() * logits.element_size() / ours / 1e3
     print(f"sampler: {rows} rows x {vocab} bf16 logits: {ours:7.1f} us ({gbs:,.0f} GB/s of "
           f"logits read); torch softmax + multinomial {peer:7.1f} us ({peer / ours:.1f}x)")
-    bound = logits.numel() * logits.element_size() / COPY_BYTES_PER_S * 1e6
+    bound = logits.numel() * logits.element_size() / ceilings.copy_bytes_per_s * 1e6
     return Figure("sampler_us", round(ours, 2), "us", bound=round(bound, 2), peer=round(peer, 2),
                   peer_name="torch softmax+multinomial", higher_is_better=False)
 
@@ -278,12 +281,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> list[Figure]:
     if not torch.cuda.is_available():
         raise BenchUsageError("the kernel benchmarks need a CUDA GPU")
+    ceilings = device_ceilings("cuda")  # before this process allocates on the device
     fa = try_flash_attn()
-    print(f"{torch.cuda.get_device_name()}; flash-attn: {'yes' if fa else 'not importable'}")
+    print(f"{torch.cuda.get_device_name()}; flash-attn: {'yes' if fa else 'not importable'}; "
+          f"floors at {ceilings.describe()}")
+    decode = functools.partial(bench_decode, ceilings=ceilings)
     torch.manual_seed(0)
     figures = []
     if args.only in (None, "sampler"):
-        figures.append(bench_sampler(153, 151_936, args.iters))
+        figures.append(bench_sampler(153, 151_936, args.iters, ceilings))
     if args.only == "sampler":
         return figures
     if args.only in (None, "small"):
@@ -291,28 +297,28 @@ def run(args: argparse.Namespace) -> list[Figure]:
         bench_small_ops(170, args.block_size, args.iters, heads=8, kv_heads=4)  # a TP=2 rank
         bench_small_ops(4096, args.block_size, args.iters)  # a prefill chunk
     if args.only in (None, "gemv"):
-        bench_gemv(args.iters)
+        bench_gemv(args.iters, ceilings)
     if args.only in (None, "gemm"):
-        bench_gemm(args.iters)
+        bench_gemm(args.iters, ceilings)
     if args.only in ("small", "gemv", "gemm"):
         return figures
-    bench_decode(256, 500, 700, args.block_size, args.iters, fa, splits=(2,))
+    decode(256, 500, 700, args.block_size, args.iters, fa, splits=(2,))
     # W1 at full load: ~150 sequences whose contexts spread from 200 to 2,000 tokens.
-    figures.append(bench_decode(153, 200, 2000, args.block_size, args.iters, fa, capacity=4096,
-                 splits=(2, 3, 4, 6, 8), tiles=(64,)))
+    figures.append(decode(153, 200, 2000, args.block_size, args.iters, fa, capacity=4096,
+                          splits=(2, 3, 4, 6, 8), tiles=(64,)))
     # The same with an fp8 cache: half the bytes, so a tile of twice the keys moves as much.
-    figures.append(bench_decode(153, 200, 2000, args.block_size, args.iters, fa, capacity=4096,
-                                splits=(2, 4), tiles=(64, 256), kv_dtype=torch.float8_e4m3fn,
-                                fp8_dots=(1, 2)))
+    figures.append(decode(153, 200, 2000, args.block_size, args.iters, fa, capacity=4096,
+                          splits=(2, 4), tiles=(64, 256), kv_dtype=torch.float8_e4m3fn,
+                          fp8_dots=(1, 2)))
     # W1 on the SmolLM2-135M shape (9 q heads on 3 kv heads of 64; flash-attn's build here
     # has head dim 128 only): ~190 sequences. A 256-key tile of head dim 64 moves the bytes
     # a 128-key tile of head dim 128 does.
-    bench_decode(190, 200, 2000, args.block_size, args.iters, None, capacity=4096,
-                 splits=(2, 4), heads=(9, 3, 64), tiles=(64, 256))
-    bench_decode(16, 4000, 4200, args.block_size, args.iters, fa, splits=(8, 16, 32, 64))
-    bench_decode(2, 30000, 32000, args.block_size, args.iters, fa, splits=(16, 32, 64))
+    decode(190, 200, 2000, args.block_size, args.iters, None, capacity=4096,
+           splits=(2, 4), heads=(9, 3, 64), tiles=(64, 256))
+    decode(16, 4000, 4200, args.block_size, args.iters, fa, splits=(8, 16, 32, 64))
+    decode(2, 30000, 32000, args.block_size, args.iters, fa, splits=(16, 32, 64))
     for batch, lo, hi in ((1, 500, 700), (1, 1024, 1152), (8, 500, 700)):  # few sequences
-        bench_decode(batch, lo, hi, args.block_size, args.iters, fa, capacity=4096)
+        decode(batch, lo, hi, args.block_size, args.iters, fa, capacity=4096)
     bench_prefill(1024, 8, args.block_size, args.iters, fa)
     bench_prefill(8192, 1, args.block_size, args.iters, fa)
     return figures

@@ -4,7 +4,8 @@ W1: 0.83 ms a step against ~0.3 ms). Each projection runs from one CUDA graph of
 weights (no weight read from L2), as cuBLAS is called today (F.linear: x @ Wᵀ) and with the
 weight stored transposed (x @ W, another of cuBLAS's kernels for the same product); the tied
 logits head once a step. Printed: microseconds per call, the weight's read time at the copy
-bandwidth and the FLOPs' time at the matmul peak, whichever is larger being the floor.
+bandwidth and the FLOPs' time at the matmul rate (both measured at the start of the run,
+frontend.bench.ceilings), whichever is larger being the floor.
 
     nanopipe bench kernels --only gemm
 """
@@ -16,8 +17,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from frontend.bench.ceilings import DeviceCeilings
 from frontend.bench.common.cuda_timing import LAYERS, bench_graphed_over
-from frontend.bench.common.hardware import COPY_BYTES_PER_S, MATMUL_FLOPS_PER_S
 
 PROJECTIONS = {"qkv_proj": (4096, 1024), "o_proj": (1024, 2048),
                "gate_up_proj": (6144, 1024), "down_proj": (1024, 3072)}
@@ -26,9 +27,11 @@ VOCAB = 151_936
 ROWS = (153, 256)
 
 
-def _floor_us(rows: int, n: int, k: int) -> float:
-    read = n * k * 2 / COPY_BYTES_PER_S
-    compute = 2 * rows * n * k / MATMUL_FLOPS_PER_S
+def floor_us(rows: int, n: int, k: int, ceilings: DeviceCeilings) -> float:
+    """The least microseconds x @ Wᵀ of `rows` rows takes for a bf16 weight (n, k): its read,
+    or its FLOPs, whichever takes longer."""
+    read = n * k * 2 / ceilings.copy_bytes_per_s
+    compute = 2 * rows * n * k / ceilings.matmul_flops_per_s
     return max(read, compute) * 1e6
 
 
@@ -46,7 +49,7 @@ def _time_ways(rows: int, n: int, k: int, copies: int, iters: int) -> dict[str, 
     return times
 
 
-def bench_gemm(iters: int) -> None:
+def bench_gemm(iters: int, ceilings: DeviceCeilings) -> None:
     print(f"decode projections at W1's batch: {LAYERS} distinct bf16 weights per graph, "
           f"microseconds per call")
     for rows in ROWS:
@@ -55,10 +58,10 @@ def bench_gemm(iters: int) -> None:
         for name, (n, k) in {**PROJECTIONS, "logits": (VOCAB, 1024)}.items():
             calls = 1 if name == "logits" else LAYERS  # per decode step, distinct weights
             times = _time_ways(rows, n, k, calls, iters)
-            floor += _floor_us(rows, n, k) * calls
+            floor += floor_us(rows, n, k, ceilings) * calls
             for way, us in times.items():
                 total[way] = total.get(way, 0.0) + us * calls
-            print(f"  {rows} rows {name:12s} floor {_floor_us(rows, n, k):6.1f}: "
+            print(f"  {rows} rows {name:12s} floor {floor_us(rows, n, k, ceilings):6.1f}: "
                   + ", ".join(f"{way} {us:6.1f}" for way, us in times.items()))
         print(f"  {rows} rows, a step's products: floor {floor / 1e3:.3f} ms; "
               + ", ".join(f"{way} {us / 1e3:.3f} ms" for way, us in total.items()))

@@ -27,7 +27,8 @@ of the same shape precedes each path's timed repetitions; the medians are printe
 - hop: one ZeroMQ hop of a StepResult and of a 256-entry decode StepPlan
   (frontend.bench.common.zmq_hop), the median round trip / 2.
 
-The hardware floor (H200 figures, as for W1): TTFT >= prefill FLOPs at the matmul rate + one
+The hardware floor (as for W1, at the ceilings measured on the device before the first
+request; nominal H200 figures on the CPU): TTFT >= prefill FLOPs at the matmul rate + one
 read of the weights and the prompt's KV; TPOT >= one read of the weights plus the KV of the
 mean context, at the copy bandwidth.
 """
@@ -42,6 +43,7 @@ import random
 import statistics
 import time
 
+from frontend.bench.ceilings import device_ceilings
 from frontend.bench.common import (
     StatsFollower,
     drain,
@@ -222,6 +224,7 @@ def run(args: argparse.Namespace) -> list[Figure]:
     from gpu_workers import ModelConfig
 
     device = args.device
+    ceilings = device_ceilings(device)  # before anything here holds the device
     model_dir = resolve_model_dir(args, device, tokenizer=True)
     mc = ModelConfig.from_dir(model_dir)
     if checkout is not None and mc.model_type != "qwen3":
@@ -279,15 +282,15 @@ def run(args: argparse.Namespace) -> list[Figure]:
           f"(TPOT ratio {tpot_ratio:.3f}); TTFT {ttft_over:+.2f} ms "
           f"(ratio {pipe['ttft_ms'] / direct['ttft_ms']:.3f})")
 
-    # Hardware floor for this request (H200 figures), from frontend.bench.common's hardware_bound_s:
-    # B(m) covers a request of m output tokens, so B(1) is the prefill and
+    # Hardware floor for this request at the run's ceilings, from hardware_bound_s: B(m)
+    # covers a request of m output tokens, so B(1) is the prefill and
     # (B(M) - B(1)) / (M - 1) is one decode step at the mean context.
     prompt = reqs[0]
-    b1, _ = hardware_bound_s(mc, num_params, [(prompt, 1)])
-    bm, _ = hardware_bound_s(mc, num_params, [(prompt, args.max_tokens)])
+    b1, _ = hardware_bound_s(mc, num_params, [(prompt, 1)], ceilings)
+    bm, _ = hardware_bound_s(mc, num_params, [(prompt, args.max_tokens)], ceilings)
     ttft_bound_ms = b1 * 1e3
     tpot_bound_ms = (bm - b1) / (args.max_tokens - 1) * 1e3
-    print(f"hardware floor (H200 figures): TTFT {ttft_bound_ms:.4g} ms, TPOT "
+    print(f"hardware floor ({ceilings.describe()}): TTFT {ttft_bound_ms:.4g} ms, TPOT "
           f"{tpot_bound_ms:.4g} ms; TPOT ratio to the floor: pipeline "
           f"{tpot_bound_ms / pipe['tpot_ms']:.4g}, direct {tpot_bound_ms / direct['tpot_ms']:.4g}")
 
@@ -305,6 +308,7 @@ def run(args: argparse.Namespace) -> list[Figure]:
         hardware_floor_tpot_ms=float(f"{tpot_bound_ms:.4g}"),
         pipeline_tpot_ratio_to_floor=float(f"{tpot_bound_ms / pipe['tpot_ms']:.4g}"),
         direct_tpot_ratio_to_floor=float(f"{tpot_bound_ms / direct['tpot_ms']:.4g}"),
+        ceilings=ceilings.record(),
         zmq_hop=hops,
     )), flush=True)
     return [Figure("tpot_ms", pipe["tpot_ms"], "ms", bound=tpot_bound_ms, higher_is_better=False,

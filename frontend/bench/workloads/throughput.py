@@ -13,10 +13,11 @@ Modes (--modes, comma-separated, run one after another on the same workload):
         --max-input-len 64 --max-output-len 32                             # CPU smoke run
 
 Prints output tok/s per mode with its ratio to the hardware bound of this very workload (KV
-and weight reads at the copy bandwidth, prefill FLOPs at the matmul rate; H200 figures), the
-share of the wall time the GPU sat idle (the workers' own busy time), and each mode against
-the first. --peer nano-vllm DIR runs W1 through nano-vLLM from its checkout, in a process of
-its own, on the same weights (Qwen3 shapes only), and prints each mode's ratio to it.
+and weight reads at the copy bandwidth, prefill FLOPs at the matmul rate, both measured on the
+device before the first mode; nominal H200 figures on the CPU), the share of the wall time
+the GPU sat idle (the workers' own busy time), and each mode against the first. --peer
+nano-vllm DIR runs W1 through nano-vLLM from its checkout, in a process of its own, on the
+same weights (Qwen3 shapes only), and prints each mode's ratio to it.
 With NANOPIPE_HOST_TIMELINE=DIR each mode's pipeline writes its host timeline into
 DIR/1-MODE, DIR/2-MODE, ... (`nanopipe profile timeline` reads one).
 """
@@ -29,6 +30,7 @@ import os
 import time
 from pathlib import Path
 
+from frontend.bench.ceilings import device_ceilings
 from frontend.bench.common import (
     Throughput,
     hardware_bound_s,
@@ -131,12 +133,13 @@ def run(args: argparse.Namespace) -> list[Figure]:
     profile = json.loads(Path(args.profile_json).read_text()) if args.profile_json else None
     if args.plot:
         import matplotlib  # noqa: F401  (fail before the runs, not after them)
+    ceilings = device_ceilings(args.device)  # before anything here holds the device
     model_dir = resolve_model_dir(args, args.device, tokenizer=True)
     mc = ModelConfig.from_dir(model_dir)
     if peer is not None and mc.model_type != "qwen3":
         raise BenchUsageError(f"--peer nano-vllm runs Qwen3 models only; this is {mc.model_type}")
     work = w1_workload(args.num_seqs, args.max_input_len, args.max_output_len, mc.vocab_size)
-    bound_s, _ = hardware_bound_s(mc, param_count(model_dir), work)
+    bound_s, _ = hardware_bound_s(mc, param_count(model_dir), work, ceilings)
     results: dict[str, dict] = {}
     timeline_dir = os.environ.get(TIMELINE_ENV)
     for i, mode in enumerate(modes, 1):
@@ -147,12 +150,12 @@ def run(args: argparse.Namespace) -> list[Figure]:
                                  else run_pipeline(model_dir, args, mode, work))
         t = Throughput(result["output_tokens"], result["seconds"], bound_s)
         result.update(hardware_bound_tok_s=round(t.bound_tok_s, 1),
-                      ratio_to_bound=round(t.ratio, 4))
+                      ratio_to_bound=round(t.ratio, 4), ceilings=ceilings.record())
         print(json.dumps(result), flush=True)
         idle = result.get("gpu_idle_pct")
         print(f"W1 mode={mode}: {result['output_tok_s']:.1f} output tok/s "
               f"({result['output_tokens']} tokens in {result['seconds']:.2f} s); hardware bound "
-              f"{t.bound_tok_s:.0f} tok/s (H200 figures); ratio {t.ratio:.3f}"
+              f"{t.bound_tok_s:.0f} tok/s ({ceilings.describe()}); ratio {t.ratio:.3f}"
               + ("" if idle is None else f"; GPU idle {idle:.1f}%"), flush=True)
     keys = list(results)
     for key in keys[1:]:

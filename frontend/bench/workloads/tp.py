@@ -14,9 +14,9 @@ when the fraction of fully matching prompts falls below --min-match.
 
 W1 (docs/benchmarks.md, frontend.bench.common.w1_workload): temperature 0.6, ignore_eos, one warm-up
 request. The bound for TP=N is frontend.bench.common.hardware_bound_s divided by N: N GPUs have
-N times the copy bandwidth and matmul rate of the H200 figures. Only one pipeline is alive at
-a time. Random weights are built once (on the device) and reused for every TP size, then
-deleted.
+N times the copy bandwidth and matmul rate measured on the first of them before any engine
+starts (nominal H200 figures on the CPU). Only one pipeline is alive at a time. Random
+weights are built once (on the device) and reused for every TP size, then deleted.
 
 Human lines, and one JSON line per result (its "result" key names what it is).
 """
@@ -32,6 +32,7 @@ import sys
 import time
 
 from frontend import LLM
+from frontend.bench.ceilings import DeviceCeilings, device_ceilings
 from frontend.bench.common import (
     SHAPES,
     Throughput,
@@ -141,7 +142,7 @@ def serve_check(model_dir: str, tp: int, args: argparse.Namespace,
 
 
 def run_w1(model_dir: str, tp: int, args: argparse.Namespace, work,
-           bound_1gpu_s: float, all_reduce: str) -> dict:
+           bound_1gpu_s: float, all_reduce: str, ceilings: DeviceCeilings) -> dict:
     llm = make_llm(model_dir, tp, args, args.w1_max_input_len + args.w1_max_output_len,
                    all_reduce)
     try:
@@ -153,10 +154,10 @@ def run_w1(model_dir: str, tp: int, args: argparse.Namespace, work,
                   num_seqs=len(work), output_tokens=produced,
                   seconds=round(elapsed, 3), output_tok_s=round(t.tok_s, 1),
                   hardware_bound_s=sig(t.bound_s), hardware_bound_tok_s=round(t.bound_tok_s, 1),
-                  ratio_to_bound=sig(t.ratio))
+                  ratio_to_bound=sig(t.ratio), ceilings=ceilings.record())
     via = f" ({all_reduce} all-reduce)" if tp > 1 else ""
     print(f"W1 TP={tp}{via}: {t.tok_s:.1f} output tok/s ({produced} tokens in {elapsed:.2f} s); "
-          f"hardware bound for {tp} GPU(s) {t.bound_tok_s:.0f} tok/s (H200 figures); "
+          f"hardware bound for {tp} GPU(s) {t.bound_tok_s:.0f} tok/s ({ceilings.describe()}); "
           f"ratio {t.ratio:.4g}", flush=True)
     emit(**result)
     return result
@@ -206,14 +207,18 @@ def run(args: argparse.Namespace) -> list[Figure]:
         n = sum(math.prod(s) for s in param_shapes(shape).values())
         print(f"{args.make_random}: {n:,} parameters ({n / 1e9:.2f} B) from param_shapes",
               flush=True)
+    # Before anything here holds a device; only W1 has a hardware bound.
+    ceilings = None if args.skip_w1 else device_ceilings(args.device)
     model_dir = resolve_model_dir(args, args.device, tokenizer=True)
-    code, figures = bench(model_dir, tps, args)
+    code, figures = bench(model_dir, tps, args, ceilings)
     if code:
         raise BenchFailed("TP parity below --min-match", figures)
     return figures
 
 
-def bench(model_dir: str, tps: list[int], args: argparse.Namespace) -> tuple[int, list[Figure]]:
+def bench(model_dir: str, tps: list[int], args: argparse.Namespace,
+          ceilings: DeviceCeilings | None) -> tuple[int, list[Figure]]:
+    """Parity, then W1 per TP size against the bound at `ceilings` (None: W1 skipped)."""
     mc = ModelConfig.from_dir(model_dir)
     num_params = param_count(model_dir)
     print(f"model {model_dir}: {mc.model_type}, {num_params:,} parameters, dtype {mc.dtype}, "
@@ -245,15 +250,15 @@ def bench(model_dir: str, tps: list[int], args: argparse.Namespace) -> tuple[int
                       f"(< --min-match {args.min_match})", flush=True)
                 code = 1
 
-    if not args.skip_w1:
+    if ceilings is not None:
         work = w1_workload(args.w1_num_seqs, args.w1_max_input_len, args.w1_max_output_len,
                            mc.vocab_size)
-        bound_1gpu_s, parts = hardware_bound_s(mc, num_params, work)
+        bound_1gpu_s, parts = hardware_bound_s(mc, num_params, work, ceilings)
         print(f"W1: {len(work)} sequences, {sum(len(p) for p, _ in work)} prompt tokens, "
               f"up to {sum(m for _, m in work)} output tokens; one-GPU bound "
               f"{bound_1gpu_s:.4g} s ({', '.join(f'{k} {v:.4g}' for k, v in parts.items())})",
               flush=True)
-        results = [run_w1(model_dir, tp, args, work, bound_1gpu_s, how)
+        results = [run_w1(model_dir, tp, args, work, bound_1gpu_s, how, ceilings)
                    for tp in tps for how in (args.all_reduce.split(",") if tp > 1 else ["-"])]
         ref = results[0]
         figures += [Figure(f"output_tok_s@tp{r['tp']}"
