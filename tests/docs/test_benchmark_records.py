@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from frontend.bench.ceilings import DeviceCeilings
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "benchmarks" / "results.jsonl"
 REQUIRED = {"workload": str, "command": str, "date": str, "hardware": str, "figures": dict}
-OPTIONAL = {"commit", "notes"}
+OPTIONAL = {"commit", "notes", "ceilings"}
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?(Z|[+-]\d{2}:\d{2})?)?$")
 RATIO_SUFFIXES = ("/bound", "/peer")
 
@@ -49,6 +51,8 @@ def _problems(rec: object) -> list[str]:
         problems.append("'commit' must be a string or null")
     if "notes" in rec and not isinstance(rec["notes"], str):
         problems.append("'notes' must be a string")
+    if "ceilings" in rec and DeviceCeilings.from_record(rec["ceilings"]) is None:
+        problems.append("'ceilings' must hold positive copy_tb_s and matmul_tflop_s")
     date = rec.get("date")
     if isinstance(date, str):
         if not DATE.match(date):
