@@ -24,6 +24,7 @@ from frontend.bench.common.hardware import Throughput, hardware_bound_s
 from frontend.bench.figures import Figure, print_figures
 from frontend.bench.record import append, make_record, read
 from frontend.bench.workloads.kernels_gemm import floor_us
+from gpu_workers import ModelConfig
 
 H100 = DeviceCeilings(3.0e12, 780e12, "NVIDIA H100 80GB HBM3", measured=True)
 
@@ -176,3 +177,24 @@ def test_the_probe_measures_a_cuda_device():
     assert got.measured and got.device_name == torch.cuda.get_device_name(0)
     assert 0.5e12 < got.copy_bytes_per_s < 20e12  # HBM, reads and writes counted
     assert 50e12 < got.matmul_flops_per_s < 5000e12
+
+
+@pytest.mark.slow
+def test_a_quantized_cache_is_also_measured_against_the_bound_of_its_own_bytes(tiny_qwen3_dir):
+    """The bound reads the KV in the model's dtype (what an fp8 cache must beat); W1 with fp8
+    KV also prints its ratio to the bound that reads fp8's single bytes."""
+    from tests.bench.test_tool import nanopipe
+
+    mc = ModelConfig.from_dir(tiny_qwen3_dir)
+    fp8 = mc.with_kv_cache_dtype("fp8")
+    _, wide = hardware_bound_s(mc, 1000, WORK, H100)
+    _, narrow = hardware_bound_s(fp8, 1000, WORK, H100)
+    assert narrow["kv_read_tb"] == pytest.approx(wide["kv_read_tb"] / mc.dtype.itemsize)
+    out = nanopipe("bench", "throughput", "--model", tiny_qwen3_dir, "--device", "cpu",
+                   "--num-seqs", "2", "--max-input-len", "20", "--max-output-len", "4",
+                   "--kv-cache-bytes", str(4 << 20), "--modes", "runtime",
+                   "--kv-cache-dtype", "fp8").stdout
+    line = json.loads(next(x for x in out.splitlines() if x.startswith('{"mode"')))
+    assert line["kv_dtype_bound_tok_s"] > line["hardware_bound_tok_s"]
+    assert line["ratio_to_kv_dtype_bound"] <= line["ratio_to_bound"]
+    assert "bound with fp8 KV reads" in out
