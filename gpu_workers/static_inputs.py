@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpu_workers.transfer import upload
+from gpu_workers.transfer import staging, upload
 
 ALIGN = 4
 """Segments start on 16-byte boundaries (4 int32): Triton specialises kernels on pointer
@@ -69,9 +69,7 @@ class StaticInputs:
 
     def stage(self) -> Staged:
         """Host memory laid out like the device buffer, for one step's values."""
-        pinned = self.device.type == "cuda"
-        host = torch.empty(self.size, dtype=torch.int32, pin_memory=pinned)
-        return Staged(self, host)
+        return Staged(self, staging((self.size,), torch.int32, self.device))
 
 
 class Staged:

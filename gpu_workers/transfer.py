@@ -31,7 +31,7 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 def upload(parts: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """Int32 arrays to the device in one copy (to_device), as views of one buffer.
+    """Int32 arrays to the device in one copy (from staging memory), as views of one buffer.
 
     Every segment starts 16-byte aligned: Triton specialises kernels on pointer alignment,
     and a varying alignment would compile new kernel variants in the middle of serving."""

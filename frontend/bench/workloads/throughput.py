@@ -139,12 +139,13 @@ def run(args: argparse.Namespace) -> list[Figure]:
     if peer is not None and mc.model_type != "qwen3":
         raise BenchUsageError(f"--peer nano-vllm runs Qwen3 models only; this is {mc.model_type}")
     work = w1_workload(args.num_seqs, args.max_input_len, args.max_output_len, mc.vocab_size)
-    bound_s, _ = hardware_bound_s(mc, param_count(model_dir), work, ceilings)
+    num_params = param_count(model_dir)
+    bound_s, _ = hardware_bound_s(mc, num_params, work, ceilings)
     # The bound reads the KV in the model's dtype (the goal a smaller cache is measured
     # against); a quantized cache also gets its ratio to the bound of its own bytes.
     own_mc = mc.with_kv_cache_dtype(args.kv_cache_dtype)
     own_bound_s = (None if own_mc.kv_dtype == mc.kv_dtype else
-                   hardware_bound_s(own_mc, param_count(model_dir), work, ceilings)[0])
+                   hardware_bound_s(own_mc, num_params, work, ceilings)[0])
     results: dict[str, dict] = {}
     timeline_dir = os.environ.get(TIMELINE_ENV)
     for i, mode in enumerate(modes, 1):
