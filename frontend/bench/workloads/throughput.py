@@ -25,6 +25,7 @@ DIR/1-MODE, DIR/2-MODE, ... (`nanopipe profile timeline` reads one).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -117,6 +118,12 @@ def run_runtime(model_dir: str, args: argparse.Namespace, work) -> dict:
     produced = run(scheduler, runner, [(p, w1_params(m)) for p, m in work], 0)
     sync()
     elapsed = time.perf_counter() - start
+    # A mode after this one starts worker processes that size their KV pool by the free
+    # memory: hand this runner's pool and graphs back to the driver first.
+    del scheduler, runner
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
     return dict(mode="runtime", output_tokens=produced, seconds=round(elapsed, 3),
                 output_tok_s=round(produced / elapsed, 1))
 
