@@ -25,10 +25,11 @@ DIR/1-MODE, DIR/2-MODE, ... (`nanopipe profile timeline` reads one).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
+import multiprocessing
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from frontend.bench.ceilings import device_ceilings
@@ -102,7 +103,14 @@ def run_pipeline(model_dir: str, args: argparse.Namespace, mode: str, work) -> d
 
 
 def run_runtime(model_dir: str, args: argparse.Namespace, work) -> dict:
-    """W1 through a Scheduler and a ModelRunner in this process, without overlap."""
+    """W1 through a Scheduler and a ModelRunner without overlap, in a process of its own: its
+    KV pool and graphs go back to the driver when it exits, so a pipeline mode after it sizes
+    its pool from the whole device again (freed tensors alone stay in torch's cache)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_runtime_w1, model_dir, args, work).result()
+
+
+def _runtime_w1(model_dir: str, args: argparse.Namespace, work) -> dict:
     import torch
 
     from frontend.bench.common import run, w1_params
@@ -118,12 +126,6 @@ def run_runtime(model_dir: str, args: argparse.Namespace, work) -> dict:
     produced = run(scheduler, runner, [(p, w1_params(m)) for p, m in work], 0)
     sync()
     elapsed = time.perf_counter() - start
-    # A mode after this one starts worker processes that size their KV pool by the free
-    # memory: hand this runner's pool and graphs back to the driver first.
-    del scheduler, runner
-    gc.collect()
-    if args.device == "cuda":
-        torch.cuda.empty_cache()
     return dict(mode="runtime", output_tokens=produced, seconds=round(elapsed, 3),
                 output_tok_s=round(produced / elapsed, 1))
 
