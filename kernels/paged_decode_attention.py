@@ -194,17 +194,13 @@ def _launch_config(q: torch.Tensor, group: int, split: bool) -> tuple[int, int, 
 
 def _choose_splits(q: torch.Tensor, num_seqs: int, num_kv_heads: int, max_len: int,
                    block_n: int) -> int:
-    """Enough (seq, kv head, split) programs to fill the GPU several times over (so wave
-    quantisation stays small), no more than the longest context has tiles. A few sequences
-    thus get one tile per program: their latency is one tile's, not a loop's."""
+    """Enough (seq, kv head, split) programs to fill the GPU four times over (twice for 64-wide
+    heads, whose merge costs relatively more: docs/benchmarks.md), no more than the longest
+    context has tiles. A few sequences thus get one tile per program: one tile's latency."""
     if not q.is_cuda:
         return 1
-    programs = num_seqs * num_kv_heads
-    # A 64-wide head's tile is half the work of a 128-wide one, so a split's merge costs it
-    # relatively more: it fills the GPU twice over, not four times (W1 on the SmolLM2 shape
-    # gained ~3% on an H100, and its attention at 100-153 sequences ran fastest unsplit).
     waves = 2 if q.shape[-1] <= 64 else 4
-    want = cdiv(waves * _num_sms(q.device.index or 0), max(programs, 1))
+    want = cdiv(waves * _num_sms(q.device.index or 0), max(num_seqs * num_kv_heads, 1))
     return max(1, min(want, cdiv(max_len, block_n), MAX_SPLITS))
 
 
