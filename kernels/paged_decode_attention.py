@@ -15,8 +15,6 @@ the KV is still read once per sequence, and Q is fixed per launch (CUDA-graph fr
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
@@ -38,16 +36,15 @@ from kernels._common import (
     check,
     jit,
     launch_pdl,
-    next_pow2,
     pdl_wait,
     require_triton,
     tl,
     use_pdl,
     use_triton,
 )
+from kernels.decode_launch import choose_splits, heads_first, launch_config, tile
 from kernels.kv_quant import dequantize
 
-MAX_SPLITS = 64
 REDUCE_CHUNK = 16
 """Partial results the reduce merges per loop step. One compiled reduce serves every split
 count, as one split kernel serves every count above one: the count is not a specialisation
@@ -65,11 +62,13 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, QLEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr,
-    FP8_DOTS: tl.constexpr,
+    FP8_DOTS: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     pdl_wait(PDL)
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEADS_FIRST:  # grid (kv heads, sequences, splits): heads_first
+        kv_head, b, num_kv_heads = tl.program_id(0), tl.program_id(1), tl.num_programs(0)
+    else:
+        b, kv_head, num_kv_heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_k_ptr + b)
     # This sequence's share of keys per split, whole tiles: short contexts leave splits empty.
@@ -89,7 +88,7 @@ def _decode_split_kernel(
             # No keys: a short context in a launch sized for the longest the table allows.
             # Only its -inf log-sum-exp is written, which tells the reduce to skip it, so
             # the launch's width costs a load and a store per empty split.
-            idx = (token * GROUP * tl.num_programs(1) + head) * num_splits + split
+            idx = (token * GROUP * num_kv_heads + head) * num_splits + split
             tl.store(part_lse_ptr + idx, tl.full([ROWS], float("-inf"), tl.float32),
                      mask=row_ok)
             return
@@ -132,7 +131,7 @@ def _decode_split_kernel(
     else:
         # Partial results: normalised output and log2-sum-exp2 (-inf for an empty split).
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
-        idx = (token * GROUP * tl.num_programs(1) + head) * num_splits + split
+        idx = (token * GROUP * num_kv_heads + head) * num_splits + split
         tl.store(part_lse_ptr + idx, lse, mask=row_ok)
         tl.store(part_out_ptr + idx[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None])
 
@@ -169,41 +168,6 @@ def _decode_reduce_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _tile(q: torch.Tensor) -> int:
-    """BLOCK_N: keys per tile, the unit a split is made of. On an H200, 128-key tiles beat
-    64 by 3-4% at W1's load on head dim 128 and by ~20% on head dim 64 (a 64-wide tile
-    moves too few bytes per loop step); above head dim 128 the staged K/V tiles would not fit
-    in shared memory, so the tile halves (a sweep of tiles and splits on an H200)."""
-    if not q.is_cuda:
-        return 16
-    return 128 if q.shape[-1] <= 128 else 64
-
-
-def _launch_config(q: torch.Tensor, group: int, split: bool) -> tuple[int, int, int]:
-    """(num_warps, num_stages, ROWS); ROWS >= 16 feeds tl.dot on the GPU. Four warps with or
-    without splits: with 128-key tiles two warps fall behind the loads."""
-    if q.is_cuda:
-        return 4, 3 if split else 4, max(16, next_pow2(group))
-    return 4, 1, next_pow2(group)
-
-
-def _choose_splits(q: torch.Tensor, num_seqs: int, num_kv_heads: int, max_len: int,
-                   block_n: int) -> int:
-    """Enough (seq, kv head, split) programs to fill the GPU four times over (twice for 64-wide
-    heads, whose merge costs relatively more: docs/benchmarks.md), no more than the longest
-    context has tiles. A few sequences thus get one tile per program: one tile's latency."""
-    if not q.is_cuda:
-        return 1
-    waves = 2 if q.shape[-1] <= 64 else 4
-    want = cdiv(waves * _num_sms(q.device.index or 0), max(num_seqs * num_kv_heads, 1))
-    return max(1, min(want, cdiv(max_len, block_n), MAX_SPLITS))
-
-
 def paged_decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -238,14 +202,14 @@ def paged_decode_attention_triton(
         max_seqlen_k = block_tables.shape[1] * block_size
     max_seqlen_k = max(max_seqlen_k, 1)
     if block_n is None:
-        block_n = _tile(q)
+        block_n = tile(q)
     check(block_n >= 16 and block_n & (block_n - 1) == 0,
           f"block_n must be a power of two >= 16, got {block_n}")
     if num_splits is None:
-        num_splits = _choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k, block_n)
+        num_splits = choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k, block_n)
     check(1 <= num_splits <= max_seqlen_k, f"num_splits must be in [1, {max_seqlen_k}]")
     num_splits = min(num_splits, cdiv(max_seqlen_k, block_n))  # a split holds whole tiles
-    num_warps, num_stages, rows = _launch_config(q, group * q_per_seq, num_splits > 1)
+    num_warps, num_stages, rows = launch_config(q, group * q_per_seq, num_splits > 1)
     pdl = use_pdl(q)
     if num_splits > 1:
         part_out = torch.empty(q.shape[0], num_heads, num_splits, head_dim,
@@ -258,7 +222,9 @@ def paged_decode_attention_triton(
     check_fp8_dots(fp8_dots, q, fp8)
     if fp8_dots == 2:
         v_scale /= P_FP8_SCALE
-    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+    by_head = heads_first(head_dim)
+    grid = (num_kv_heads, num_seqs) if by_head else (num_seqs, num_kv_heads)
+    _decode_split_kernel[(*grid, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens_k,
         scale * LOG2E * k_scale, v_scale, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -267,7 +233,7 @@ def paged_decode_attention_triton(
         GROUP=group, QLEN=q_per_seq, ROWS=rows, BLOCK_N=block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         SPLIT=num_splits > 1, DOT_PRECISION=dot_precision(q.dtype), PDL=pdl, FP8=fp8,
-        F16=widen_fp8_to_f16(q, fp8), FP8_DOTS=fp8_dots,
+        F16=widen_fp8_to_f16(q, fp8), FP8_DOTS=fp8_dots, HEADS_FIRST=by_head,
         num_warps=num_warps, num_stages=num_stages, **launch_pdl(pdl),
     )
     if num_splits > 1:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -12,6 +14,8 @@ from kernels.paged_decode_attention import (
     paged_decode_attention_triton,
 )
 
+decode_attention = importlib.import_module("kernels.paged_decode_attention")
+"""The module (the package exports its function under the same name)."""
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # On a GPU the reference is torch SDPA's own CUDA kernels; test_kernel_fp32_precision.py
 # holds the float32 kernels to float64 there.
@@ -69,9 +73,14 @@ def test_paged_attention_noncontiguous_q(paged_case):
     torch.testing.assert_close(out, paged_attention_ref(**case), **TOL)
 
 
+@pytest.mark.parametrize("heads_first", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
 @pytest.mark.parametrize("heads", ["mha", "gqa2", "gqa3_padded"])
-def test_decode_triton_split_k_matches_ref(num_splits, heads, paged_case):
+def test_decode_triton_split_k_matches_ref(num_splits, heads, heads_first, paged_case,
+                                           monkeypatch):
+    """Either grid order (a sequence's kv heads side by side, or one head of neighbouring
+    sequences: kernels.decode_launch.heads_first) indexes the same partials and outputs."""
+    monkeypatch.setattr(decode_attention, "heads_first", lambda head_dim: heads_first)
     h, hkv = HEADS[heads]
     # Contexts span several splits, one split only, and a zero-length (padding) sequence.
     case = paged_case([1] * 5, [0, 9, 70, 129, 33], h, hkv, 16, 4)
