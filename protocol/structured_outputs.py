@@ -1,5 +1,6 @@
 """Structured outputs: what a request's text must match (a JSON schema, any JSON object, a
-regular expression, one of a list of choices, an EBNF grammar), as vLLM spells it.
+regular expression, one of a list of choices, an EBNF grammar, a structural tag: free text
+with constrained parts, protocol.structural_tags), as vLLM spells it.
 
 One kind per request. The spec travels as text (a schema as its JSON), so the wire carries a
 small struct and no nested JSON values. Two levels of checking:
@@ -19,11 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from protocol import structural_tags
 from protocol.outcomes import FieldError
 from protocol.schema_keywords import first_unenforced
 from protocol.wire_registry import struct
 
-KINDS = ("json", "json_object", "regex", "choice", "grammar")
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_SPEC_CHARS = 256 * 1024
 """A schema, regex or grammar longer than this is refused (compiling one costs its length)."""
 MAX_CHOICES = 1024
@@ -41,7 +43,8 @@ class StructuredOutputs:
     """One of KINDS."""
     spec: str
     """json: the schema's JSON text; json_object: ""; regex: the pattern; choice: the JSON
-    text of the list of strings; grammar: the EBNF text."""
+    text of the list of strings; grammar: the EBNF text; structural_tag: the JSON text of the
+    tag in xgrammar's spelling (protocol.structural_tags.normalize)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -60,8 +63,9 @@ class StructuredOutputs:
 
 def structured_from_user(value: Any, field: str = FIELD) -> StructuredOutputs:
     """vLLM's spelling ({"json": schema} | {"json_object": True} | {"regex": r} |
-    {"choice": [...]} | {"grammar": ebnf}) or a StructuredOutputs, checked in full: exactly one
-    kind, and xgrammar can parse it. Errors name `field` (and the kind)."""
+    {"choice": [...]} | {"grammar": ebnf} | {"structural_tag": tag}) or a StructuredOutputs,
+    checked in full: exactly one kind, and xgrammar can parse it. Errors name `field` (and the
+    kind)."""
     if isinstance(value, StructuredOutputs):
         check_compiles(value, field)
         return value
@@ -105,6 +109,12 @@ def _spec_text(kind: str, raw: Any, where: str) -> str:
         if raw is not True:
             raise StructuredOutputsError(where, f"{where} must be true")
         return ""
+    if kind == "structural_tag":
+        try:
+            tag = structural_tags.normalize(json.loads(raw) if isinstance(raw, str) else raw)
+            return json.dumps(tag, separators=(",", ":"))
+        except (ValueError, TypeError) as exc:  # StructuralTagError, bad JSON, not JSON
+            raise StructuredOutputsError(where, f"{where} {_reason(exc)}") from None
     if kind == "choice":
         if (not isinstance(raw, list | tuple) or not raw or len(raw) > MAX_CHOICES
                 or not all(isinstance(c, str) and c for c in raw)):
@@ -123,11 +133,20 @@ def check_compiles(spec: StructuredOutputs, field: str = FIELD) -> None:
     where = f"{field}.{spec.kind}"
     if spec.kind == "json":
         _check_enforced(spec.spec, where)
+    if spec.kind == "structural_tag":
+        for path, schema in structural_tags.json_schemas(json.loads(spec.spec)["format"]):
+            _check_enforced(json.dumps(schema), f"{where}.{path}")
     try:
         build_grammar(spec)
     except Exception as exc:  # xgrammar raises RuntimeError/ValueError/its own kinds
         raise StructuredOutputsError(
             where, f"{where} cannot be compiled: {short_error(exc)}") from None
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, structural_tags.StructuralTagError):
+        return str(exc)
+    return f"is not valid JSON: {exc}" if isinstance(exc, ValueError) else "is not JSON"
 
 
 def _check_enforced(schema_text: str, where: str) -> None:
@@ -164,6 +183,8 @@ def build_grammar(spec: StructuredOutputs) -> Any:
                                             any_whitespace=False, strict_mode=False)
     if spec.kind == "regex":
         return xgr.Grammar.from_regex(spec.spec)
+    if spec.kind == "structural_tag":
+        return xgr.Grammar.from_structural_tag(spec.spec)
     if spec.kind == "choice":
         alternatives = " | ".join(_ebnf_literal(c) for c in json.loads(spec.spec))
         return xgr.Grammar.from_ebnf(f"root ::= {alternatives}")
@@ -177,7 +198,8 @@ def _ebnf_literal(text: str) -> str:
 
 def from_response_format(value: Any) -> StructuredOutputs | None:
     """OpenAI's response_format: {"type": "text"} (None), {"type": "json_object"},
-    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}. Errors name
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}, and vLLM's
+    {"type": "structural_tag", ...} (either spelling: protocol.structural_tags). Errors name
     response_format."""
     field = "response_format"
     if value is None:
@@ -201,5 +223,7 @@ def from_response_format(value: Any) -> StructuredOutputs | None:
             raise StructuredOutputsError(field, str(exc).replace(f"{field}.json",
                                                                  f"{field}.json_schema", 1)
                                          ) from None
-    raise StructuredOutputsError(field, f"{field}.type must be text, json_object or "
-                                        f"json_schema, got {kind!r}")
+    if kind == "structural_tag":
+        return structured_from_user({"structural_tag": dict(value)}, field)
+    raise StructuredOutputsError(field, f"{field}.type must be text, json_object, json_schema "
+                                        f"or structural_tag, got {kind!r}")

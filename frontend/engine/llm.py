@@ -126,6 +126,9 @@ class LLM:
         params = _params_per_request(sampling_params, len(requests), "conversation")
         constraint = None if plan is None else plan.structured_outputs()
         if constraint is not None:
+            if any(p.structured_outputs is not None for p in params):
+                raise ValueError("tools constrain the output (tool_choice required or named, or "
+                                 "a strict tool): sampling_params cannot constrain it too")
             params = [dataclasses.replace(p, structured_outputs=constraint) for p in params]
         results = _run(self._generate(requests, params, use_tqdm))
         return results if plan is None or not plan.parses else _with_tool_calls(results, plan)

@@ -286,10 +286,11 @@ class ChatCompletionRequest(_SamplingRequest):
             raise invalid(str(exc), exc.field) from None
 
     def constraint_field(self) -> str | None:
-        """tool_choice when it constrains the output (required or a named function)."""
+        """tool_choice when it constrains the output (required or a named function), tools
+        when strict tools do under auto."""
         plan = self.tool_plan()
         if plan is not None and plan.structured_outputs() is not None:
-            return "tool_choice"
+            return "tools" if plan.mode == "auto" else "tool_choice"
         return super().constraint_field()
 
     def wire_messages(self) -> list[ChatMessage]:
@@ -304,9 +305,10 @@ class ChatCompletionRequest(_SamplingRequest):
         structured = None
         if plan is not None and plan.structured_outputs() is not None:
             if self._structured() is not None:
-                raise invalid(f"tool_choice {plan.mode} constrains the output: it cannot be "
-                              "combined with response_format or structured_outputs",
-                              "tool_choice")
+                what, field = ((f"tool_choice {plan.mode}", "tool_choice") if plan.mode != "auto"
+                               else ("a strict tool", "tools"))
+                raise invalid(f"{what} constrains the output: it cannot be combined with "
+                              "response_format or structured_outputs", field)
             try:
                 structured = structured_from_user(plan.structured_outputs())
             except StructuredOutputsError as exc:

@@ -4,7 +4,11 @@ write: the tools go into the system prompt in that format, the answer is parsed 
 
 tool_choice decides how: "none" leaves the text alone; "auto" parses whatever `<tool_call>`
 blocks the model writes; "required" and a named function constrain the output by grammar
-(a JSON array of calls, or the named function's arguments), so it always parses.
+(a JSON array of calls, or the named function's arguments), so it always parses. Under
+"auto", a tool marked `"strict": true` (OpenAI's function.strict) has its calls constrained
+too: the text stays free until the model opens `<tool_call>`, and from there the call must
+name a known tool and give a strict tool arguments its schema allows (a structural tag,
+protocol.structural_tags); with parallel_tool_calls false the answer ends after one call.
 """
 
 from __future__ import annotations
@@ -16,7 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.outcomes import FieldError
-from protocol.structured_outputs import StructuredOutputs, build_grammar, short_error
+from protocol.structured_outputs import (
+    StructuredOutputs,
+    StructuredOutputsError,
+    build_grammar,
+    check_compiles,
+    short_error,
+)
 
 START, END = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
@@ -53,6 +63,8 @@ class ToolPlan:
     """The function a named tool_choice forces."""
     parallel: bool = True
     """OpenAI's parallel_tool_calls: False allows one call at most."""
+    strict: tuple[str, ...] = ()
+    """The tools marked strict, whose calls under "auto" must match their parameters."""
 
     @property
     def parses(self) -> bool:
@@ -72,7 +84,21 @@ class ToolPlan:
         if self.mode == "named":
             tool = next(t for t in self.tools if t["name"] == self.name)
             return {"json": _parameters(tool)}
+        if self.mode == "auto" and self.strict:
+            return {"structural_tag": self._call_tags()}
         return None
+
+    def _call_tags(self) -> dict[str, Any]:
+        """Free text, and calls as the Hermes format writes them: `<tool_call>`, the JSON of
+        name and arguments (spelled as render_tool_calls spells it), `</tool_call>`."""
+        tags = [{"type": "tag",
+                 "begin": f'{START}\n{{"name": {json.dumps(t["name"])}, "arguments": ',
+                 "content": {"type": "json_schema", "json_schema": (
+                     _parameters(t) if t["name"] in self.strict else {"type": "object"})},
+                 "end": f"}}\n{END}"} for t in self.tools]
+        return {"type": "structural_tag", "format": {
+            "type": "triggered_tags", "triggers": [START], "tags": tags,
+            "stop_after_first": not self.parallel}}
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a whole answer."""
@@ -106,8 +132,11 @@ def tool_plan(tools: Any, tool_choice: Any, parallel: bool | None = None) -> Too
     names = [f["name"] for f in functions]
     if len(set(names)) != len(names):
         raise ToolsError("tools", "tools: function names must be unique")
+    strict = tuple(f["name"] for f, t in zip(functions, tools, strict=True)
+                   if t["function"].get("strict") is True)
     if tool_choice is None or tool_choice in ("auto", "none", "required"):
-        return ToolPlan(tool_choice or "auto", functions, parallel=parallel is not False)
+        return ToolPlan(tool_choice or "auto", functions, parallel=parallel is not False,
+                        strict=strict)
     name = None
     if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
         name = (tool_choice.get("function") or {}).get("name")
@@ -130,9 +159,18 @@ def _function(tool: Any, i: int) -> dict[str, Any]:
     params = fn.get("parameters")
     if params is not None and not isinstance(params, Mapping):
         raise ToolsError("tools", f"{where}.function.parameters must be a JSON schema object")
+    if fn.get("strict") not in (None, True, False):
+        raise ToolsError("tools", f"{where}.function.strict must be true or false")
     if params is not None:  # whatever tool_choice is: a call the model writes is parsed by it
+        spec = StructuredOutputs("json", json.dumps(params))
         try:
-            build_grammar(StructuredOutputs("json", json.dumps(params)))
+            if fn.get("strict"):  # a schema it could not hold to would break the promise
+                check_compiles(spec, f"{where}.function.parameters")
+            else:
+                build_grammar(spec)
+        except StructuredOutputsError as exc:
+            raise ToolsError("tools", str(exc).replace(
+                f"{where}.function.parameters.json", f"{where}.function.parameters")) from None
         except Exception as exc:  # noqa: BLE001 - xgrammar raises kinds of its own
             raise ToolsError("tools", f"{where}.function.parameters cannot be compiled: "
                                       f"{short_error(exc)}") from None

@@ -191,3 +191,56 @@ def test_auto_parses_hermes_tool_calls_the_model_writes(oai, model, stream):
         finish = chunk.choices[0].finish_reason or finish
     assert "<tool_call>" not in content and content.strip() == "I will check."
     assert [c.function.name for c in calls] == ["get_weather"] and finish == "tool_calls"
+
+
+STRICT_WEATHER = {"type": "function", "function": {
+    **WEATHER["function"], "strict": True, "parameters": {
+        **WEATHER["function"]["parameters"], "additionalProperties": False}}}
+BEFORE = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": '{"temperature": 21}'},
+    {"role": "assistant", "content": "It is 21 degrees celsius in Paris."},
+    {"role": "user", "content": "What is the weather in Rome?"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_strict_tool_under_auto_gets_a_call_that_parses(oai, model, stream):
+    """Following an earlier call in the history, the small model opens a `<tool_call>` of its
+    own (left free, it writes a block that names no function); a strict tool holds what it
+    writes there to the tool's name and schema, and one call ends the answer when parallel
+    calls are off."""
+    kwargs = dict(model=model, messages=BEFORE, tools=[STRICT_WEATHER, TIME], temperature=0,
+                  max_tokens=80, parallel_tool_calls=False)
+    if not stream:
+        choice = oai.chat.completions.create(**kwargs).choices[0]
+        calls, finish = choice.message.tool_calls, choice.finish_reason
+    else:
+        calls, finish = [], None
+        for chunk in oai.chat.completions.create(**kwargs, stream=True):
+            calls += chunk.choices[0].delta.tool_calls or []
+            finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and [c.function.name for c in calls] == ["get_weather"]
+    args = json.loads(calls[0].function.arguments)
+    jsonschema.validate(args, STRICT_WEATHER["function"]["parameters"])
+    assert args["city"] == "Rome"
+
+
+def test_a_structural_tag_constrains_the_tagged_part(oai, model):
+    """vLLM's structural_tag: free text around parts that must match their schema; with
+    at_least_one the model must write one."""
+    tag = {"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<city>"], "at_least_one": True,
+        "stop_after_first": True, "tags": [{
+            "type": "tag", "begin": "<city>", "end": "</city>", "content": {
+                "type": "json_schema", "json_schema": {
+                    "type": "object", "properties": {"name": {"type": "string", "maxLength": 12}},
+                    "required": ["name"], "additionalProperties": False}}}]}}
+    text = oai.chat.completions.create(
+        model=model, messages=ASK, temperature=0, max_tokens=48,
+        extra_body={"structured_outputs": {"structural_tag": json.dumps(tag)}}
+    ).choices[0].message.content
+    match = re.search(r"<city>(.*)</city>", text, re.DOTALL)
+    assert match, text
+    jsonschema.validate(json.loads(match.group(1)),
+                        tag["format"]["tags"][0]["content"]["json_schema"])
