@@ -205,11 +205,12 @@ def paged_decode_attention_triton(
         block_n = tile(q)
     check(block_n >= 16 and block_n & (block_n - 1) == 0,
           f"block_n must be a power of two >= 16, got {block_n}")
+    k_scale, v_scale, fp8 = kv_scales(k_cache, k_scale, v_scale)
     if num_splits is None:
-        num_splits = choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k, block_n)
+        num_splits = choose_splits(q, num_seqs, num_kv_heads, max_seqlen_k, block_n, fp8)
     check(1 <= num_splits <= max_seqlen_k, f"num_splits must be in [1, {max_seqlen_k}]")
     num_splits = min(num_splits, cdiv(max_seqlen_k, block_n))  # a split holds whole tiles
-    num_warps, num_stages, rows = launch_config(q, group * q_per_seq, num_splits > 1)
+    num_warps, num_stages, rows = launch_config(q, group * q_per_seq, num_splits > 1, fp8)
     pdl = use_pdl(q)
     if num_splits > 1:
         part_out = torch.empty(q.shape[0], num_heads, num_splits, head_dim,
@@ -218,7 +219,6 @@ def paged_decode_attention_triton(
                                dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused
-    k_scale, v_scale, fp8 = kv_scales(k_cache, k_scale, v_scale)
     check_fp8_dots(fp8_dots, q, fp8)
     if fp8_dots == 2:
         v_scale /= P_FP8_SCALE
