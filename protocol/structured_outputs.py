@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from protocol import structural_tags
+from protocol import reasoning, structural_tags
 from protocol.outcomes import FieldError
 from protocol.schema_keywords import first_unenforced
 from protocol.wire_registry import struct
@@ -45,6 +45,9 @@ class StructuredOutputs:
     """json: the schema's JSON text; json_object: ""; regex: the pattern; choice: the JSON
     text of the list of strings; grammar: the EBNF text; structural_tag: the JSON text of the
     tag in xgrammar's spelling (protocol.structural_tags.normalize)."""
+    reasoning: str = ""
+    """A reasoning parser (protocol.reasoning.PARSERS) whose block the answer may open with,
+    left free by the grammar; "" holds the whole output to it."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -54,11 +57,14 @@ class StructuredOutputs:
             raise StructuredOutputsError(
                 f"{FIELD}.{self.kind}",
                 f"{FIELD}.{self.kind} must be at most {MAX_SPEC_CHARS} characters")
+        if self.reasoning and self.reasoning not in reasoning.PARSERS:
+            raise StructuredOutputsError(FIELD, f"{FIELD} reasoning must be one of "
+                                                f"{', '.join(reasoning.PARSERS)} or empty")
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> tuple[str, str, str]:
         """What a compiled grammar is cached by."""
-        return self.kind, self.spec
+        return self.kind, self.spec, self.reasoning
 
 
 def structured_from_user(value: Any, field: str = FIELD) -> StructuredOutputs:
@@ -172,8 +178,14 @@ def short_error(exc: BaseException) -> str:
 
 
 def build_grammar(spec: StructuredOutputs) -> Any:
-    """The xgrammar Grammar of a spec. JSON is compact (no free whitespace): a small model
-    given free whitespace may spend its whole budget on newlines."""
+    """The xgrammar Grammar of a spec, after the reasoning block its parser leaves free."""
+    grammar = _answer_grammar(spec)
+    return reasoning.after_block(grammar, spec.reasoning) if spec.reasoning else grammar
+
+
+def _answer_grammar(spec: StructuredOutputs) -> Any:
+    """JSON is compact (no free whitespace): a small model given free whitespace may spend its
+    whole budget on newlines."""
     import xgrammar as xgr
 
     if spec.kind == "json":

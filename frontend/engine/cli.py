@@ -154,6 +154,7 @@ def serve(command: ServeCommand) -> int:
             lost = serve_http(pipeline.address, sock=http_sock, api_key=http.api_key,
                               model_name=config.served_model_name, log_level=http.log_level,
                               max_request_bytes=http.max_request_bytes,
+                              reasoning_parser=http.reasoning_parser,
                               engine_alive=lambda: pipeline.dead_reason is None,
                               metrics=metrics, degraded=lambda: pipeline.degraded)
             # A client dead while the engine lives: unless the engine's death (which the

@@ -21,6 +21,7 @@ from frontend.engine.options import (
     option,
 )
 from frontend.engine.usage import OneLineParser
+from protocol.reasoning import PARSERS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_HTTP_PORT = 8000
@@ -57,6 +58,10 @@ class HttpConfig:
     max_request_bytes: int | None = option(
         None, "larger request bodies get 413 before they are read (default: 64 bytes per token "
         "of max-model-len, plus 1 MiB)", minimum=1, group="http")
+    reasoning_parser: str | None = option(
+        None, "split a thinking model's <think> block off chat answers into reasoning_content, "
+        "free of the request's constraint (qwen3: the answer may open one; deepseek_r1: the "
+        "prompt opened it)", choices=PARSERS, group="http")
     log_level: str = option("info", "what the launcher and the HTTP server log",
                             choices=LOG_LEVELS, group="")
     metrics_port: int | None = option(
@@ -171,7 +176,7 @@ def _build(cls: type, prefix: str, values: dict[str, Any]) -> Any:
 def check_flags(engine: dict[str, Any], http: dict[str, Any]) -> None:
     """Refuse flags that would be ignored: HTTP ones with --no-http, tcp ones with ipc."""
     if http.get("serve_http") is False:
-        for name in ("port", "host", "api_key", "max_request_bytes"):
+        for name in ("port", "host", "api_key", "max_request_bytes", "reasoning_parser"):
             if name in http:
                 raise UsageError(f"{flag_for('http', name)} applies to the HTTP API, which "
                                  f"{flag_for('http', 'serve_http')} turns off")

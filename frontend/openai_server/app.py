@@ -39,7 +39,8 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
                metrics: EngineMetrics | None = None,
                degraded: Callable[[], str | None] | None = None,
                drained: asyncio.Event | None = None,
-               stopping: Callable[[], bool] | None = None) -> FastAPI:
+               stopping: Callable[[], bool] | None = None,
+               reasoning_parser: str | None = None) -> FastAPI:
     """The app serving `client`'s pipeline as `model_name`; `api_key` turns on Bearer auth.
     With `metrics`, `/metrics` serves them in the Prometheus text format (without auth, like
     /health: scrapers rarely hold API keys).
@@ -50,7 +51,9 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
     says why some data-parallel replicas are down (None while all serve): /health reports it.
     `drained` is set when a stopping server's grace is over (draining.Drain): requests still
     running are then answered with a 503. `stopping` says the server was told to stop:
-    /health is then a 503 `shutting_down`.
+    /health is then a 503 `shutting_down`. `reasoning_parser` (protocol.reasoning) splits
+    chat answers' `reasoning_content` off their content and leaves the reasoning free of a
+    request's constraint.
     """
     drained = drained or asyncio.Event()
     if max_model_len is None:
@@ -136,8 +139,9 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
         # Without a max_tokens, a chat answer may fill the context (OpenAI's default).
-        params = body.choice_params(body.sampling_params())
-        fmt = ChatFormat(model_name, body.include_usage, len(params), tools=body.tool_plan())
+        params = body.choice_params(body.sampling_params(reasoning_parser))
+        fmt = ChatFormat(model_name, body.include_usage, len(params), tools=body.tool_plan(),
+                         reasoning=reasoning_parser)
         messages = {"messages": body.wire_messages(), "client_key": client_key(request, body.user)}
         choices = [(messages, p) for p in params]
         return await _respond(request, client, choices, body.stream, fmt, drained,

@@ -11,12 +11,14 @@ request's timings (usage_extension), from the metrics on each choice's final out
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from frontend.client.outputs import token_text
+from frontend.structured.reasoning import ReasoningSplit, split_reasoning
 from frontend.structured.tool_calls import HermesStream, ToolCall, ToolPlan
 from protocol.metrics import RequestMetrics
 
@@ -199,10 +201,14 @@ class ChatFormat(_Format):
     chunk_object = "chat.completion.chunk"
 
     def __init__(self, model: str, include_usage: bool = False, choices_per_prompt: int = 1,
-                 tools: ToolPlan | None = None) -> None:
+                 tools: ToolPlan | None = None, reasoning: str | None = None) -> None:
         super().__init__(model, include_usage, choices_per_prompt)
         self.tools = tools if tools is not None and tools.parses else None
         """How tool calls are read from the text (None: the text is all content)."""
+        self.reasoning = reasoning
+        """The reasoning parser that splits `reasoning_content` off the text (None: none);
+        tool calls are read from the content after it."""
+        self._splits: dict[int, ReasoningSplit] = {}
         self._streams: dict[int, HermesStream] = {}
         self._held: dict[int, str] = {}
         """Streaming, per choice: the text of a constrained call, parsed at its end."""
@@ -225,9 +231,12 @@ class ChatFormat(_Format):
 
     def _choice(self, index: int, out: Any) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": out.text}
+        if self.reasoning is not None:
+            message["reasoning_content"], message["content"] = split_reasoning(out.text,
+                                                                               self.reasoning)
         finish = out.finish_reason
-        if self.tools is not None:
-            content, calls = self.tools.parse(out.text)
+        if self.tools is not None and message["content"] is not None:
+            content, calls = self.tools.parse(message["content"])
             message["content"] = content
             if calls:
                 message["tool_calls"] = [c.to_openai() for c in calls]
@@ -242,6 +251,27 @@ class ChatFormat(_Format):
 
     def delta_chunks(self, delta: Any, index: int = 0) -> list[dict[str, Any]]:
         self._usage(delta, index)
+        if self.reasoning is None:
+            return self._content_chunks(delta, index)
+        split = self._splits.setdefault(index, ReasoningSplit(self.reasoning))
+        thought, content = split.feed(delta.text or "")
+        if delta.finish_reason:
+            more_thought, more_content = split.finish()
+            thought, content = thought + more_thought, content + more_content
+            del self._splits[index]
+        if not thought:
+            return self._content_chunks(dataclasses.replace(delta, text=content), index)
+        # The delta's logprobs go with its content, or with its reasoning when it has none.
+        chunks = [self._chunk({"index": index, "delta": {"reasoning_content": thought},
+                               "logprobs": None if content else self._logprobs(delta),
+                               "finish_reason": None})]
+        if not content:
+            delta = dataclasses.replace(delta, text="", token_ids=[], logprobs=None,
+                                        top_logprobs=None, token_bytes=None,
+                                        top_token_bytes=None)
+        return chunks + self._content_chunks(dataclasses.replace(delta, text=content), index)
+
+    def _content_chunks(self, delta: Any, index: int) -> list[dict[str, Any]]:
         if self.tools is not None:
             return self._tool_chunks(delta, index)
         chunks = []

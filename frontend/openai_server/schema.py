@@ -8,6 +8,7 @@ caller for the engine's fair sharing between clients (client_key.py).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -300,11 +301,12 @@ class ChatCompletionRequest(_SamplingRequest):
             messages = with_tools(messages, plan.tools)
         return [ChatMessage(**m) for m in messages]
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, reasoning: str | None = None) -> SamplingParams:
+        """reasoning: the server's reasoning parser, whose block a constraint leaves free."""
         plan = self.tool_plan()
-        structured = None
+        structured = self._structured()
         if plan is not None and plan.structured_outputs() is not None:
-            if self._structured() is not None:
+            if structured is not None:
                 what, field = ((f"tool_choice {plan.mode}", "tool_choice") if plan.mode != "auto"
                                else ("a strict tool", "tools"))
                 raise invalid(f"{what} constrains the output: it cannot be combined with "
@@ -314,6 +316,8 @@ class ChatCompletionRequest(_SamplingRequest):
             except StructuredOutputsError as exc:
                 raise invalid(f"tools: a function's parameters cannot constrain the output: "
                               f"{exc}", "tools") from None
+        if structured is not None and reasoning:
+            structured = dataclasses.replace(structured, reasoning=reasoning)
         top = self.top_logprobs or 0
         if not 0 <= top <= MAX_TOP_LOGPROBS:
             raise invalid(

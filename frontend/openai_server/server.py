@@ -17,6 +17,7 @@ from frontend.metrics import EngineMetrics, follow
 from frontend.openai_server.app import create_app
 from frontend.openai_server.body_limit import JSON_ROOM_BYTES, MAX_BYTES_PER_TOKEN
 from frontend.openai_server.draining import Drain
+from protocol.reasoning import PARSERS
 
 
 def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -25,7 +26,8 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
           sock: socket.socket | None = None,
           engine_alive: Callable[[], bool] | None = None,
           metrics: EngineMetrics | None = None,
-          degraded: Callable[[], str | None] | None = None) -> str | None:
+          degraded: Callable[[], str | None] | None = None,
+          reasoning_parser: str | None = None) -> str | None:
     """Connect to the pipeline at `address` and serve it over HTTP until interrupted.
 
     `sock`, when given, is an already bound listening socket (host and port are then
@@ -55,7 +57,8 @@ def serve(address: str, host: str = "127.0.0.1", port: int = 8000, api_key: str 
             drain = Drain()
             app = create_app(client, name, api_key, max_request_bytes=max_request_bytes,
                              metrics=metrics if own is None else own_metrics,
-                             degraded=degraded, drained=drain.over, stopping=drain.stopping)
+                             degraded=degraded, drained=drain.over, stopping=drain.stopping,
+                             reasoning_parser=reasoning_parser)
             config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                     lifespan="off",
                                     timeout_graceful_shutdown=drain.uvicorn_timeout_s)
@@ -99,10 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-request-bytes", type=int, default=None,
                         help="refuse larger request bodies with 413 (default: "
                         f"{MAX_BYTES_PER_TOKEN} x max_model_len + {JSON_ROOM_BYTES})")
+    parser.add_argument("--reasoning-parser", default=None, choices=PARSERS,
+                        help="split chat answers' reasoning_content off their content")
     args = parser.parse_args(argv)
     try:
         serve(args.address, args.host, args.port, args.api_key, args.served_model_name,
-              args.log_level, args.max_request_bytes)
+              args.log_level, args.max_request_bytes, reasoning_parser=args.reasoning_parser)
     except KeyboardInterrupt:
         # uvicorn stops gracefully on Ctrl-C and then raises the signal again for its
         # caller; the stop it asked for is done, so it ends the program without an error.

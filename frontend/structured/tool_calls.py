@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from frontend.structured.markers import partial_suffix
 from protocol.outcomes import FieldError
 from protocol.structured_outputs import (
     StructuredOutputs,
@@ -254,7 +255,7 @@ class HermesStream:
             if not self._inside:
                 at = self._buffer.find(START)
                 if at < 0:
-                    keep = _partial_suffix(self._buffer, START)
+                    keep = partial_suffix(self._buffer, START)
                     content.append(self._buffer[:len(self._buffer) - keep])
                     self._buffer = self._buffer[len(self._buffer) - keep:]
                     break
@@ -282,11 +283,3 @@ class HermesStream:
             call = _call(rest.strip())
             return ("", [call]) if call is not None else (START + rest, [])
         return rest, []
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """How many last characters of text are a proper prefix of marker."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0

@@ -51,6 +51,8 @@ class FakeClient:
     fail_seed: int | None = None
     """A request with this seed dies after two tokens (one choice of several failing)."""
     calls: list[Call] = field(default_factory=list)
+    script: list[str] | None = None
+    """Set: every request streams these pieces of text (one token each), then stops."""
 
     @property
     def welcome(self) -> ClientWelcome | None:
@@ -93,6 +95,16 @@ class FakeClient:
                     f"{params.max_tokens}: together they exceed max_model_len "
                     f"{self.max_model_len}; lower max_tokens to at most "
                     f"{self.max_model_len - n_prompt}", "params.max_tokens")
+            if self.script is not None:
+                for i, piece in enumerate(self.script):
+                    last = i == len(self.script) - 1
+                    yield RequestDelta(
+                        request_id=call.request_id, text=piece, token_ids=[100 + i],
+                        finish_reason="stop" if last else None, prompt_tokens=n_prompt,
+                        completion_tokens=i + 1,
+                        logprobs=[-0.5 - i] if params.logprobs else None)
+                call.finished = True
+                return
             try:
                 for i in range(params.max_tokens):
                     if self.token_delay_s:

@@ -43,18 +43,32 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def oai(smollm2_dir):
+def pipeline(smollm2_dir):
     config = EngineConfig(model=smollm2_dir, device="cpu", dtype="float32", max_model_len=1024,
                           max_num_seqs=8)
     with Pipeline(config) as pipeline:
-        @contextlib.asynccontextmanager
-        async def make_app():
-            async with AsyncClient(pipeline.address) as client:
-                yield create_app(client, client.welcome.model)
+        yield pipeline
 
-        with running_server(make_app) as url:
-            yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
-                                timeout=300)
+
+def _server(pipeline: Pipeline, **app_kwargs):
+    @contextlib.asynccontextmanager
+    async def make_app():
+        async with AsyncClient(pipeline.address) as client:
+            yield create_app(client, client.welcome.model, **app_kwargs)
+
+    with running_server(make_app) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def oai(pipeline):
+    yield from _server(pipeline)
+
+
+@pytest.fixture(scope="module")
+def oai_reasoning(pipeline):
+    """The same engine served with the qwen3 reasoning parser."""
+    yield from _server(pipeline, reasoning_parser="qwen3")
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +258,17 @@ def test_a_structural_tag_constrains_the_tagged_part(oai, model):
     assert match, text
     jsonschema.validate(json.loads(match.group(1)),
                         tag["format"]["tags"][0]["content"]["json_schema"])
+
+
+def test_a_reasoning_parser_leaves_an_answer_without_a_block_to_its_constraint(
+        oai_reasoning, model):
+    """The grammar under a reasoning parser allows a `<think>` block first; a model that
+    answers at once (SmolLM2 does not think) is held to the schema as before, and its answer
+    has no reasoning_content."""
+    schema = Person.model_json_schema()
+    message = oai_reasoning.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        temperature=0, max_tokens=48, response_format={"type": "json_schema", "json_schema": {
+            "name": "person", "schema": schema}}).choices[0].message
+    assert message.model_extra.get("reasoning_content") is None
+    jsonschema.validate(json.loads(message.content), schema)
