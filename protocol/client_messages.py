@@ -6,6 +6,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from protocol import template_kwargs
 from protocol.codec import message, struct
 from protocol.limits import MAX_CLIENT_KEY_CHARS
 from protocol.metrics import RequestMetrics
@@ -54,12 +55,23 @@ class GenerateRequest:
     """Whose share of the engine this request counts against, among this connection's
     requests ("": the connection's own). A server relaying many users over one connection
     names them here; see scheduler_proc.fair_share."""
+    chat_template_kwargs: str = ""
+    """With messages: the chat template's extra variables as JSON text (protocol.template_kwargs;
+    "": none)."""
 
     def __post_init__(self) -> None:
         # Checked where the request is made and again where it is decoded: a float or an id
         # past int32 must not be truncated on the way, nor overflow a worker's column.
         if self.prompt_token_ids is not None:
             check_token_ids("prompt_token_ids", self.prompt_token_ids, RequestFieldError)
+        if self.chat_template_kwargs:
+            if self.messages is None:
+                raise RequestFieldError(template_kwargs.FIELD, f"{template_kwargs.FIELD} needs "
+                                                               "messages")
+            try:
+                template_kwargs.from_text(self.chat_template_kwargs)
+            except template_kwargs.TemplateKwargsError as exc:
+                raise RequestFieldError(template_kwargs.FIELD, str(exc)) from None
         if len(self.client_key) > MAX_CLIENT_KEY_CHARS:
             raise RequestFieldError("client_key", f"client_key has {len(self.client_key)} "
                                     f"characters; at most {MAX_CLIENT_KEY_CHARS} are allowed")

@@ -13,6 +13,7 @@ from typing import Any
 from protocol import FieldError, GenerateRequest
 from protocol.codec import kind_of, peek_head
 from protocol.structured_outputs import StructuredOutputsError, check_compiles
+from protocol.template_kwargs import from_text as template_kwargs_from_text
 
 MAX_REQUEST_ID_CHARS = 256
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -54,7 +55,7 @@ class RequestValidator:
                 raise InvalidRequest("prompt_token_ids", "prompt_token_ids must not be empty")
             self._check_ids("prompt_token_ids", ids)
         else:
-            ids = self._chat_ids(req.messages or [])
+            ids = self._chat_ids(req.messages or [], req.chat_template_kwargs)
         self._check_ids("params.stop_token_ids", req.params.stop_token_ids)
         if req.params.structured_outputs is not None:  # before the scheduler sees it
             try:
@@ -74,7 +75,9 @@ class RequestValidator:
                     field, f"{field}[{i}] = {t} is outside the vocabulary [0, {self.vocab_size})"
                 )
 
-    def _chat_ids(self, messages: list) -> list[int]:
+    def _chat_ids(self, messages: list, template_kwargs: str = "") -> list[int]:
+        """template_kwargs: the chat template's extra variables, as the request's JSON text
+        (checked when the request was decoded: protocol.template_kwargs)."""
         if not messages:
             raise InvalidRequest("messages", "messages must not be empty")
         for i, m in enumerate(messages):
@@ -88,7 +91,8 @@ class RequestValidator:
         conversation = [{"role": m.role, "content": m.content} for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(
-                conversation, add_generation_prompt=True, tokenize=False
+                conversation, add_generation_prompt=True, tokenize=False,
+                **template_kwargs_from_text(template_kwargs)
             )
         except Exception as exc:  # jinja templates raise their own errors for bad turns
             raise InvalidRequest("messages",

@@ -11,7 +11,7 @@ import contextlib
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import zmq
@@ -79,11 +79,14 @@ class AsyncClient(ConnectionInfo):
 
     async def generate(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
                        *, prompt_token_ids: Any = None, messages: Any = None,
-                       client_key: str | None = None) -> RequestOutput:
+                       client_key: str | None = None,
+                       chat_template_kwargs: Mapping[str, Any] | None = None) -> RequestOutput:
         """The whole output. `client_key` names a client of its own within this connection
-        (a server relaying many users), for the engine's fair sharing between clients."""
+        (a server relaying many users), for the engine's fair sharing between clients;
+        `chat_template_kwargs`, with messages, the chat template's extra variables
+        (protocol.template_kwargs)."""
         request_id, q = await self._submit(prompt, prompt_token_ids, messages, params, False,
-                                           client_key)
+                                           client_key, chat_template_kwargs)
         collector = OutputCollector(request_id)
         try:
             while True:
@@ -97,9 +100,11 @@ class AsyncClient(ConnectionInfo):
 
     def stream(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
                *, prompt_token_ids: Any = None, messages: Any = None,
-               client_key: str | None = None) -> AsyncResultStream:
+               client_key: str | None = None,
+               chat_template_kwargs: Mapping[str, Any] | None = None) -> AsyncResultStream:
         """An async iterator of deltas; aclose(), cancellation or dropping it aborts."""
-        frame_args = (prompt, prompt_token_ids, messages, params, True, client_key)
+        frame_args = (prompt, prompt_token_ids, messages, params, True, client_key,
+                      chat_template_kwargs)
         return AsyncResultStream(self, frame_args)
 
     async def abort(self, request_id: str) -> None:
@@ -121,11 +126,13 @@ class AsyncClient(ConnectionInfo):
 
     async def _submit(self, prompt: str | None, prompt_token_ids: Any, messages: Any,
                       params: SamplingParamsLike | None, stream: bool,
-                      client_key: str | None = None) -> tuple[str, asyncio.Queue]:
+                      client_key: str | None = None,
+                      chat_template_kwargs: Mapping[str, Any] | None = None
+                      ) -> tuple[str, asyncio.Queue]:
         await self.start()
         request_id = uuid.uuid4().hex
         frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream,
-                             client_key)
+                             client_key, chat_template_kwargs)
         q: asyncio.Queue = asyncio.Queue()
         while wait := self._core.explaining_s(time.monotonic()):
             await asyncio.sleep(min(wait, 0.05))

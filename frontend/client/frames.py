@@ -14,17 +14,19 @@ from protocol import (
     SamplingParams,
     encode,
 )
-from protocol.client_messages import as_token_ids
+from protocol.client_messages import RequestFieldError, as_token_ids
 from protocol.outcomes import finish_reason_string
 from protocol.sampling_params import SamplingParamsLike, as_sampling_params
+from protocol.template_kwargs import FIELD, TemplateKwargsError, to_text
 
 
 def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, messages: Any,
                  params: SamplingParamsLike | None, stream: bool,
-                 client_key: str | None = None) -> bytes:
+                 client_key: str | None = None, chat_template_kwargs: Any = None) -> bytes:
     """The encoded request; RequestRejected at once if no pipeline would read a frame so big.
     `params` may be a dict of SamplingParams' fields, as LLM.generate takes them;
-    `client_key` names whose share within this connection the request counts against."""
+    `client_key` names whose share within this connection the request counts against;
+    `chat_template_kwargs` (with messages) are checked here (protocol.template_kwargs)."""
     params = SamplingParams() if params is None else as_sampling_params(params, "params")
     if prompt is not None and not isinstance(prompt, str):
         hint = " (token ids go in prompt_token_ids=)" if isinstance(prompt, list | tuple) else ""
@@ -37,7 +39,8 @@ def make_request(request_id: str, prompt: str | None, prompt_token_ids: Any, mes
         raise TypeError(f"client_key must be a string, got {type(client_key).__name__}")
     frame = encode(GenerateRequest(
         client_request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
-        messages=messages, params=params, stream=stream, client_key=client_key or ""))
+        messages=messages, params=params, stream=stream, client_key=client_key or "",
+        chat_template_kwargs=_template_text(chat_template_kwargs)))
     if len(frame) > MAX_FRAME_BYTES:
         sizes = {"prompt": len(prompt or ""), "prompt_token_ids": len(prompt_token_ids or ()),
                  "messages": sum(len(m.content) for m in messages or ())}
@@ -65,3 +68,10 @@ def outcome(msg: ResultDelta) -> RequestDelta | Exception:
                         completion_tokens=msg.completion_tokens, logprobs=msg.logprobs,
                         top_logprobs=top, metrics=msg.metrics, token_bytes=msg.token_bytes,
                         top_token_bytes=msg.top_token_bytes)
+
+
+def _template_text(value: Any) -> str:
+    try:
+        return to_text(value)
+    except TemplateKwargsError as exc:
+        raise RequestFieldError(FIELD, str(exc)) from None

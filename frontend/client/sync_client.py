@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import zmq
@@ -81,11 +81,14 @@ class Client(ConnectionInfo):
 
     def generate(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
                  *, prompt_token_ids: Any = None, messages: Any = None,
-                 client_key: str | None = None) -> RequestOutput:
+                 client_key: str | None = None,
+                 chat_template_kwargs: Mapping[str, Any] | None = None) -> RequestOutput:
         """The whole output. `client_key` names a client of its own within this connection
-        (a server relaying many users), for the engine's fair sharing between clients."""
+        (a server relaying many users), for the engine's fair sharing between clients;
+        `chat_template_kwargs`, with messages, the chat template's extra variables
+        (protocol.template_kwargs)."""
         request_id, q = self._submit(prompt, prompt_token_ids, messages, params, False,
-                                     client_key)
+                                     client_key, chat_template_kwargs)
         collector = OutputCollector(request_id)
         done = False
         try:
@@ -101,10 +104,11 @@ class Client(ConnectionInfo):
 
     def stream(self, prompt: str | None = None, params: SamplingParamsLike | None = None,
                *, prompt_token_ids: Any = None, messages: Any = None,
-               client_key: str | None = None) -> ResultStream:
+               client_key: str | None = None,
+               chat_template_kwargs: Mapping[str, Any] | None = None) -> ResultStream:
         """Submit now; iterate for deltas. Closing or dropping the iterator aborts."""
         request_id, q = self._submit(prompt, prompt_token_ids, messages, params, True,
-                                     client_key)
+                                     client_key, chat_template_kwargs)
         return ResultStream(self, request_id, q)
 
     def abort(self, request_id: str) -> None:
@@ -128,10 +132,12 @@ class Client(ConnectionInfo):
 
     def _submit(self, prompt: str | None, prompt_token_ids: Any, messages: Any,
                 params: SamplingParamsLike | None, stream: bool,
-                client_key: str | None = None) -> tuple[str, queue.SimpleQueue]:
+                client_key: str | None = None,
+                chat_template_kwargs: Mapping[str, Any] | None = None
+                ) -> tuple[str, queue.SimpleQueue]:
         request_id = uuid.uuid4().hex
         frame = make_request(request_id, prompt, prompt_token_ids, messages, params, stream,
-                             client_key)
+                             client_key, chat_template_kwargs)
         q: queue.SimpleQueue = queue.SimpleQueue()
         while True:
             with self._conn.lock:

@@ -142,7 +142,8 @@ def create_app(client: AsyncClient, model_name: str, api_key: str | None = None,
         params = body.choice_params(body.sampling_params(reasoning_parser))
         fmt = ChatFormat(model_name, body.include_usage, len(params), tools=body.tool_plan(),
                          reasoning=reasoning_parser)
-        messages = {"messages": body.wire_messages(), "client_key": client_key(request, body.user)}
+        messages = {"messages": body.wire_messages(), "client_key": client_key(request, body.user),
+                    "chat_template_kwargs": body.template_kwargs()}
         choices = [(messages, p) for p in params]
         return await _respond(request, client, choices, body.stream, fmt, drained,
                               body.constraint_field())

@@ -43,6 +43,8 @@ from protocol.structured_outputs import (
     from_response_format,
     structured_from_user,
 )
+from protocol.template_kwargs import TemplateKwargsError
+from protocol.template_kwargs import checked as checked_template_kwargs
 
 MAX_CHOICES = 16
 """Largest `n`: each choice is a request of its own in the engine."""
@@ -272,10 +274,18 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's: the chat template's extra variables ({"enable_thinking": false})."""
 
     @property
     def max_tokens_unset(self) -> bool:
         return self.max_tokens is None and self.max_completion_tokens is None
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        try:
+            return checked_template_kwargs(self.chat_template_kwargs or {}) or None
+        except TemplateKwargsError as exc:
+            raise invalid(str(exc), "chat_template_kwargs") from None
 
     def tool_plan(self) -> ToolPlan | None:
         """What tools and tool_choice ask of the output (None: no tools)."""

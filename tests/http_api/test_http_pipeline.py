@@ -219,6 +219,33 @@ def test_chat_equals_client_library(oai, direct, model):
     assert streamed[-1].choices[0].finish_reason == "length"
 
 
+def test_chat_template_kwargs_reach_the_template(oai, direct, model, tiny_qwen3_dir):
+    """The tiny model's template writes Qwen3's empty reasoning block when enable_thinking is
+    false; the variable reaches it from the HTTP body and from the client library."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+
+    def prompt_tokens(**kwargs) -> int:
+        text = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False,
+                                       **kwargs)
+        return len(tok.encode(text, add_special_tokens=False))
+
+    off = prompt_tokens(enable_thinking=False)
+    assert off > prompt_tokens()
+    got = oai.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1, extra_body={
+        "chat_template_kwargs": {"enable_thinking": False}})
+    assert got.usage.prompt_tokens == off
+    out = direct.generate(messages=MESSAGES, params=SamplingParams(max_tokens=1),
+                          chat_template_kwargs={"enable_thinking": False})
+    assert out.prompt_tokens == off
+    for bad in ({"chat_template": "{{ 7 * 7 }}"}, {"bos_token": "x"}, {"x": [1]}):
+        with pytest.raises(openai.BadRequestError) as info:
+            oai.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1,
+                                        extra_body={"chat_template_kwargs": bad})
+        assert info.value.body["param"] == "chat_template_kwargs"
+
+
 def test_chat_without_max_tokens_runs_to_the_context_limit(oai, direct, model):
     got = oai.chat.completions.create(model=model, messages=MESSAGES, temperature=0,
                                       extra_body={"ignore_eos": True})
