@@ -266,9 +266,8 @@ class ChatFormat(_Format):
                                "logprobs": None if content else self._logprobs(delta),
                                "finish_reason": None})]
         if not content:
-            delta = dataclasses.replace(delta, text="", token_ids=[], logprobs=None,
-                                        top_logprobs=None, token_bytes=None,
-                                        top_token_bytes=None)
+            delta = dataclasses.replace(delta, token_ids=[], logprobs=None, top_logprobs=None,
+                                        token_bytes=None, top_token_bytes=None)
         return chunks + self._content_chunks(dataclasses.replace(delta, text=content), index)
 
     def _content_chunks(self, delta: Any, index: int) -> list[dict[str, Any]]:
